@@ -1,0 +1,50 @@
+# The two set-up commands of the README:
+#   make quickstart   install, then run the quickstart
+#   make test         install everything, then run the whole test suite (what CI runs: .ci/run)
+# Everything installs into .venv with the versions pinned in constraints.txt (torch: the CPU build).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install quickstart test test-fast lint format bench constraints clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+quickstart: install
+	$(BIN)/ablate demo
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python benchmarks/run.py
+
+# Re-pin every version after changing dependencies in pyproject.toml.
+constraints:
+	rm -rf /tmp/ablate-pin && $(PYTHON) -m venv /tmp/ablate-pin
+	/tmp/ablate-pin/bin/pip install --quiet 'torch==2.13.0' -e '.[dev,bench]'
+	(echo '# Every version that setup and CI install (make install). torch: the CPU build 2.13.0. Regenerate with: make constraints'; \
+	 /tmp/ablate-pin/bin/pip freeze --exclude-editable | grep -v '^-e' | sed 's/^torch==\(.*\)+cpu$$/torch==\1/') > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Comparing results: reads MLflow, computes seed statistics, writes tables, plots and reports."""

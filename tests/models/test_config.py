@@ -1,0 +1,86 @@
+"""Every refused configuration is refused when built, with a message that names the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from models import ConfigError, ModelConfig, Transformer
+
+REFUSED = [
+    ({"arch": "rnn"}, r"arch='rnn' is not a valid choice; valid: 'encoder', 'decoder', 'encoder_decoder'"),
+    ({"norm": "sandwich"}, r"norm='sandwich' is not a valid choice; valid: 'pre', 'post'"),
+    ({"norm_type": "batchnorm"}, r"norm_type='batchnorm'.*'layernorm', 'rmsnorm'"),
+    ({"positions": "relative"}, r"positions='relative'.*'sinusoidal', 'learned', 'none', 'rotary', 'alibi'"),
+    ({"score": "mlp"}, r"score='mlp'.*'dot', 'dot_unscaled', 'general', 'cosine', 'additive'"),
+    ({"pattern": "strided"}, r"pattern='strided'.*'full', 'local', 'dilated'"),
+    ({"ffn": "tanh"}, r"ffn='tanh'.*'relu', 'gelu', 'swiglu'"),
+    ({"d_model": 0}, r"d_model=0 must be a positive integer"),
+    ({"n_heads": 2.5}, r"n_heads=2.5 must be a positive integer"),
+    ({"n_layers": True}, r"n_layers=True must be a positive integer"),
+    ({"dropout": 1.0}, r"dropout=1.0 must be a number in \[0, 1\)"),
+    ({"attn_dropout": -0.1}, r"attn_dropout=-0.1 must be a number in \[0, 1\)"),
+    ({"d_model": 100, "n_heads": 3}, r"d_model=100 is not divisible by n_heads=3.*head_dim"),
+    ({"pattern": "local"}, r"pattern 'local' or 'dilated' needs window"),
+    ({"window": 8}, r"window=8 requires pattern 'local' or 'dilated' \(got pattern='full'\)"),
+    ({"dilation": 2}, r"dilation requires pattern 'dilated' \(got pattern='full', dilation=2\)"),
+    ({"pattern": "local", "window": 4, "dilation": 2}, r"dilation requires pattern 'dilated' \(got pattern='local'"),
+    ({"pattern": "dilated", "window": 4}, r"pattern 'dilated' needs dilation >= 2"),
+    (
+        {"positions": "rotary", "score": "additive"},
+        r"positions='rotary'.*score='additive'.*sinusoidal, learned, alibi or none",
+    ),
+    ({"positions": "rotary", "d_model": 36, "n_heads": 4}, r"positions='rotary'.*even head_dim \(got 9\)"),
+    ({"arch": "encoder"}, r"arch='encoder' needs n_classes"),
+    ({"arch": "encoder", "n_classes": 2, "tie_embeddings": True}, r"tie_embeddings=true needs a language-model head"),
+    ({"arch": "decoder", "n_classes": 2}, r"n_classes is only for arch='encoder' \(got arch='decoder'\)"),
+    ({"arch": "decoder", "tgt_vocab_size": 10}, r"tgt_vocab_size is only for arch='encoder_decoder'"),
+    ({"arch": "decoder", "n_decoder_layers": 2}, r"n_decoder_layers is only for arch='encoder_decoder'"),
+    ({"pad_id": 300}, r"pad_id=300 must be below vocab_size=256"),
+    (
+        {"layer_patterns": ["local", "full", "full"], "window": 2},
+        r"layer_patterns has 3 entries but the stack has 2 layers",
+    ),
+    ({"layer_patterns": ["local", "ring"], "window": 2}, r"layer_patterns\[1\]='ring' is not a valid choice"),
+    (
+        {"arch": "encoder_decoder", "n_decoder_layers": 3, "layer_patterns": ["full", "full"]},
+        r"layer_patterns applies to both stacks.*n_layers=2, n_decoder_layers=3",
+    ),
+    ({"tie_embeddings": "yes"}, r"tie_embeddings='yes' must be true, false or null"),
+    ({"norm_eps": 0}, r"norm_eps=0 must be a positive number"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", REFUSED, ids=[str(k) for k, _ in REFUSED])
+def test_refused_configurations(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_unknown_keys_are_refused_with_the_valid_keys_listed():
+    with pytest.raises(ConfigError, match=r"unknown model key\(s\) \['n_head'\]; valid keys: .*'n_heads'"):
+        ModelConfig.from_dict({"n_head": 4})
+
+
+def test_round_trip_and_derived_values():
+    cfg = ModelConfig(
+        arch="encoder_decoder",
+        d_model=64,
+        n_heads=4,
+        head_dim=32,
+        n_decoder_layers=2,
+        layer_patterns=["local", "full"],
+        window=4,
+        n_layers=2,
+    )
+    again = ModelConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.layer_patterns == ("local", "full")
+    assert cfg.head_size == 32 and cfg.ff_size == 256 and cfg.decoder_layers == 2
+    assert ModelConfig(arch="encoder_decoder", n_decoder_layers=3).decoder_layers == 3
+    assert cfg.tied and not ModelConfig(arch="encoder", n_classes=2).tied
+
+
+def test_head_dim_independent_of_width():
+    """Vaswani et al. Table 3 rows A/B vary the head size at a fixed width: q/k/v are H*D wide."""
+    model = Transformer(ModelConfig(d_model=32, n_heads=8, head_dim=16))
+    attn = model.layers[0].attn.sublayer
+    assert attn.qkv_proj.weight.shape == (3 * 8 * 16, 32) and attn.out_proj.weight.shape == (32, 8 * 16)
