@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 quickstart: install
-	$(BIN)/ablate demo
+	$(BIN)/ablate run ablations/runs/quickstart.yaml
+	@echo "Browse it in MLflow: $(BIN)/ablate ui   (then open http://127.0.0.1:5000)"
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

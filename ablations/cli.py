@@ -1,26 +1,115 @@
 """The ``ablate`` command. It only parses, calls and prints; the logic lives in importable functions.
 
 Heavy libraries (torch, lightning, ray, mlflow) are imported inside the commands, so ``ablate --help``
-answers at once.
+answers at once. Exit codes: 0 done (a diverged run is a result), 1 failed while running, 2 bad input
+(nothing was started or logged).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def error(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
 
 
 def _demo(args: argparse.Namespace) -> int:
     from ablations.demo import demo
 
     demo(steps=args.steps)
-    return 0
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ablations.spec import SpecError, load_run
+
+    try:
+        run = load_run(args.config, args.set)
+    except SpecError as err:
+        return error(str(err))
+    from ablations.train import Tracking, train
+    from models.tasks import DataUnavailable
+
+    where = Tracking(uri=args.tracking_uri, experiment=args.experiment)
+    print(
+        f"training {run.model.describe()} on {run.task.describe()} for {run.training.max_steps} steps (seed {run.seed})"
+    )
+    try:
+        result = train(run, where, progress=not args.no_progress)
+    except DataUnavailable as err:
+        return error(f"{args.config}: task.source: {err}")
+    except KeyboardInterrupt:
+        print("\ninterrupted: the run is recorded as killed", file=sys.stderr)
+        return 130
+    except Exception as err:  # recorded in MLflow as failed, with the traceback as an artifact
+        return error(f"the run failed: {type(err).__name__}: {err}", EXIT_FAILED)
+    print_summary(result)
+    return EXIT_OK
+
+
+def print_summary(result) -> None:
+    from ablations import tracking
+
+    status = result.status + (f" ({result.detail})" if result.detail else "")
+    print(f"\nstatus: {status}")
+    shown = [k for k in sorted(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]
+    shown += [
+        k
+        for k in ("cost/tokens_per_s", "cost/wall_time_s", "cost/n_params", "cost/peak_memory_mb")
+        if k in result.metrics
+    ]
+    width = max((len(k) for k in shown), default=0)
+    for key in shown:
+        print(f"  {key:<{width}}  {result.metrics[key]:.6g}")
+    exp = tracking.client(result.tracking_uri).get_experiment_by_name(result.experiment)
+    print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({result.tracking_uri})")
+    if result.tracking_uri.startswith(("http://", "https://")):
+        print(f"open: {result.tracking_uri.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{result.run_id}")
+    else:
+        print(f"open: ablate ui, then http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{result.run_id}")
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from ablations.ui import serve_mlflow
+
+    return serve_mlflow(args.tracking_uri, args.host, args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ablate", description="Ablation studies of Transformers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (a smoke test)")
+
+    p = sub.add_parser("run", help="train one configuration (a run file) and record it in MLflow")
+    p.add_argument("config", help="a run file, e.g. ablations/runs/quickstart.yaml")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set model.n_heads=8 --set training.lr=3e-4 (repeatable)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
+    p.add_argument("--experiment", default=None, help="MLflow experiment (default: the run's name)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
+    p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("ABLATE_UI_PORT", "5000")))
+    p.set_defaults(func=_ui)
+
+    p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (no tracking)")
     p.add_argument("--steps", type=int, default=30, help="optimisation steps per variant (default 30)")
     p.set_defaults(func=_demo)
     return parser
@@ -31,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
     return args.func(args)
 
 

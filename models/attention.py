@@ -90,7 +90,7 @@ class AdditiveScore(nn.Module):
 
     dot_like = False
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 22) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 18) -> None:
         super().__init__()
         self.v = nn.Parameter(torch.randn(n_heads, head_dim) / math.sqrt(head_dim))  # (H, D)
         self.chunk_elements = chunk_elements
@@ -156,7 +156,7 @@ class _AdditiveScores(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 22) -> torch.Tensor:
+def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 18) -> torch.Tensor:
     """v_h . tanh(q_t + k_s) for q (B, H, ..., T, E), k (B, H, ..., S, E), v (H, E) -> (B, H, ..., T, S)."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     T, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -371,7 +371,7 @@ class MultiHeadAttention(nn.Module):
         rotary_base: float = 10000.0,
         dropout: float = 0.0,
         bias: bool = True,
-        chunk_elements: int = 1 << 22,
+        chunk_elements: int = 1 << 18,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim = n_heads, head_dim

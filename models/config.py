@@ -87,7 +87,7 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
     # Additive scores are computed in chunks of at most this many elements per tensor.
-    chunk_elements: int = 1 << 22
+    chunk_elements: int = 1 << 18
 
     def __post_init__(self) -> None:
         if self.layer_patterns is not None and not isinstance(self.layer_patterns, tuple):

@@ -1,0 +1,266 @@
+"""The MLflow conventions, in one place.
+
+- One experiment per study (or per run name for single runs); one parent run per submission of a study;
+  one child run per cell with ``mlflow.parentRunId``.
+- Params: the flattened resolved run configuration (result-affecting fields only).
+- Tags: study, variant, seed, cell_id, code version (git sha + dirty flag), ray_node, status_detail
+  (finished / diverged: reason / failed: reason).
+- Metrics per step, written by a background thread in batches (``log_batch``), so that training never
+  waits for the store; summary metrics at the end (best_*, final_*, test splits, cost_*).
+- Artifacts: the resolved configuration (config.yaml), the traceback of a failure, optionally the
+  checkpoint. Dataset lineage through ``log_inputs``.
+
+Embedded default: with no tracking URI (flag or MLFLOW_TRACKING_URI), a SQLite store and local artifacts
+under ``.ablate/`` in the working directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import subprocess
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HOME_DIR = ".ablate"  # the embedded default's folder, in the working directory
+MAX_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
+MAX_PARAMS = 100  # params per log_batch call (MLflow's limit)
+
+STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"
+MLFLOW_STATUS = {
+    STATUS_FINISHED: "FINISHED",
+    STATUS_DIVERGED: "FINISHED",
+    STATUS_FAILED: "FAILED",
+    STATUS_KILLED: "KILLED",
+}
+
+
+def home(root: str | Path | None = None) -> Path:
+    return (Path(root) if root else Path.cwd()).resolve() / HOME_DIR
+
+
+def embedded_uri(root: str | Path | None = None) -> str:
+    return f"sqlite:///{home(root) / 'mlflow.db'}"
+
+
+def resolve_uri(uri: str | None = None, root: str | Path | None = None) -> str:
+    """The flag, else MLFLOW_TRACKING_URI, else the embedded SQLite store under .ablate/."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    home(root).mkdir(parents=True, exist_ok=True)
+    return embedded_uri(root)
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where new experiments keep artifacts: beside a SQLite store (.ablate/artifacts for the embedded
+    default); the server's choice (proxied artifacts) for a tracking server."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """The experiment's id, created (with local artifacts for the embedded store) if it does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    location = artifact_root(uri)
+    try:
+        return c.create_experiment(name, artifact_location=f"{location}/{name}" if location else None)
+    except MlflowException:  # created meanwhile by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, str]:
+    """git sha and dirty flag of the project's code (not of the working directory)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=repo,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"code_version": "unknown"}
+    return {
+        "git_sha": sha,
+        "git_dirty": str(dirty).lower(),
+        "mlflow.source.git.commit": sha,
+        "code_version": sha[:12] + ("-dirty" if dirty else ""),
+    }
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+class MetricWriter:
+    """Metrics go into a queue; a daemon thread sends them with log_batch every ``interval`` seconds or
+    every ``MAX_BATCH`` metrics. ``close()`` sends what is left. Time spent sending is measured."""
+
+    def __init__(self, uri: str, run_id: str, interval: float = 2.0) -> None:
+        self.uri, self.run_id, self.interval = uri, run_id, interval
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self.seconds_sending = 0.0
+        self.sent = 0
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="mlflow-metrics", daemon=True)
+        self._thread.start()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        for key, value in metrics.items():
+            self._queue.put(Metric(key, float(value), now, int(step)))
+
+    def _drain(self) -> list:
+        items = []
+        while len(items) < MAX_BATCH:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _send(self, items: list) -> None:
+        t = time.perf_counter()
+        for attempt in range(3):
+            try:
+                client(self.uri).log_batch(self.run_id, metrics=items, synchronous=True)
+                self.sent += len(items)
+                break
+            except Exception as err:  # the store is briefly unreachable: retry, then report
+                if attempt == 2:
+                    self.errors.append(f"{type(err).__name__}: {err}")
+                time.sleep(0.5 * (attempt + 1))
+        self.seconds_sending += time.perf_counter() - t
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._stop.wait(self.interval)
+            while items := self._drain():
+                self._send(items)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        while items := self._drain():
+            self._send(items)
+
+
+@dataclass
+class RunLogger:
+    """One MLflow run: created, filled and ended through the conventions above."""
+
+    uri: str
+    experiment: str
+    run_name: str | None = None
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    run_id: str | None = None
+    writer: MetricWriter | None = None
+
+    def start(self, params: dict[str, Any], config: dict[str, Any]) -> str:
+        from mlflow.entities import Param, RunTag
+
+        c = client(self.uri)
+        tags = {**code_version(), **{k: str(v) for k, v in self.tags.items()}, "status_detail": "running"}
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
+        run = c.create_run(experiment_id(self.uri, self.experiment), tags=tags, run_name=self.run_name)
+        self.run_id = run.info.run_id
+        items = [Param(k, str(v)) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS):
+            c.log_batch(
+                self.run_id,
+                params=items[i : i + MAX_PARAMS],
+                tags=[RunTag("mlflow.runName", run.info.run_name)] if i == 0 else (),
+            )
+        import yaml
+
+        c.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
+        self.writer = MetricWriter(self.uri, self.run_id)
+        return self.run_id
+
+    def log_datasets(self, datasets: dict[str, Any], name: str, digests: dict[str, str]) -> None:
+        """Lineage of each split (a Hugging Face dataset) through log_inputs, with the digest of its content."""
+        import mlflow.data
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = []
+        for split, ds in datasets.items():
+            with warnings.catch_warnings():  # MLflow's hint about integer columns in model schemas
+                warnings.simplefilter("ignore")
+                d = mlflow.data.from_huggingface(ds, name=f"{name}/{split}", digest=digests[split]).to_dict()
+            context = {"train": "training", "validation": "validation"}.get(split, "testing")
+            inputs.append(
+                DatasetInput(Dataset(**d), tags=[InputTag("mlflow.data.context", context), InputTag("split", split)])
+            )
+        client(self.uri).log_inputs(self.run_id, datasets=inputs)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.writer.log(metrics, step)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        client(self.uri).log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        client(self.uri).log_text(self.run_id, text, artifact_file)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        client(self.uri).log_artifact(self.run_id, str(path), artifact_path)
+
+    def end(self, status: str, detail: str = "", summary: dict[str, float] | None = None, step: int = 0) -> None:
+        """Send the remaining metrics and the summary, tag the status detail, terminate the run."""
+        if self.writer is not None:
+            if summary:
+                self.writer.log(summary, step)
+            self.writer.close()
+        tags = {"status_detail": status if not detail else f"{status}: {detail}"}
+        if self.writer is not None:
+            tags["logging_seconds"] = f"{self.writer.seconds_sending:.3f}"
+            if self.writer.errors:
+                tags["logging_errors"] = "; ".join(self.writer.errors)[:5000]
+        self.set_tags(tags)
+        client(self.uri).set_terminated(self.run_id, MLFLOW_STATUS[status])

@@ -1,0 +1,270 @@
+"""One training run, no Ray: ``train(run_config, tracking) -> RunResult``. ``ablate run`` calls it, and so does
+every trial of a sweep.
+
+Order of work: the data is built first (a missing corpus or an offline hub fails before anything is
+logged), then the MLflow run starts, then training. Whatever happens after that is recorded: a diverged
+run is a result (status diverged, exit code 0); an exception is recorded as failed with its traceback as
+an artifact, then raised to the caller; Ctrl-C is recorded as killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from ablations import tracking
+from ablations.spec import RunConfig
+from models.lightning import LitTransformer
+from models.tasks import TaskDataModule
+
+Hook = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class Tracking:
+    """Where a run is recorded. ``uri`` None: MLFLOW_TRACKING_URI, else the embedded store in .ablate/."""
+
+    uri: str | None = None
+    experiment: str | None = None
+    parent_run_id: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str  # finished | diverged | failed | killed
+    detail: str
+    metrics: dict[str, float]
+    tracking_uri: str
+    experiment: str
+
+
+def quiet_lightning() -> None:
+    """Lightning's banners and tips are noise on a terminal running many trials."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for pattern in (
+        ".*does not have many workers.*",
+        ".*isinstance\\(treespec, LeafSpec\\).*",
+        ".*The number of training batches.*",
+        ".*Found .* module\\(s\\) in eval mode.*",
+        ".*`training_step` returned `None`.*",
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def _summary_name(name: str, prefix: str) -> str:
+    return f"{prefix}/{name.replace('/', '_')}"
+
+
+def summarize(module, extra: dict[str, float]) -> dict[str, float]:
+    out = {_summary_name(k, "best"): v for k, v in module.best.items()}
+    out.update({_summary_name(k, "final"): v for k, v in module.last_val.items()})
+    out.update({f"cost/{k}": v for k, v in module.cost_summary().items()})
+    out.update(extra)
+    return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+class Drain(L.Callback):
+    """Hands the module's pending metrics to MLflow (asynchronously) and to the hooks."""
+
+    def __init__(self, run_logger, hooks: list[Hook]) -> None:
+        self.run_logger, self.hooks = run_logger, hooks
+
+    def drain(self, module) -> None:
+        while module.pending:
+            step, metrics = module.pending.pop(0)
+            if self.run_logger is not None:
+                self.run_logger.log_metrics(metrics, step)
+            for hook in self.hooks:
+                hook(step, metrics)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.drain(pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.drain(pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.drain(pl_module)
+
+
+class Progress(L.Callback):
+    """A bar over the optimisation steps with the latest loss and validation metrics."""
+
+    SHOWN = ("train/loss", "val/loss", "val/exact_match", "val/accuracy")
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.shown: dict[str, str] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import sys
+
+        from tqdm.auto import tqdm
+
+        # on a terminal, redraw at most 10 times a second; in a log file, every 10 seconds
+        self.bar = tqdm(
+            total=self.max_steps, unit="step", dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 10.0
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        for _, metrics in pl_module.pending:
+            self.shown.update({k.removeprefix("train/"): f"{metrics[k]:.4g}" for k in self.SHOWN if k in metrics})
+        self.bar.set_postfix(self.shown, refresh=False)
+        self.bar.update(trainer.global_step - self.bar.n)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.shown.update({k: f"{v:.4g}" for k, v in pl_module.last_val.items() if k in self.SHOWN})
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.bar.update(trainer.global_step - self.bar.n)
+        self.bar.close()
+
+
+def typical_lengths(rows: list[dict]) -> tuple[int, int]:
+    """Mean target (or sequence) length and mean source length of some training examples."""
+    sample = rows[:1000]
+    if not sample:
+        return 1, 0
+    if "src" in sample[0]:
+        tgt = sum(len(r["tgt"]) + 1 for r in sample) / len(sample)
+        src = sum(len(r["src"]) for r in sample) / len(sample)
+        return round(tgt), round(src)
+    return round(sum(len(r["tokens"]) for r in sample) / len(sample)), 0
+
+
+def train(
+    run: RunConfig,
+    where: Tracking | None = None,
+    *,
+    progress: bool = False,
+    hooks: list[Hook] | None = None,
+    trainer_options: dict[str, Any] | None = None,
+    log: bool = True,
+) -> RunResult:
+    """Train one configuration and record it in MLflow (``log=False``: record nothing, for measurements).
+
+    ``hooks`` receive every batch of metrics as it is recorded (a sweep reports them to Ray Tune);
+    ``trainer_options`` go to ``lightning.Trainer`` (a Ray Train strategy, for example).
+    """
+    quiet_lightning()
+    if run.resources.threads:
+        torch.set_num_threads(run.resources.threads)
+    where = where or Tracking()
+    task = run.task
+    t = run.training
+    L.seed_everything(run.seed, workers=True, verbose=False)
+    data = TaskDataModule(task, t.batch_size, run.seed, t.eval_batch_size)
+    data.setup()  # fails here, before anything is logged, when the data cannot be built
+
+    uri = tracking.resolve_uri(where.uri)
+    experiment = where.experiment or run.tracking.experiment or run.name or "runs"
+    run_logger = None
+    if log:
+        tags = {
+            "seed": str(run.seed),
+            "task": task.name,
+            "arch": run.model.arch,
+            "config_hash": run.config_hash(),
+            **where.tags,
+        }
+        run_logger = tracking.RunLogger(uri, experiment, where.run_name or run.name, where.parent_run_id, tags)
+        run_logger.start(run.params(), run.to_dict())
+
+    status, detail, summary = tracking.STATUS_FAILED, "", {}
+    module = None
+    started = time.perf_counter()
+    try:
+        if run_logger is not None:
+            run_logger.log_datasets(data.data, task.name, {s: data.digest(s) for s in data.data})
+        length, source_length = typical_lengths(data.rows["train"])
+        module = LitTransformer(
+            run.model,
+            t,
+            task.kind,
+            log_every=run.tracking.log_every,
+            typical_length=length,
+            typical_source_length=source_length,
+        )
+        drain = Drain(run_logger, list(hooks or []))
+        callbacks = [Progress(t.max_steps), drain] if progress else [drain]  # the bar reads before drain empties
+        with tempfile.TemporaryDirectory(prefix="ablate-") as scratch:
+            options = dict(
+                accelerator="auto",
+                devices=1,
+                max_steps=t.max_steps,
+                precision=t.precision,
+                gradient_clip_val=t.grad_clip,
+                deterministic=t.deterministic,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                val_check_interval=t.val_every,
+                check_val_every_n_epoch=None,
+                limit_val_batches=t.val_batches or 1.0,
+                default_root_dir=scratch,
+                max_time={"seconds": t.max_time} if t.max_time else None,
+                callbacks=callbacks,
+            )
+            options.update(trainer_options or {})
+            trainer = L.Trainer(**options)
+            trainer.fit(module, datamodule=data)
+            extra: dict[str, float] = {}
+            if module.diverged:
+                status, detail = tracking.STATUS_DIVERGED, module.diverged["reason"]
+                extra["diverged_step"] = float(module.diverged["step"])
+            else:
+                status = tracking.STATUS_FINISHED
+            if trainer.is_global_zero:
+                extra.update(_final_evaluation(module, data, drain))
+                if run_logger is not None and run.tracking.checkpoint:
+                    path = Path(scratch) / "model.pt"
+                    torch.save(module.model.state_dict(), path)
+                    run_logger.log_artifact(path, "checkpoint")
+            extra["cost/wall_time_s"] = time.perf_counter() - started
+            extra["cost/steps"] = float(trainer.global_step)
+            summary = summarize(module, extra)
+    except KeyboardInterrupt:
+        status, detail = tracking.STATUS_KILLED, "interrupted (Ctrl-C)"
+        raise
+    except BaseException as err:
+        status, detail = tracking.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
+        if run_logger is not None:
+            run_logger.log_text(traceback.format_exc(), "traceback.txt")
+        raise
+    finally:
+        if run_logger is not None:
+            run_logger.end(status, detail, summary, step=module.global_step if module is not None else 0)
+    return RunResult(run_logger.run_id if run_logger else "", status, detail, summary, uri, experiment)
+
+
+def _final_evaluation(module, data, drain: Drain) -> dict[str, float]:
+    """Validation at the last step (unless it just ran) and every test split, in this process."""
+    if module.diverged is not None:
+        return {}
+    if module.last_val_step != module.global_step:
+        module.record_validation(module.evaluate(data.val_dataloader(), "val", module.training_cfg.decode_batches))
+        drain.drain(module)
+    results: dict[str, float] = {}
+    for split in data.task.splits:
+        if split not in ("train", "validation"):
+            results.update(module.evaluate(data.loader(split), split))
+    return results

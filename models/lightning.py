@@ -1,0 +1,435 @@
+"""The LightningModule: losses for every arch, AdamW with warm-up schedules, scheduled sampling, a
+divergence guard, and metrics of quality and cost.
+
+Notation: B batch, T target length, S source length, V vocabulary.
+
+Metrics are not sent anywhere from here (models/ imports no tracking library): the module appends
+``(step, {name: value})`` to ``self.pending`` and a callback of the caller drains it. Training metrics are
+computed every ``log_every`` steps only, so that logging costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from models.config import ConfigError, ModelConfig
+from models.flops import training_flops_per_token
+from models.tasks.base import BOS, EOS, PAD
+from models.transformer import Transformer
+
+SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
+SAMPLING = ("teacher_forcing", "scheduled")
+SAMPLING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How a run trains. ``lr`` is the peak rate, except for ``noam`` where it is the factor in front of
+    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. used 1)."""
+
+    max_steps: int = 1000
+    max_time: float | None = None  # seconds of training at most (a budget), None: no limit
+    batch_size: int = 32
+    eval_batch_size: int | None = None
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0  # applied to matrices only, not to norms, biases or embeddings
+    schedule: str = "warmup_cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.0  # warmup_cosine decays to lr * min_lr_ratio
+    grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
+    label_smoothing: float = 0.0
+    precision: str = "32-true"  # Lightning's precision (bf16-mixed, 16-mixed on GPUs)
+    val_every: int = 100  # steps between validations
+    val_batches: int | None = None  # cap on validation batches, None: the whole split
+    decode_batches: int | None = 4  # validation batches decoded greedily for exact match (seq2seq)
+    sampling: str = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
+    sampling_schedule: str = "inverse_sigmoid"
+    sampling_k: float = 500.0  # linear: steps to reach sampling_min; exponential: 1/e time; inverse_sigmoid: k
+    sampling_min: float = 0.0  # lowest probability of feeding the gold token
+    diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
+    diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        self._validate()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown training key(s) {unknown}; valid keys: {sorted(names)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["betas"] = list(self.betas)
+        return out
+
+    def _validate(self) -> None:
+        def number(name, lo=None, hi=None, none=False, integer=False, lo_open=False):
+            v = getattr(self, name)
+            if v is None and none:
+                return
+            kinds = (int,) if integer else (int, float)
+            if isinstance(v, bool) or not isinstance(v, kinds):
+                raise ConfigError(f"{name}={v!r} must be {'an integer' if integer else 'a number'}")
+            if lo is not None and (v <= lo if lo_open else v < lo):
+                raise ConfigError(f"{name}={v!r} must be {'>' if lo_open else '>='} {lo}")
+            if hi is not None and v > hi:
+                raise ConfigError(f"{name}={v!r} must be <= {hi}")
+
+        number("max_steps", 1, integer=True)
+        number("max_time", 0, none=True, lo_open=True)
+        number("batch_size", 1, integer=True)
+        number("eval_batch_size", 1, none=True, integer=True)
+        number("lr", 0, lo_open=True)
+        number("eps", 0, lo_open=True)
+        number("weight_decay", 0)
+        number("warmup_steps", 0, integer=True)
+        number("min_lr_ratio", 0, 1)
+        number("grad_clip", 0, none=True, lo_open=True)
+        number("label_smoothing", 0, 0.99)
+        number("val_every", 1, integer=True)
+        number("val_batches", 1, none=True, integer=True)
+        number("decode_batches", 0, none=True, integer=True)
+        number("sampling_k", 0, lo_open=True)
+        number("sampling_min", 0, 1)
+        number("diverge_factor", 1, none=True, lo_open=True)
+        number("diverge_after", 0, integer=True)
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
+        for name, choices in (
+            ("schedule", SCHEDULES),
+            ("sampling", SAMPLING),
+            ("sampling_schedule", SAMPLING_SCHEDULES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {', '.join(map(repr, choices))}"
+                )
+        if self.schedule == "noam" and self.warmup_steps < 1:
+            raise ConfigError("schedule='noam' needs warmup_steps >= 1")
+        if self.sampling_schedule == "inverse_sigmoid" and self.sampling == "scheduled" and self.sampling_k < 1:
+            raise ConfigError(f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})")
+        if not isinstance(self.precision, str) or not self.precision:
+            raise ConfigError(f"precision={self.precision!r} must be a Lightning precision such as '32-true'")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"deterministic={self.deterministic!r} must be true or false")
+
+
+def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:
+    """Multiplier of ``lr`` at optimizer step ``step`` (0-based)."""
+    s = step + 1
+    w = cfg.warmup_steps
+    if cfg.schedule == "noam":
+        return d_model**-0.5 * min(s**-0.5, s * w**-1.5)
+    warm = min(1.0, s / w) if w > 0 else 1.0
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "warmup_constant" or s <= w:
+        return warm
+    progress = min(1.0, (s - w) / max(1, cfg.max_steps - w))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def teacher_forcing_p(cfg: TrainingConfig, step: int) -> float:
+    """Probability of feeding the gold previous token at ``step`` (1.0 for plain teacher forcing)."""
+    if cfg.sampling == "teacher_forcing":
+        return 1.0
+    k = cfg.sampling_k
+    if cfg.sampling_schedule == "linear":
+        p = 1.0 - step / k
+    elif cfg.sampling_schedule == "exponential":
+        p = math.exp(-step / k)
+    else:
+        p = k / (k + math.exp(min(step / k, 700.0)))
+    return max(cfg.sampling_min, p)
+
+
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process (CPU) or peak allocated memory (CUDA), in MB."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 2**20 if sys.platform == "darwin" else kb / 1024
+
+
+class LitTransformer(L.LightningModule):
+    """Trains a Transformer on one kind of task: ``seq2seq``, ``lm`` or ``classify``."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        training: TrainingConfig,
+        kind: str,
+        log_every: int = 10,
+        typical_length: int = 128,
+        typical_source_length: int = 0,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.training_cfg, self.kind, self.log_every = model, training, kind, log_every
+        self.model = Transformer(model)
+        self.n_params = self.model.num_parameters()
+        self.flops_per_token = training_flops_per_token(self.model, typical_length, typical_source_length)
+        self.pending: list[tuple[int, dict[str, float]]] = []
+        self.diverged: dict[str, Any] | None = None
+        self.best: dict[str, float] = {}
+        self.last_val: dict[str, float] = {}
+        self.last_val_step = -1
+        self._smooth: float | None = None
+        self._min_smooth = math.inf
+        self._tokens = 0
+        self._train_time = 0.0
+        self._window = [0, 0.0]  # tokens, seconds since the last logged step
+        self._t0: float | None = None
+
+    # -- batches -> (logits, targets, mask) ------------------------------------------------------
+    def _inputs(self, batch: dict[str, torch.Tensor], tf_p: float = 1.0):
+        """Logits and what they are scored against. targets hold -100 where nothing is scored."""
+        if self.kind == "classify":
+            tokens = batch["tokens"]
+            return self.model(tokens, padding=tokens == PAD), batch["label"]
+        if self.kind == "seq2seq":
+            src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
+            if tf_p < 1.0:
+                tgt_in = self._mix_predictions(tgt_in, lambda t: self.model(src, t, padding=src == PAD), tf_p)
+            logits = self.model(src, tgt_in, padding=src == PAD)
+            return logits, tgt_out.masked_fill(tgt_out == PAD, -100)
+        tokens = batch["tokens"]
+        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        if tf_p < 1.0:
+            inp = self._mix_predictions(inp, self.model, tf_p)
+        logits = self.model(inp)  # right padding needs no mask in a causal model
+        keep = tgt != PAD
+        if "loss_mask" in batch:
+            keep &= batch["loss_mask"]
+        return logits, tgt.masked_fill(~keep, -100)
+
+    def _mix_predictions(self, inp: torch.Tensor, forward, tf_p: float) -> torch.Tensor:
+        """Scheduled sampling for Transformers (Mihaylova and Martins 2019): a first teacher-forced pass
+        predicts every next token; each input after the first is replaced by the prediction for it with
+        probability 1 - tf_p."""
+        with torch.no_grad():
+            pred = forward(inp).argmax(-1)  # (B, T): prediction of the token after each position
+        replace = torch.rand(inp.shape, device=inp.device) >= tf_p
+        replace[:, 0] = False
+        replace &= inp != PAD
+        mixed = inp.clone()
+        mixed[:, 1:] = torch.where(replace[:, 1:], pred[:, :-1], inp[:, 1:])
+        return mixed
+
+    def _loss(self, logits, targets, smoothing: float) -> torch.Tensor:
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            targets.reshape(-1),
+            ignore_index=-100,
+            label_smoothing=smoothing,
+        )
+
+    @staticmethod
+    def _count_tokens(batch: dict[str, torch.Tensor]) -> int:
+        return int(sum((t != PAD).sum() for k, t in batch.items() if k in ("src", "tgt_in", "tokens")))
+
+    # -- training ---------------------------------------------------------------------------------
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        step = self.global_step
+        tf_p = teacher_forcing_p(self.training_cfg, step) if self.kind != "classify" else 1.0
+        logits, targets = self._inputs(batch, tf_p)
+        loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
+        value = loss.item()
+        if self._guard(step, value):
+            return None  # skip this update; the trainer stops
+        if step % self.log_every == 0:
+            with torch.no_grad():
+                scored = targets != -100
+                acc = ((logits.argmax(-1) == targets) & scored).sum() / scored.sum().clamp(min=1)
+            metrics = {
+                "train/loss": value,
+                "train/token_acc": float(acc),
+                "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            }
+            if tf_p < 1.0:
+                metrics["train/teacher_forcing_p"] = tf_p
+            self.pending.append((step, metrics))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self._t0 is None:
+            return
+        dt = time.perf_counter() - self._t0
+        n = self._count_tokens(batch)
+        self._tokens += n
+        self._train_time += dt
+        self._window[0] += n
+        self._window[1] += dt
+        step = self.global_step - 1  # the step that just ran
+        if step % self.log_every == 0 and self._window[1] > 0:
+            tokens, seconds = self._window
+            self.pending.append(
+                (
+                    step,
+                    {
+                        "train/tokens_per_s": tokens / seconds,
+                        "train/step_time_ms": 1000 * seconds / max(1, self.log_every if step else 1),
+                    },
+                )
+            )
+            self._window = [0, 0.0]
+
+    def _guard(self, step: int, loss: float) -> bool:
+        """The divergence guard: True (and the trainer told to stop) when the run has diverged."""
+        reason = None
+        if not math.isfinite(loss):
+            reason = f"non-finite loss ({loss}) at step {step}"
+        else:
+            self._smooth = loss if self._smooth is None else 0.9 * self._smooth + 0.1 * loss
+            self._min_smooth = min(self._min_smooth, self._smooth)
+            f = self.training_cfg.diverge_factor
+            if f is not None and step >= self.training_cfg.diverge_after and self._smooth > f * self._min_smooth:
+                reason = (
+                    f"loss {self._smooth:.4g} (smoothed) rose above {f} x its running minimum "
+                    f"{self._min_smooth:.4g} at step {step}"
+                )
+        if reason is None:
+            return False
+        self.diverged = {"step": step, "reason": reason}
+        self.trainer.should_stop = True
+        return True
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            (decay if p.dim() >= 2 and "embed" not in name and "positions" not in name else no_decay).append(p)
+        t = self.training_cfg
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=t.lr,
+            betas=t.betas,
+            eps=t.eps,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(t, self.cfg.d_model, step))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch, batch_idx):
+        decode = self.training_cfg.decode_batches
+        self._sums += self.batch_sums(batch, decode is None or batch_idx < decode)
+
+    def on_validation_epoch_end(self) -> None:
+        sums = self.trainer.strategy.reduce(self._sums, reduce_op="sum")
+        if not self.trainer.sanity_checking:
+            self.record_validation(self.metrics_from_sums(sums, "val"))
+
+    def record_validation(self, metrics: dict[str, float]) -> None:
+        """Keep the latest and the best validation metrics, and queue them for logging."""
+        self.last_val, self.last_val_step = metrics, self.global_step
+        for name, value in metrics.items():
+            better = max if name.endswith(("acc", "accuracy", "exact_match")) else min
+            self.best[name] = better(self.best.get(name, value), value)
+        self.pending.append((self.global_step, metrics))
+
+    @torch.no_grad()
+    def batch_sums(self, batch: dict[str, torch.Tensor], decode: bool) -> torch.Tensor:
+        """[loss sum, scored tokens, correct tokens, sequences, exact sequences, decoded sequences]."""
+        logits, targets = self._inputs(batch)
+        scored = targets != -100
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        correct = (logits.argmax(-1) == targets) & scored
+        n_seq = targets.shape[0]
+        if self.kind == "classify":
+            exact = correct.sum()
+            decoded = n_seq
+        elif self.kind == "seq2seq" and decode:
+            exact = self.exact_matches(batch)
+            decoded = n_seq
+        elif self.kind == "lm" and "loss_mask" in batch:  # every answer right (recall, retrieval)
+            exact = ((correct | ~scored).all(dim=1) & scored.any(dim=1)).sum()
+            decoded = n_seq
+        else:
+            exact, decoded = 0, 0
+        return torch.tensor(
+            [float(nll), float(scored.sum()), float(correct.sum()), n_seq, float(exact), decoded],
+            dtype=torch.float64,
+            device=self.device,
+        )
+
+    def exact_matches(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sequences whose greedy decoding (with the key/value cache) is exactly the target."""
+        src, tgt_out = batch["src"], batch["tgt_out"]
+        out = self.model.greedy(
+            source=src, source_padding=src == PAD, max_new_tokens=tgt_out.shape[1], bos_id=BOS, eos_id=EOS
+        )
+        if out.shape[1] < tgt_out.shape[1]:
+            out = F.pad(out, (0, tgt_out.shape[1] - out.shape[1]), value=PAD)
+        return (out == tgt_out).all(dim=1).sum()
+
+    def metrics_from_sums(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        nll, scored, correct, n_seq, exact, decoded = sums.tolist()
+        out: dict[str, float] = {}
+        if self.kind == "classify":
+            out[f"{prefix}/loss"] = nll / max(n_seq, 1)
+            out[f"{prefix}/accuracy"] = correct / max(n_seq, 1)
+            return out
+        loss = nll / max(scored, 1)
+        out[f"{prefix}/loss"] = loss
+        out[f"{prefix}/ppl"] = math.exp(min(loss, 50.0))
+        out[f"{prefix}/token_acc"] = correct / max(scored, 1)
+        if decoded:
+            out[f"{prefix}/exact_match"] = exact / decoded
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, loader, prefix: str, decode_batches: int | None = None) -> dict[str, float]:
+        """Metrics of a whole split in this process (used after training for the test splits)."""
+        was_training = self.training
+        self.eval()
+        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(loader):
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            sums += self.batch_sums(batch, decode_batches is None or i < decode_batches)
+        self.train(was_training)
+        return self.metrics_from_sums(sums, prefix)
+
+    # -- cost -------------------------------------------------------------------------------------
+    def cost_summary(self) -> dict[str, float]:
+        tokens_per_s = self._tokens / self._train_time if self._train_time else 0.0
+        return {
+            "tokens_per_s": tokens_per_s,
+            "step_time_ms": 1000 * self._train_time / max(1, self.global_step),
+            "train_tokens": float(self._tokens),
+            "train_time_s": self._train_time,
+            "peak_memory_mb": peak_memory_mb(),
+            "n_params": float(self.n_params),
+            "flops_per_token": self.flops_per_token,
+            "achieved_flops_per_s": self.flops_per_token * tokens_per_s,
+        }

@@ -1,0 +1,29 @@
+"""Tasks as LightningDataModules built on Hugging Face ``datasets``. A new task is one module and one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.config import ConfigError
+from models.tasks.base import BOS, EOS, PAD, SEP, Task, TaskDataModule, collate
+from models.tasks.listops import ListOpsTask
+from models.tasks.recall import RecallTask
+from models.tasks.retrieval import RetrievalTask
+from models.tasks.seq2seq import CopyTask, ReverseTask, SortTask
+from models.tasks.text import DataUnavailable, TextTask
+
+TASKS: dict[str, type[Task]] = {
+    t.name: t for t in (CopyTask, ReverseTask, SortTask, RecallTask, ListOpsTask, RetrievalTask, TextTask)
+}
+
+
+def make_task(spec: dict[str, Any]) -> Task:
+    """A task from ``{"name": ..., **params}``; unknown names and keys are refused with the valid ones."""
+    spec = dict(spec)
+    name = spec.pop("name", None)
+    if name not in TASKS:
+        raise ConfigError(f"name={name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}")
+    return TASKS[name].from_dict(spec)
+
+
+__all__ = ["BOS", "EOS", "PAD", "SEP", "TASKS", "DataUnavailable", "Task", "TaskDataModule", "collate", "make_task"]

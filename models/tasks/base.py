@@ -1,0 +1,214 @@
+"""What every task shares: token conventions, parameters checked strictly, batches, the DataModule.
+
+A task is one module in models/tasks/ with one ``Task`` subclass registered in ``models.tasks.TASKS``.
+It says which archs it fits, its vocabulary and classes, and builds its splits as Hugging Face
+``datasets`` (generated with ``Dataset.from_generator``: cached by fingerprint, the same on every run
+with the same parameters). The run's seed only changes the order in which training examples are seen.
+
+Kinds of examples (one per task):
+  seq2seq   {"src": [...], "tgt": [...]}                      encoder_decoder; targets end with EOS
+  lm        {"tokens": [...], "loss_mask": [...] (optional)}   decoder; mask aligned with tokens[1:]
+  classify  {"tokens": [...], "label": int}                    encoder
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from models.config import ConfigError
+
+PAD, BOS, EOS, SEP = 0, 1, 2, 3
+FIRST_SYMBOL = 4  # task symbols start here
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    """Base of each task's parameters. Subclasses add fields and override ``check``."""
+
+    data_seed: int = 0  # generates (or splits) the data; the run's seed only shuffles the training order
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, kind = getattr(self, f.name), str(f.type).split(" | ")
+            if value is None and "None" in kind:
+                continue
+            allowed = tuple(t for k in kind for t in _TYPES.get(k, (object,)))
+            if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+                raise ConfigError(f"{f.name}={value!r} must be of type {str(f.type)}")
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field checks of the task; raise ConfigError naming the field and the fix."""
+
+
+@dataclass(frozen=True)
+class SyntheticParams(TaskParams):
+    """Generated tasks: how many examples per split."""
+
+    train_size: int = 10_000
+    val_size: int = 500
+    test_size: int = 500
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("train_size", "val_size", "test_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+
+
+class Task:
+    """A task: its parameters, what model it fits, its data."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]  # seq2seq | lm | classify
+    archs: ClassVar[tuple[str, ...]]
+    Params: ClassVar[type[TaskParams]] = TaskParams
+    splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
+
+    def __init__(self, params: TaskParams) -> None:
+        self.params = params
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        names = [f.name for f in fields(cls.Params)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown key(s) {unknown} for task {cls.name!r}; valid keys: {sorted(names)}")
+        return cls(cls.Params(**data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self.params)}
+
+    # what the model must provide
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def n_classes(self) -> int | None:
+        return None
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence (source or target, with BOS/EOS) the model is given, over all splits."""
+        raise NotImplementedError
+
+    def build(self, split: str, cache_dir: str | None = None):
+        """The split as a ``datasets.Dataset`` (generated, cached by fingerprint)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.params).items())
+
+    def lineage(self, split: str) -> dict[str, Any]:
+        """What identifies the data of a split (logged to MLflow as the dataset's source)."""
+        return {"task": self.name, "split": split, **dataclasses.asdict(self.params)}
+
+
+def generate(owner: Task, split: str, generator, cache_dir: str | None, features, **kwargs):
+    """Dataset.from_generator with everything that defines the data in gen_kwargs (the cache fingerprint)."""
+    from datasets import Dataset, disable_progress_bars
+
+    disable_progress_bars()
+    gen_kwargs = {"split": split, **dataclasses.asdict(owner.params), **kwargs}
+    return Dataset.from_generator(
+        generator, features=features, gen_kwargs=gen_kwargs, cache_dir=cache_dir, keep_in_memory=cache_dir is None
+    )
+
+
+def split_seed(params: TaskParams, split: str) -> int:
+    """A different, fixed random stream per split."""
+    return params.data_seed * 1_000 + {"train": 1, "validation": 2, "test": 3, "test_long": 4}.get(split, 5)
+
+
+def split_size(params: SyntheticParams, split: str) -> int:
+    return {"train": params.train_size, "validation": params.val_size}.get(split, params.test_size)
+
+
+# --- batches ---------------------------------------------------------------------------------------
+
+
+def pad_batch(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(kind: str, examples: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-padded tensors. seq2seq: src, tgt_in (BOS + target), tgt_out (target + EOS);
+    lm: tokens, and loss_mask for the targets tokens[1:]; classify: tokens, label."""
+    if kind == "seq2seq":
+        return {
+            "src": pad_batch([e["src"] for e in examples]),
+            "tgt_in": pad_batch([[BOS, *e["tgt"]] for e in examples]),
+            "tgt_out": pad_batch([[*e["tgt"], EOS] for e in examples]),
+        }
+    if kind == "lm":
+        batch = {"tokens": pad_batch([e["tokens"] for e in examples])}
+        if examples[0].get("loss_mask") is not None:
+            batch["loss_mask"] = pad_batch([e["loss_mask"] for e in examples], 0).bool()
+        return batch
+    return {
+        "tokens": pad_batch([e["tokens"] for e in examples]),
+        "label": torch.tensor([e["label"] for e in examples], dtype=torch.long),
+    }
+
+
+class TaskDataModule(L.LightningDataModule):
+    """The splits of a task as DataLoaders; training order shuffled by the run's seed."""
+
+    def __init__(
+        self, task: Task, batch_size: int, seed: int, eval_batch_size: int | None = None, cache_dir: str | None = None
+    ) -> None:
+        super().__init__()
+        self.task, self.batch_size, self.seed = task, batch_size, seed
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.cache_dir = cache_dir
+        self.data: dict[str, Any] = {}  # split -> datasets.Dataset (its lineage goes to MLflow)
+        self.rows: dict[str, list[dict]] = {}  # split -> examples in memory (Arrow row access is slow)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in self.task.splits:
+            if split not in self.data:
+                self.data[split] = self.task.build(split, self.cache_dir)
+                self.rows[split] = self.data[split].to_list()
+
+    def loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        gen = torch.Generator().manual_seed(self.seed) if shuffle else None
+        return DataLoader(
+            self.rows[split],
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,
+            generator=gen,
+            collate_fn=self._collate,
+            drop_last=False,
+        )
+
+    def digest(self, split: str) -> str:
+        """A digest of the split's content (changes whenever any example does)."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.rows[split]).encode()).hexdigest()[:16]
+
+    def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        return collate(self.task.kind, examples)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("validation", shuffle=False)
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self.loader(s, shuffle=False) for s in self.task.splits if s not in ("train", "validation")]

@@ -1,0 +1,109 @@
+"""ListOps (Nangia and Bowman 2018; the Long Range Arena's long version, Tay et al. 2021), our own
+generator: nested lists of operators over digits, classified by their value (10 classes, encoder).
+
+    [MAX 2 9 [MIN 4 7 ] 0 ]  ->  9
+
+Operators: MIN, MAX, MED (median, rounded down like LRA's int(np.median)), SM (sum modulo 10).
+Trees grow like LRA's: at each node below ``max_depth``, a digit with probability 1 - ``operator_p``,
+otherwise an operator with 2 to ``max_args`` arguments. Sequences are drawn until their length in tokens
+falls within [min_len, max_len] (LRA: 500 to 2000 tokens, max_depth 10, max_args 10).
+Tokens: a leading SEP (a CLS position), the operators with their opening bracket, "]", the digits.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+from models.config import ConfigError
+from models.tasks.base import FIRST_SYMBOL, SEP, SyntheticParams, Task, generate, split_seed, split_size
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+VOCAB = (*OPERATORS, "]", *(str(d) for d in range(10)))
+TOKEN = {word: FIRST_SYMBOL + i for i, word in enumerate(VOCAB)}
+
+
+@dataclass(frozen=True)
+class ListOpsParams(SyntheticParams):
+    max_depth: int = 4
+    max_args: int = 5
+    min_len: int = 20
+    max_len: int = 100
+    operator_p: float = 0.25  # LRA's VALUE_P: probability that a node below max_depth is an operator
+
+    def check(self) -> None:
+        if self.max_depth < 1 or self.max_args < 2:
+            raise ConfigError(f"max_depth={self.max_depth} must be >= 1 and max_args={self.max_args} >= 2")
+        if not 5 <= self.min_len <= self.max_len:
+            raise ConfigError(f"min_len={self.min_len} and max_len={self.max_len} need 5 <= min_len <= max_len")
+        if not 0.0 < self.operator_p < 1.0:
+            raise ConfigError(f"operator_p={self.operator_p} must be in (0, 1)")
+
+
+def tree(rng: random.Random, depth: int, max_depth: int, max_args: int, operator_p: float):
+    """A digit, or (operator, [children])."""
+    if depth == 1 or (depth < max_depth and rng.random() < operator_p):
+        op = OPERATORS[rng.randrange(len(OPERATORS))]
+        return op, [tree(rng, depth + 1, max_depth, max_args, operator_p) for _ in range(rng.randint(2, max_args))]
+    return rng.randrange(10)
+
+
+def evaluate(node) -> int:
+    if isinstance(node, int):
+        return node
+    op, args = node
+    values = [evaluate(a) for a in args]
+    if op == "[MIN":
+        return min(values)
+    if op == "[MAX":
+        return max(values)
+    if op == "[MED":
+        return int(statistics.median(values))
+    return sum(values) % 10
+
+
+def words(node) -> list[str]:
+    if isinstance(node, int):
+        return [str(node)]
+    op, args = node
+    return [op, *(w for a in args for w in words(a)), "]"]
+
+
+def _examples(max_depth: int, max_args: int, min_len: int, max_len: int, operator_p: float, seed: int, size: int, **_):
+    rng = random.Random(seed)
+    made = 0
+    while made < size:
+        t = tree(rng, 1, max_depth, max_args, operator_p)
+        ws = words(t)
+        if min_len <= len(ws) + 1 <= max_len:
+            made += 1
+            yield {"tokens": [SEP, *(TOKEN[w] for w in ws)], "label": evaluate(t)}
+
+
+class ListOpsTask(Task):
+    name = "listops"
+    kind = "classify"
+    archs = ("encoder",)
+    Params = ListOpsParams
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_SYMBOL + len(VOCAB)
+
+    @property
+    def n_classes(self) -> int:
+        return 10
+
+    @property
+    def max_length(self) -> int:
+        return self.params.max_len
+
+    def build(self, split: str, cache_dir: str | None = None):
+        from datasets import ClassLabel, Features, Sequence, Value
+
+        p = self.params
+        features = Features({"tokens": Sequence(Value("int32")), "label": ClassLabel(num_classes=10)})
+        return generate(
+            self, split, _examples, cache_dir, features, seed=split_seed(p, split), size=split_size(p, split)
+        )

@@ -1,0 +1,144 @@
+"""Byte- or character-level language modelling on a text corpus (decoder).
+
+``source`` names the corpus:
+  pydoc           built in, needs no network: the English help topics that ship with every CPython
+                  (``pydoc_data.topics``, about 460 KB)
+  PATH            a local text file, or a folder whose files are read in sorted order
+  hf:NAME[:CONFIG]  ``datasets.load_dataset(NAME, CONFIG)`` (its "text" column) when the hub is reachable
+
+The corpus is split by position (the first 90% trains, then validation, then test), cut into blocks of
+``block_size`` + 1 tokens; ``max_chars`` caps the corpus read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from models.config import ConfigError
+from models.tasks.base import FIRST_SYMBOL, Task, TaskParams, generate
+
+
+class DataUnavailable(RuntimeError):
+    """The corpus cannot be read (missing file, no network for a hub dataset)."""
+
+
+@dataclass(frozen=True)
+class TextParams(TaskParams):
+    source: str = "pydoc"
+    level: str = "byte"  # byte | char
+    block_size: int = 128
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    max_chars: int | None = None
+
+    def check(self) -> None:
+        if self.level not in ("byte", "char"):
+            raise ConfigError(f"level={self.level!r} is not a valid choice; valid: 'byte', 'char'")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size={self.block_size} must be at least 2")
+        if not (0 < self.val_fraction < 0.5 and 0 < self.test_fraction < 0.5):
+            raise ConfigError("val_fraction and test_fraction must each be in (0, 0.5)")
+        if self.max_chars is not None and self.max_chars < 1000:
+            raise ConfigError(f"max_chars={self.max_chars} must be at least 1000")
+        if self.source != "pydoc" and not self.source.startswith("hf:") and not Path(self.source).exists():
+            raise ConfigError(
+                f"source={self.source!r} is neither 'pydoc', 'hf:NAME[:CONFIG]' nor an existing file or folder"
+            )
+
+
+def read_corpus(source: str, max_chars: int | None = None) -> str:
+    if source == "pydoc":
+        from pydoc_data.topics import topics
+
+        text = "\n\n".join(topics[k] for k in sorted(topics))
+    elif source.startswith("hf:"):
+        name, _, config = source[3:].partition(":")
+        try:
+            from datasets import load_dataset
+
+            ds = load_dataset(name, config or None, split="train")
+        except Exception as err:  # offline, unknown name, ...
+            raise DataUnavailable(
+                f"could not load {name!r} from the Hugging Face hub ({type(err).__name__}: {err}); use a local "
+                "file or folder (task.source: path/to/text) or the built-in corpus (task.source: pydoc)"
+            ) from err
+        text = "\n".join(ds["text"])
+    else:
+        path = Path(source)
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        if not files:
+            raise DataUnavailable(f"source={source!r}: no files to read")
+        text = "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    return text[:max_chars] if max_chars else text
+
+
+def _examples(split: str, digest: str, **params):
+    """Blocks of block_size + 1 tokens (the digest of the corpus enters the cache fingerprint)."""
+    task = TextTask(TextParams(**{k: v for k, v in params.items() if k in TextParams.__dataclass_fields__}))
+    ids, block = task.split_ids(split), task.params.block_size
+    for start in range(0, len(ids) - block, block):
+        yield {"tokens": ids[start : start + block + 1]}
+
+
+class TextTask(Task):
+    name = "text"
+    kind = "lm"
+    archs = ("decoder",)
+    Params = TextParams
+
+    @cached_property
+    def corpus(self) -> str:
+        return read_corpus(self.params.source, self.params.max_chars)
+
+    @cached_property
+    def alphabet(self) -> list[str]:
+        return sorted(set(self.corpus))
+
+    def encode(self, text: str) -> list[int]:
+        if self.params.level == "byte":
+            return [FIRST_SYMBOL + b for b in text.encode("utf-8")]
+        index = {c: i for i, c in enumerate(self.alphabet)}
+        return [FIRST_SYMBOL + index[c] for c in text]
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_SYMBOL + (256 if self.params.level == "byte" else len(self.alphabet))
+
+    @property
+    def max_length(self) -> int:
+        return self.params.block_size
+
+    def split_ids(self, split: str) -> list[int]:
+        ids = self.encode(self.corpus)
+        n = len(ids)
+        a = int(n * (1 - self.params.val_fraction - self.params.test_fraction))
+        b = int(n * (1 - self.params.test_fraction))
+        return {"train": ids[:a], "validation": ids[a:b], "test": ids[b:]}[split]
+
+    def unigram_entropy(self, split: str = "validation") -> float:
+        """Entropy (nats) of the split's tokens under their own unigram distribution: a model that
+        ignores context cannot do better."""
+        counts = Counter(self.split_ids(split))
+        total = sum(counts.values())
+        return -sum(c / total * math.log(c / total) for c in counts.values())
+
+    def build(self, split: str, cache_dir: str | None = None):
+        from datasets import Features, Sequence, Value
+
+        features = Features({"tokens": Sequence(Value("int32"))})
+        ids = self.split_ids(split)
+        if len(ids) <= self.params.block_size:
+            raise DataUnavailable(
+                f"the {split} split of source={self.params.source!r} has {len(ids)} tokens, fewer than one block "
+                f"of block_size={self.params.block_size}; use a larger corpus or a smaller block_size"
+            )
+        return generate(self, split, _examples, cache_dir, features, digest=self.digest)
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(self.corpus.encode("utf-8")).hexdigest()[:16]

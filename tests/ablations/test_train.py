@@ -1,0 +1,226 @@
+"""One training run, end to end, with a real MLflow store read back through MLflow's client."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from ablations.spec import resolve_run
+from ablations.train import Tracking, train
+from tests.conftest import mlflow_server
+
+SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64}
+FAST = {"lr": 3e-3, "warmup_steps": 30, "val_every": 100, "batch_size": 32}
+
+
+def run_config(task: dict, steps: int, model: dict | None = None, **training):
+    return resolve_run(
+        {
+            "task": task,
+            "model": {**SMALL, **(model or {})},
+            "training": {**FAST, "max_steps": steps, **training},
+            "resources": {"threads": 1},
+        }
+    )
+
+
+def only_run(uri: str, experiment: str):
+    c = MlflowClient(uri)
+    runs = c.search_runs([c.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1
+    return c, runs[0]
+
+
+# --- learning, one short run per arch and task ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_encoder_decoder_learns_to_copy(store):
+    run = run_config({"name": "copy", "train_size": 5000, "max_len": 8}, 300, {"n_layers": 1})
+    result = train(run, Tracking(store, "learn"))
+    # chance of guessing a whole sequence of 1-8 symbols from 10 is below 10%; one symbol is 10%
+    assert result.status == "finished"
+    assert result.metrics["test/exact_match"] > 0.5
+    assert result.metrics["test/token_acc"] > 0.8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["reverse", "sort"])
+def test_encoder_decoder_learns_reverse_and_sort(store, name):
+    run = run_config({"name": name, "train_size": 5000, "max_len": 6}, 300)
+    result = train(run, Tracking(store, "learn"))
+    assert result.metrics["test/token_acc"] > 0.5  # chance: 0.1 per symbol
+
+
+@pytest.mark.slow
+def test_decoder_language_model_beats_the_unigram_entropy(store):
+    run = run_config({"name": "text", "block_size": 64}, 200)
+    result = train(run, Tracking(store, "learn"))
+    unigram = run.task.unigram_entropy("validation")
+    assert result.metrics["final/val_loss"] < unigram - 0.3, (result.metrics["final/val_loss"], unigram)
+
+
+@pytest.mark.slow
+def test_encoder_classifier_beats_the_majority_class_on_listops(store):
+    run = run_config({"name": "listops", "train_size": 5000, "min_len": 10, "max_len": 40, "max_depth": 3}, 400)
+    result = train(run, Tracking(store, "learn"))
+    labels = [r["label"] for r in run.task.build("test").to_list()]
+    majority = Counter(labels).most_common(1)[0][1] / len(labels)
+    assert result.metrics["test/accuracy"] > majority + 0.1, (result.metrics["test/accuracy"], majority)
+
+
+@pytest.mark.slow
+def test_decoder_learns_recall_and_retrieval(store):
+    recall = run_config({"name": "recall", "train_size": 5000, "pairs": 4, "queries": 2, "keys": 8, "values": 8}, 400)
+    r = train(recall, Tracking(store, "learn"))
+    assert r.metrics["test/token_acc"] > 2 * (1 / 8)  # answers: values drawn from 8
+    retrieval = run_config({"name": "retrieval", "train_size": 5000, "length": 16, "distance": 5, "symbols": 8}, 300)
+    r = train(retrieval, Tracking(store, "learn"))
+    assert r.metrics["test/exact_match"] > 0.9
+
+
+# --- what MLflow holds ----------------------------------------------------------------------------
+
+
+def assert_run_recorded(uri: str, experiment: str, run, result) -> None:
+    c, rec = only_run(uri, experiment)
+    assert rec.info.run_id == result.run_id and rec.info.status == "FINISHED"
+    # params: the flattened resolved configuration, nothing operational
+    assert rec.data.params == {k: str(v) for k, v in run.params().items()}
+    tags = rec.data.tags
+    assert tags["status_detail"] == "finished" and tags["seed"] == "0" and tags["task"] == "copy"
+    assert tags["config_hash"] == run.config_hash()
+    assert len(tags["git_sha"]) == 40 and tags["code_version"].startswith(tags["git_sha"][:12])
+    # per-step metrics: training every log_every steps, validation every val_every steps
+    train_loss = c.get_metric_history(result.run_id, "train/loss")
+    assert [m.step for m in train_loss] == list(range(0, 120, 10))
+    assert [m.step for m in c.get_metric_history(result.run_id, "val/loss")] == [50, 100, 120]
+    # summary metrics
+    for key in (
+        "best/val_loss",
+        "final/val_exact_match",
+        "test/exact_match",
+        "test_long/exact_match",
+        "cost/tokens_per_s",
+        "cost/peak_memory_mb",
+        "cost/n_params",
+        "cost/wall_time_s",
+        "cost/flops_per_token",
+        "cost/achieved_flops_per_s",
+    ):
+        assert key in rec.data.metrics, key
+    assert rec.data.metrics["cost/n_params"] > 1000
+    # artifacts: the resolved configuration
+    local = c.download_artifacts(result.run_id, "config.yaml")
+    with open(local) as f:
+        assert yaml.safe_load(f) == yaml.safe_load(yaml.safe_dump(run.to_dict()))
+    # dataset lineage
+    inputs = {d.dataset.name: d for d in rec.inputs.dataset_inputs}
+    assert set(inputs) == {"copy/train", "copy/validation", "copy/test", "copy/test_long"}
+    assert len({d.dataset.digest for d in inputs.values()}) == 4
+
+
+def short_copy():
+    return run_config({"name": "copy", "train_size": 500, "max_len": 5}, 120, {"n_layers": 1}, val_every=50)
+
+
+def test_everything_is_read_back_through_the_mlflow_client(store):
+    run = short_copy()
+    result = train(run, Tracking(store, "readback"))
+    assert_run_recorded(store, "readback", run, result)
+
+
+@pytest.mark.slow
+def test_the_same_against_an_mlflow_server(tmp_path):
+    with mlflow_server(tmp_path) as uri:
+        run = short_copy()
+        result = train(run, Tracking(uri, "served"))
+        assert_run_recorded(uri, "served", run, result)
+
+
+def test_checkpoint_is_an_artifact_when_asked(store):
+    run = resolve_run(
+        {
+            **short_copy().to_dict(),
+            "tracking": {"checkpoint": True},
+            "training": {**short_copy().training.to_dict(), "max_steps": 5},
+        }
+    )
+    result = train(run, Tracking(store, "ckpt"))
+    c = MlflowClient(store)
+    assert [a.path for a in c.list_artifacts(result.run_id, "checkpoint")] == ["checkpoint/model.pt"]
+
+
+# --- results that are not successes ----------------------------------------------------------------
+
+
+def test_a_diverged_run_is_a_result(store, tmp_path, monkeypatch):
+    """Post-LN without warm-up at a huge learning rate diverges: recorded as diverged, exit code 0."""
+    from ablations.cli import main
+
+    path = tmp_path / "diverge.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "diverge",
+                "task": {"name": "text", "block_size": 32},
+                "model": {**SMALL, "norm": "post"},
+                "training": {"max_steps": 120, "lr": 3.0, "schedule": "constant", "grad_clip": None, "batch_size": 16},
+                "resources": {"threads": 1},
+            }
+        )
+    )
+    assert main(["run", str(path), "--tracking-uri", store, "--no-progress"]) == 0
+    c, rec = only_run(store, "diverge")
+    assert rec.info.status == "FINISHED"
+    assert rec.data.tags["status_detail"].startswith("diverged: ")
+    assert 50 <= rec.data.metrics["diverged_step"] < 120
+    assert len(c.get_metric_history(rec.info.run_id, "train/loss")) < 12  # it stopped early
+
+
+def test_an_exception_is_recorded_as_failed_with_its_traceback(store):
+    def explode(step, metrics):
+        if step >= 20:
+            raise RuntimeError("injected failure")
+
+    with pytest.raises(RuntimeError, match="injected failure"):
+        train(short_copy(), Tracking(store, "failing"), hooks=[explode])
+    c, rec = only_run(store, "failing")
+    assert rec.info.status == "FAILED"
+    assert rec.data.tags["status_detail"] == "failed: RuntimeError: injected failure"
+    with open(c.download_artifacts(rec.info.run_id, "traceback.txt")) as f:
+        assert "RuntimeError: injected failure" in f.read()
+
+
+def test_bad_data_source_fails_before_anything_is_logged(store, tmp_path):
+    from models.tasks import DataUnavailable
+
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("x" * 1000)
+    run = run_config({"name": "text", "source": str(tiny), "block_size": 512}, 10)
+    with pytest.raises(DataUnavailable, match="fewer than one block"):
+        train(run, Tracking(store, "nothing"))
+    assert MlflowClient(store).get_experiment_by_name("nothing") is None
+
+
+def test_same_configuration_and_seed_give_identical_metrics(tmp_path):
+    histories = []
+    for i in range(2):
+        uri = f"sqlite:///{tmp_path / f'{i}.db'}"
+        result = train(short_copy(), Tracking(uri, "det"))
+        c = MlflowClient(uri)
+        histories.append(
+            {
+                key: [(m.step, m.value) for m in c.get_metric_history(result.run_id, key)]
+                for key in ("train/loss", "train/token_acc", "val/loss", "val/exact_match", "test/loss")
+            }
+        )
+    assert histories[0] == histories[1]
+    other = run_config({"name": "copy", "train_size": 500, "max_len": 5}, 120, {"n_layers": 1}, val_every=50)
+    other = resolve_run({**other.to_dict(), "seed": 1})
+    result = train(other, Tracking(f"sqlite:///{tmp_path / 'seed1.db'}", "det"))
+    c = MlflowClient(f"sqlite:///{tmp_path / 'seed1.db'}")
+    assert [(m.step, m.value) for m in c.get_metric_history(result.run_id, "train/loss")] != histories[0]["train/loss"]

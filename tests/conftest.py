@@ -1,0 +1,110 @@
+"""Shared fixtures. Every test owns its state: MLflow stores, servers and Ray clusters live in tmp dirs,
+on free loopback ports, and are stopped by their PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Quiet, loopback-only, and nothing left in the system temp folder or the home folder.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)  # 2 cores: tests must not fight over them
+    yield
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status < 500:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM the process group by PID, then SIGKILL what is left."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+
+
+@contextmanager
+def mlflow_server(tmp: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+    """A real ``mlflow server`` on 127.0.0.1 and a free port, with a SQLite backend in ``tmp``."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp / "server-artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        *(extra_args or []),
+    ]
+    log = open(tmp / "mlflow-server.log", "w")  # noqa: SIM115  (closed in finally, after the server)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=tmp,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})},
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+        log.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    """A fresh SQLite MLflow store for one test."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,0 +1,156 @@
+"""Tasks: every example checked against the task's definition, computed independently here."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+import torch
+
+from models.config import ConfigError
+from models.tasks import BOS, EOS, PAD, SEP, TASKS, TaskDataModule, make_task
+from models.tasks.base import FIRST_SYMBOL
+from models.tasks.listops import OPERATORS, VOCAB
+
+
+def rows(spec: dict, split: str = "train") -> list[dict]:
+    return make_task(spec).build(split).to_list()
+
+
+@pytest.mark.parametrize("name,fn", [("copy", list), ("reverse", lambda s: s[::-1]), ("sort", sorted)])
+def test_seq2seq_targets_and_lengths(name, fn):
+    spec = {"name": name, "train_size": 300, "val_size": 50, "test_size": 50, "min_len": 2, "max_len": 6}
+    for split, (lo, hi) in {"train": (2, 6), "test": (2, 6), "test_long": (7, 12)}.items():
+        for r in rows(spec, split):
+            assert lo <= len(r["src"]) <= hi
+            assert r["tgt"] == list(fn(r["src"]))
+            assert all(FIRST_SYMBOL <= t < FIRST_SYMBOL + 10 for t in r["src"])
+
+
+def test_recall_answers_are_the_values_of_the_queried_keys():
+    spec = {"name": "recall", "train_size": 200, "keys": 12, "values": 7, "pairs": 5, "queries": 3}
+    for r in rows(spec):
+        tokens, mask = r["tokens"], r["loss_mask"]
+        pairs = dict(zip(tokens[0:10:2], tokens[1:10:2]))
+        assert len(pairs) == 5  # distinct keys
+        answers = [tokens[j + 1] for j, m in enumerate(mask) if m]
+        queries = tokens[10::2]
+        assert len(answers) == 3 and answers == [pairs[q] for q in queries]
+
+
+def test_retrieval_answer_stands_at_the_distance():
+    for r in rows({"name": "retrieval", "train_size": 100, "length": 20, "distance": 7}):
+        tokens = r["tokens"]
+        assert tokens[20] == SEP and tokens[21] == tokens[20 - 7]
+        assert r["loss_mask"] == [0] * 20 + [1]
+
+
+def _parse(tokens: list[int]):
+    """An independent ListOps evaluator: a stack machine over the token stream."""
+    words = [VOCAB[t - FIRST_SYMBOL] for t in tokens]
+    stack: list = []
+    for w in words:
+        if w in OPERATORS:
+            stack.append([w])
+        elif w == "]":
+            op, *args = stack.pop()
+            value = {"[MIN": min(args), "[MAX": max(args), "[MED": int(statistics.median(args)), "[SM": sum(args) % 10}[
+                op
+            ]
+            if stack:
+                stack[-1].append(value)
+            else:
+                return value
+        else:
+            stack[-1].append(int(w))
+    raise AssertionError("unbalanced expression")
+
+
+def test_listops_labels_match_an_independent_evaluator_and_lengths_hold():
+    spec = {"name": "listops", "train_size": 300, "min_len": 10, "max_len": 60}
+    for r in rows(spec):
+        assert r["tokens"][0] == SEP
+        assert 10 <= len(r["tokens"]) <= 60
+        assert _parse(r["tokens"][1:]) == r["label"]
+
+
+def test_text_blocks_come_from_the_corpus_in_order(tmp_path):
+    rng = random.Random(0)
+    text = "".join(rng.choice("abcdefgh ") for _ in range(20_000))
+    (tmp_path / "corpus.txt").write_text(text)
+    task = make_task({"name": "text", "source": str(tmp_path / "corpus.txt"), "block_size": 32})
+    train = task.build("train").to_list()
+    decoded = bytes(t - FIRST_SYMBOL for t in train[0]["tokens"] + train[1]["tokens"][1:]).decode()
+    assert decoded == text[: len(decoded)]
+    assert all(len(r["tokens"]) == 33 for r in train)
+    assert task.vocab_size == FIRST_SYMBOL + 256
+    char = make_task({"name": "text", "source": str(tmp_path / "corpus.txt"), "level": "char"})
+    assert char.vocab_size == FIRST_SYMBOL + 9
+
+
+def test_builtin_corpus_needs_no_network():
+    task = make_task({"name": "text"})
+    assert len(task.corpus) > 100_000
+    assert 2.0 < task.unigram_entropy() < 5.5
+
+
+def test_hub_source_fails_with_a_clear_message_when_offline(monkeypatch):
+    """Offline mode (as HF_HUB_OFFLINE=1 sets it) fails at once; a blocked network fails the same way, slower."""
+    import datasets
+    import huggingface_hub
+
+    from models.tasks import DataUnavailable
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    task = make_task({"name": "text", "source": "hf:surely-not-a-dataset-xyz"})
+    with pytest.raises(DataUnavailable, match="could not load 'surely-not-a-dataset-xyz'.*task.source: pydoc"):
+        task.build("train")
+
+
+def test_data_is_deterministic_and_depends_on_the_data_seed():
+    a = rows({"name": "copy", "train_size": 50})
+    b = rows({"name": "copy", "train_size": 50})
+    c = rows({"name": "copy", "train_size": 50, "data_seed": 1})
+    assert a == b and a != c
+
+
+def test_batches_are_padded_and_shifted():
+    task = make_task({"name": "copy", "train_size": 64, "max_len": 5})
+    dm = TaskDataModule(task, batch_size=8, seed=0)
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert (batch["tgt_in"][:, 0] == BOS).all()
+    for i in range(8):
+        n = int((batch["src"][i] != PAD).sum())
+        assert batch["tgt_out"][i, n] == EOS
+        assert torch.equal(batch["tgt_in"][i, 1 : n + 1], batch["tgt_out"][i, :n])
+    # the run's seed changes the order, not the data
+    other = TaskDataModule(task, batch_size=8, seed=1)
+    other.setup()
+    assert other.rows["train"] == dm.rows["train"]
+    assert not torch.equal(next(iter(other.train_dataloader()))["src"], batch["src"])
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"name": "translate"}, r"name='translate' is not a valid task; valid: 'copy'"),
+        ({"name": "copy", "lenght": 3}, r"unknown key\(s\) \['lenght'\] for task 'copy'; valid keys"),
+        ({"name": "copy", "min_len": 5, "max_len": 3}, r"min_len=5 and max_len=3 need 1 <= min_len <= max_len"),
+        ({"name": "copy", "train_size": "many"}, r"train_size='many' must be of type int"),
+        ({"name": "recall", "pairs": 20, "keys": 10}, r"pairs=20 must be between 1 and keys=10"),
+        ({"name": "retrieval", "distance": 100, "length": 50}, r"distance=100 must be between 1 and length=50"),
+        ({"name": "listops", "operator_p": 1.5}, r"operator_p=1.5 must be in \(0, 1\)"),
+        ({"name": "text", "source": "/no/such/file"}, r"source='/no/such/file' is neither 'pydoc'"),
+        ({"name": "text", "level": "word"}, r"level='word' is not a valid choice"),
+    ],
+)
+def test_task_parameters_are_checked(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        make_task(spec)
+
+
+def test_registry_lists_every_task():
+    assert set(TASKS) == {"copy", "reverse", "sort", "recall", "listops", "retrieval", "text"}
