@@ -75,6 +75,46 @@ def print_summary(result) -> None:
         print(f"open: ablate ui, then http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{result.run_id}")
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from ablations.spec import SpecError
+    from ablations.study import load_study
+
+    try:
+        study = load_study(args.study, seeds=_seeds(args.seeds))
+    except SpecError as err:
+        return error(str(err))
+    from ablations import sweep
+
+    if args.dry_run:
+        from ablations import tracking
+
+        uri = tracking.resolve_uri(args.tracking_uri)
+        sweep.describe_plan(study, sweep.plan(study, uri))
+        return EXIT_OK
+    try:
+        result = sweep.run_study(study, address=args.address, tracking_uri=args.tracking_uri,
+                                 max_concurrent=args.max_concurrent, num_cpus=args.cpus)
+    except ValueError as err:
+        return error(str(err))
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to train the missing cells", file=sys.stderr)
+        return 130
+    _, rows = result.counts, result.rows
+    print()
+    print(sweep.format_rows(study, rows))
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(result.counts.items()) if n)
+    print(f"\n{study.name}: {counts}")
+    print(f"browse: ablate ui{'' if args.tracking_uri is None else ' --tracking-uri ' + args.tracking_uri}"
+          f"  (experiment {study.name!r})")
+    return EXIT_OK if result.complete else EXIT_FAILED
+
+
+def _seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    return list(range(int(text))) if text.isdigit() else [int(s) for s in text.split(",")]
+
+
 def _ui(args: argparse.Namespace) -> int:
     from ablations.ui import serve_mlflow
 
@@ -102,6 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the run's name)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("sweep", help="run every cell of a study on Ray, each exactly once, recorded in MLflow")
+    p.add_argument("study", help="a study file, e.g. ablations/studies/quickstart.yaml")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and what is done; start nothing")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
+    p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
+    p.set_defaults(func=_sweep)
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")

@@ -226,6 +226,8 @@ def train(
             )
             options.update(trainer_options or {})
             trainer = L.Trainer(**options)
+            if prepare is not None:
+                trainer = prepare(trainer)
             trainer.fit(module, datamodule=data)
             extra: dict[str, float] = {}
             if module.diverged:

@@ -1,0 +1,110 @@
+"""Ray, started on demand on this machine or reached at an address, loopback-only by default.
+
+A local Ray binds every listener to 127.0.0.1 and advertises 127.0.0.1 only when
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set before ``ray`` is imported (Ray otherwise rewrites 127.0.0.1 to
+the machine's external address and listens on all interfaces: an exposed Ray cluster runs anyone's code).
+So this module sets that, and the other quiet and safe defaults, before it imports ray, unless the user
+asked for a remote cluster. Reaching a remote cluster (``--address`` / RAY_ADDRESS with a non-loopback
+host) is the user's explicit choice; the code then travels in Ray's runtime environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what the runtime environment leaves behind when it ships the working directory to remote workers
+RUNTIME_EXCLUDES = [".venv", ".git", ".ablate", "**/__pycache__", "*.db", "docs", "benchmarks/results",
+                    ".pytest_cache", ".ruff_cache", "*.egg-info"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_loopback_address(address: str | None) -> bool:
+    """True for no address (a local Ray) and for host:port addresses on 127.0.0.0/8 or localhost."""
+    if not address or address == "local":
+        return True
+    if address == "auto":
+        return False
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def prepare_environment(address: str | None) -> None:
+    """Quiet, safe defaults; loopback-only Ray unless the address is remote. Call before importing ray."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if is_loopback_address(address):
+        if "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+            raise RuntimeError("ray was imported before the loopback settings could be applied; "
+                               "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray")
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # 127.0.0.1 everywhere (read at import)
+        # token authentication is for clusters reachable from elsewhere; a loopback cluster has none
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # fixed default ports of the metrics servers: move them to free ones
+        os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
+        os.environ.setdefault("DASHBOARD_METRIC_PORT", str(free_port()))
+
+
+def ray_temp_dir() -> str:
+    """Short (Unix socket paths must stay under 107 bytes), per user."""
+    path = Path(tempfile.gettempdir()) / f"abl-ray-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+@dataclass
+class Connection:
+    address: str | None
+    started_here: bool
+    remote: bool
+    dashboard_url: str | None
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
+            dashboard: bool = False) -> Connection:
+    """Start a local Ray on loopback (no address), or join the cluster at ``address``."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    prepare_environment(address)
+    import ray
+
+    if ray.is_initialized():
+        return Connection(address, False, not is_loopback_address(address), None)
+    remote = not is_loopback_address(address)
+    if address:  # a cluster started elsewhere: this working directory travels to its workers
+        runtime_env = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}
+        ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="warning")
+        return Connection(address, False, remote, getattr(ctx, "dashboard_url", None))
+    port = free_port() if dashboard else None
+    ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                   dashboard_port=port, _temp_dir=ray_temp_dir(), log_to_driver=False, logging_level="warning")
+    return Connection(None, True, False, getattr(ctx, "dashboard_url", None))
+
+
+def node_addresses() -> list[str]:
+    """The address every alive node advertises (for the loopback check)."""
+    import ray
+
+    return [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
