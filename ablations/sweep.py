@@ -110,7 +110,7 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
 
     tags = {"kind": KIND_CELL, "study": ctx.study, "variant": cell.variant, "seed": str(cell.seed),
             "cell_id": cell.cell_id, "submission": str(ctx.submission), "attempt": str(attempt),
-            "pid": str(os.getpid()), **ctx.code}
+            "pid": str(os.getpid()), "workers": str(ctx.resources.workers), **ctx.code}
     if ray.is_initialized():
         rc = ray.get_runtime_context()
         tags["ray_node"] = rc.get_node_id()
@@ -276,6 +276,12 @@ class Progress:
         self.states: Counter = Counter()
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # Tune pickles its callbacks with the experiment state
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
 
     def start(self, trial_id: str) -> None:
         with self.lock:

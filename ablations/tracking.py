@@ -235,7 +235,17 @@ class RunLogger:
             inputs.append(
                 DatasetInput(Dataset(**d), tags=[InputTag("mlflow.data.context", context), InputTag("split", split)])
             )
-        client(self.uri).log_inputs(self.run_id, datasets=inputs)
+        # Trials of one study log the same dataset at the same moment; MLflow's SQL store checks, then inserts,
+        # so one of two concurrent inserts fails on its unique key. Once the other has committed, the retry
+        # finds the dataset and only links it to this run.
+        for attempt in range(5):
+            try:
+                client(self.uri).log_inputs(self.run_id, datasets=inputs)
+                return
+            except Exception as err:  # MlflowException wrapping IntegrityError
+                if "UNIQUE constraint" not in str(err) and "duplicate key" not in str(err) or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.writer.log(metrics, step)

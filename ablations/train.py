@@ -156,12 +156,14 @@ def train(
     progress: bool = False,
     hooks: list[Hook] | None = None,
     trainer_options: dict[str, Any] | None = None,
+    prepare: Callable[[Any], Any] | None = None,
     log: bool = True,
 ) -> RunResult:
     """Train one configuration and record it in MLflow (``log=False``: record nothing, for measurements).
 
     ``hooks`` receive every batch of metrics as it is recorded (a sweep reports them to Ray Tune);
-    ``trainer_options`` go to ``lightning.Trainer`` (a Ray Train strategy, for example).
+    ``trainer_options`` go to ``lightning.Trainer`` (a Ray Train strategy, for example) and ``prepare``, when
+    given, wraps the trainer before fitting (``ray.train.lightning.prepare_trainer``).
     """
     quiet_lightning()
     if run.resources.threads:

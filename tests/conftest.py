@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Quiet, loopback-only, and nothing left in the system temp folder or the home folder.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray: loopback only
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 

@@ -1,0 +1,176 @@
+"""Study files: designs expand into the right cells, and malformed files are refused before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ablations.spec import SpecError
+from ablations.study import load_study
+from tests.conftest import ROOT
+
+BASE = {
+    "task": {"name": "reverse", "train_size": 200, "max_len": 6},
+    "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+    "training": {"max_steps": 10, "val_every": 10, "batch_size": 16},
+}
+
+
+def write(tmp_path: Path, **study) -> Path:
+    data = {"name": "t", "base": BASE, "design": {"grid": {"model.norm": ["pre", "post"]}}, **study}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def refused(tmp_path: Path, **study) -> SpecError:
+    path = write(tmp_path, **study)
+    with pytest.raises(SpecError) as info:
+        load_study(path)
+    assert str(path) in str(info.value)  # every message names the file
+    return info.value
+
+
+# --- designs ---------------------------------------------------------------------------------------
+
+
+def test_grid_is_the_full_factorial_times_seeds(tmp_path):
+    study = load_study(write(tmp_path, design={"grid": {"model.norm": ["pre", "post"],
+                                                        "model.positions": ["sinusoidal", "learned", "rotary"]}},
+                             seeds=[0, 1]))
+    assert len(study.cells) == 2 * 3 * 2
+    combos = {(c.run.model.norm, c.run.model.positions, c.seed) for c in study.cells}
+    assert len(combos) == 12
+    assert len({c.cell_id for c in study.cells}) == 12
+
+
+def test_one_at_a_time_varies_each_axis_alone_from_the_baseline(tmp_path):
+    study = load_study(write(tmp_path, design={"one_at_a_time": {
+        "baseline": {"model.norm": "pre", "model.positions": "sinusoidal"},
+        "axes": {"model.norm": ["post"], "model.positions": ["learned", "sinusoidal"]}}}))
+    got = sorted((c.run.model.norm, c.run.model.positions) for c in study.cells)
+    # the baseline once (positions=sinusoidal repeats it and is folded into it), then one change at a time
+    assert got == [("post", "sinusoidal"), ("pre", "learned"), ("pre", "sinusoidal")]
+    assert "baseline" in study.variants
+
+
+def test_variants_apply_their_overrides_and_the_budget(tmp_path):
+    study = load_study(write(tmp_path, design={"variants": [
+        {"name": "small", "set": {"model.n_heads": 1}},
+        {"name": "wide", "set": {"model.n_heads": 4, "model.d_model": 32}}]}, budget={"steps": 7}, seeds=3))
+    assert study.variants == ["small", "wide"]
+    wide = next(c for c in study.cells if c.variant == "wide")
+    assert (wide.run.model.n_heads, wide.run.model.d_model, wide.run.training.max_steps) == (4, 32, 7)
+    assert study.seeds == [0, 1, 2]
+
+
+def test_adding_a_seed_or_a_value_keeps_the_existing_cell_ids(tmp_path):
+    before = {c.cell_id for c in load_study(write(tmp_path, seeds=[0])).cells}
+    after = load_study(write(tmp_path, seeds=[0, 1], design={"grid": {"model.norm": ["pre", "post", ],
+                                                                      "model.n_heads": [2]}}))
+    assert before <= {c.cell_id for c in after.cells}
+    assert len(after.cells) == 4
+
+
+def test_constraints_skip_cells_with_their_reason(tmp_path):
+    study = load_study(write(tmp_path, constraints=[{"skip": {"model.norm": "post"}, "reason": "known to diverge"}],
+                             seeds=2))
+    assert {c.run.model.norm for c in study.cells} == {"pre"}
+    assert [(s.variant, s.reason) for s in study.skipped] == [("norm=post", "known to diverge")] * 2
+
+
+def test_invalid_model_cells_are_skipped_only_when_asked(tmp_path):
+    design = {"grid": {"model.n_heads": [2, 3]}}  # 16 is not divisible by 3
+    err = refused(tmp_path, design=design)
+    assert "n_heads=3" in str(err) and "skip_invalid" in str(err)
+    study = load_study(write(tmp_path, design=design, skip_invalid=True))
+    assert [c.run.model.n_heads for c in study.cells] == [2]
+    assert "n_heads" in study.skipped[0].reason
+
+
+# --- malformed files: clear messages naming the file and the key --------------------------------------
+
+
+def test_unknown_axis_is_refused_with_suggestions(tmp_path):
+    err = refused(tmp_path, design={"grid": {"model.norms": ["pre"]}})
+    assert err.key.startswith("design.grid") and "model.norms" in str(err) and "model.norm" in err.message
+
+
+def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
+    err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
+    assert "sideways" in str(err) and "norm" in str(err)
+
+
+@pytest.mark.parametrize("design", [{"grid": {}}, {"variants": []}, {"one_at_a_time": {"axes": {}}}, {}])
+def test_empty_design_is_refused(tmp_path, design):
+    err = refused(tmp_path, design=design)
+    assert err.key.startswith("design")
+
+
+def test_impossible_cells_refused_by_a_constraint(tmp_path):
+    err = refused(tmp_path, constraints=[{"refuse": {"model.norm": "post"}, "reason": "post-LN is out of scope"}])
+    assert "post-LN is out of scope" in str(err)
+
+
+def test_every_cell_skipped_is_refused(tmp_path):
+    err = refused(tmp_path, constraints=[{"skip": {"model.n_heads": 2}, "reason": "no"}])
+    assert "no cell" in str(err)
+
+
+def test_more_cells_than_the_limit_is_refused(tmp_path):
+    err = refused(tmp_path, design={"grid": {"training.lr": [1e-3, 2e-3, 3e-3], "model.norm": ["pre", "post"]}},
+                  seeds=5, max_cells=20)
+    assert "30 cells" in str(err) and "max_cells=20" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("study", "key"),
+    [
+        ({"resources": {"cpus": 0}}, "resources.cpus"),
+        ({"resources": {"cpu": 1}}, "resources.cpu"),
+        ({"resources": {"cpus": 1, "workers": 2}}, "resources.cpus"),
+        ({"seeds": [0, 0]}, "seeds"),
+        ({"direction": "up"}, "direction"),
+        ({"budget": {"epochs": 3}}, "budget.epochs"),
+        ({"retries": -1}, "retries"),
+        ({"name": "has space"}, "name"),
+        ({"colour": "red"}, "colour"),
+        ({"base": "missing.yaml"}, "base"),
+    ],
+)
+def test_bad_keys_are_named(tmp_path, study, key):
+    assert refused(tmp_path, **study).key == key
+
+
+def test_every_catalogue_study_loads():
+    names = {p.stem for p in (ROOT / "ablations" / "studies").glob("*.yaml")}
+    assert {"quickstart", "heads", "norm_placement", "positions", "attention_score", "locality"} <= names
+    for name in names:
+        study = load_study(ROOT / "ablations" / "studies" / f"{name}.yaml")
+        assert study.name == name and study.cells
+
+
+def test_dry_run_lists_cells_without_starting_ray(tmp_path):
+    path = write(tmp_path, seeds=2)
+    out = subprocess.run([sys.executable, "-m", "ablations.cli", "sweep", str(path), "--dry-run",
+                          "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    study = load_study(path)
+    for cell in study.cells:
+        assert cell.cell_id in out.stdout
+    assert "4 cells" in out.stdout and "to train" in out.stdout
+    assert "Ray:" not in out.stdout  # nothing was started
+
+
+def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
+    path = write(tmp_path, design={"grid": {"model.norms": ["pre"]}})
+    out = subprocess.run([sys.executable, "-m", "ablations.cli", "sweep", str(path)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert str(path) in out.stderr and "design.grid" in out.stderr
+    assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded

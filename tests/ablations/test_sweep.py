@@ -1,0 +1,277 @@
+"""Sweeps on real Ray clusters with real MLflow stores: one finished run per cell, exactly once, whatever breaks.
+
+Every Ray here is started by the test, on loopback and free ports, and stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from ablations.study import load_study
+from ablations.sweep import KIND_CELL, KIND_STUDY, cell_state, run_study
+from tests.conftest import ROOT
+from tests.ray_nodes import ray_cluster
+
+pytestmark = pytest.mark.slow
+
+TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}
+REVERSE = {
+    "task": {"name": "reverse", "train_size": 300, "max_len": 5},
+    "model": TINY,
+    "training": {"max_steps": 20, "val_every": 10, "batch_size": 16, "eval_batch_size": 64},
+}
+
+
+def write_study(tmp_path: Path, name: str = "s", **study) -> Path:
+    data = {"name": name, "base": REVERSE, "design": {"grid": {"model.norm": ["pre", "post"]}}, "seeds": 1,
+            "metric": "final/val_loss", "resources": {"cpus": 1}, **study}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def runs_of(uri: str, study: str, kind: str = KIND_CELL) -> list:
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(study)
+    return c.search_runs([exp.experiment_id], f"tags.kind = '{kind}'", max_results=1000) if exp else []
+
+
+def by_cell(runs: list) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in runs:
+        out.setdefault(r.data.tags["cell_id"], []).append(r)
+    return out
+
+
+def assert_exactly_once(uri: str, study) -> dict[str, object]:
+    """Every cell of the study has exactly one result run (finished or diverged) in MLflow."""
+    cells = by_cell(runs_of(uri, study.name))
+    assert set(cells) == {c.cell_id for c in study.cells}
+    results = {}
+    for cell_id, runs in cells.items():
+        done = [r for r in runs if cell_state(r) in ("finished", "diverged")]
+        assert len(done) == 1, (cell_id, [(r.info.status, r.data.tags.get("status_detail")) for r in runs])
+        results[cell_id] = done[0]
+    return results
+
+
+# --- a local Ray, started on demand ------------------------------------------------------------------
+
+
+def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
+    path = write_study(tmp_path, seeds=2)
+    study = load_study(path)
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
+    assert any("4/4 cells done" in line for line in lines)  # progress on the terminal
+
+    c = MlflowClient(store)
+    parents = runs_of(store, "s", KIND_STUDY)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    assert parent.data.metrics["cells_finished"] == 4
+    assert {a.path for a in c.list_artifacts(parent.info.run_id)} >= {"study.yaml", "summary.txt", "cells.json"}
+    results = assert_exactly_once(store, study)
+    for cell in study.cells:
+        run = results[cell.cell_id]
+        tags = run.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert (tags["study"], tags["variant"], tags["seed"]) == ("s", cell.variant, str(cell.seed))
+        assert tags["axis.model.norm"] == cell.run.model.norm and tags["status_detail"].startswith("finished")
+        assert tags["ray_node"] and tags["ray_node_ip"] == "127.0.0.1"
+        assert run.data.params["model.norm"] == cell.run.model.norm
+        assert "final/val_loss" in run.data.metrics and "test/exact_match" in run.data.metrics
+        history = c.get_metric_history(run.info.run_id, "val/loss")
+        assert [m.step for m in history] == [10, 20]
+    first_ids = {r.info.run_id for r in runs_of(store, "s")}
+
+    # the same command again: nothing to train, nothing recorded
+    lines.clear()
+    again = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    assert again.parent_run_id is None and any("nothing to train" in line for line in lines)
+    assert {r.info.run_id for r in runs_of(store, "s")} == first_ids
+
+    # one more seed: only its two cells are trained, in a second submission
+    bigger = load_study(path, seeds=[0, 1, 2])
+    run_study(bigger, tracking_uri=store, num_cpus=2, out=lines.append)
+    runs = runs_of(store, "s")
+    assert len(runs) == 6 and first_ids < {r.info.run_id for r in runs}
+    assert Counter(r.data.tags["submission"] for r in runs) == {"1": 4, "2": 2}
+    assert_exactly_once(store, bigger)
+
+
+def test_failures_are_results(tmp_path, store):
+    """A trial that raises (its data vanished), one that diverges, one whose process is SIGKILLed."""
+    corpus, vanishing = tmp_path / "corpus.txt", tmp_path / "vanishing.txt"
+    words = "the of and to in is was for on that with as by at from it an be this are or which".split()
+    text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(4000))
+    corpus.write_text(text)
+    vanishing.write_text(text)
+    base = {"task": {"name": "text", "source": str(corpus), "block_size": 32}, "model": TINY,
+            "training": {"max_steps": 30, "val_every": 15, "batch_size": 16, "warmup_steps": 0}}
+    path = write_study(tmp_path, "faults", base=base, retries=1, design={"variants": [
+        {"name": "ok", "set": {}},
+        {"name": "diverges", "set": {"training.lr": 30.0, "training.grad_clip": None}},
+        {"name": "vanishes", "set": {"task.source": str(vanishing)}},
+        {"name": "victim", "set": {"training.max_steps": 1500, "training.val_every": 500}},
+    ]})
+    study = load_study(path)  # checked while every file exists
+    vanishing.unlink()  # ... and then the data of one cell disappears
+
+    killed: list[int] = []
+
+    def kill_the_victim() -> None:
+        c = MlflowClient(store)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            exp = c.get_experiment_by_name("faults")
+            if exp is not None:
+                for run in c.search_runs([exp.experiment_id], "tags.variant = 'victim' and attributes.status = 'RUNNING'"):
+                    if c.get_metric_history(run.info.run_id, "train/loss"):  # it is training
+                        pid = int(run.data.tags["pid"])
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                        return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer.start()
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    killer.join(timeout=5)
+    log = "\n".join(lines)
+    assert killed, "the victim was never seen training\n" + log
+    assert result.complete, log
+    assert result.counts == {"finished": 2, "diverged": 1, "failed": 1, "skipped": 0}, log
+
+    cells = by_cell(runs_of(store, "faults"))
+    state = {c.variant: [(r.data.tags["attempt"], cell_state(r)) for r in sorted(cells[c.cell_id],
+                                                                                  key=lambda r: r.info.start_time)]
+             for c in study.cells}
+    assert state["ok"] == [("1", "finished")]
+    assert state["diverges"] == [("1", "diverged")]
+    assert state["vanishes"] == [("1", "failed"), ("2", "failed")]  # retried once, then recorded as failed
+    assert state["victim"] == [("1", "killed"), ("2", "finished")]  # Ray rescheduled it; the lost run is marked
+    c = MlflowClient(store)
+    vanished = cells[next(x.cell_id for x in study.cells if x.variant == "vanishes")][0]
+    assert "vanishing.txt" in vanished.data.tags["status_detail"]
+    assert "traceback.txt" in {a.path for a in c.list_artifacts(vanished.info.run_id)}
+    assert "vanishing.txt" in Path(c.download_artifacts(vanished.info.run_id, "traceback.txt", str(tmp_path))).read_text()
+    diverged = cells[next(x.cell_id for x in study.cells if x.variant == "diverges")][0]
+    assert "non-finite" in diverged.data.tags["status_detail"]
+
+    # the data comes back: the next submission trains the failed cell only
+    vanishing.write_text(text)
+    before = {r.info.run_id for r in runs_of(store, "faults")}
+    again = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    new = [r for r in runs_of(store, "faults") if r.info.run_id not in before]
+    assert [r.data.tags["variant"] for r in new] == ["vanishes"] and cell_state(new[0]) == "finished"
+    assert again.counts == {"finished": 3, "diverged": 1, "skipped": 0}
+
+
+def test_driver_killed_then_the_same_command_again(tmp_path, store):
+    """SIGKILL the driver mid-study; the same command again trains only what is missing."""
+    path = write_study(tmp_path, "crash", seeds=3, max_concurrent=1,
+                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 200, "val_every": 100}})
+    study = load_study(path)
+    command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "first.log", "w") as log:
+        driver = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                  env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # kill it with some cells finished and one running
+            runs = runs_of(store, "crash")
+            if any(r.info.status == "FINISHED" for r in runs) and any(r.info.status == "RUNNING" for r in runs):
+                break
+            assert driver.poll() is None, (tmp_path / "first.log").read_text()
+            time.sleep(0.3)
+        else:
+            pytest.fail("the study never had a finished and a running cell\n" + (tmp_path / "first.log").read_text())
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # whatever Ray the driver started
+        except ProcessLookupError:
+            pass
+    time.sleep(2)
+    finished_before = {r.data.tags["cell_id"]: r.info.run_id for r in runs_of(store, "crash")
+                       if r.info.status == "FINISHED"}
+    assert 0 < len(finished_before) < 6
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "marked 1 run(s) left RUNNING" in again.stdout
+    results = assert_exactly_once(store, study)
+    for cell_id, run_id in finished_before.items():  # finished cells were not trained again
+        assert results[cell_id].info.run_id == run_id
+    runs = runs_of(store, "crash")
+    assert sum(r.info.status == "KILLED" for r in runs) == 1  # the run the dead driver left behind
+    assert len(runs) == 6 + 1
+    parents = sorted(runs_of(store, "crash", KIND_STUDY), key=lambda r: int(r.data.tags["submission"]))
+    assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} <= {p.info.run_id for p in parents}
+
+
+# --- a cluster of several nodes -----------------------------------------------------------------------
+
+
+def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store):
+    path = write_study(tmp_path, "nodes", seeds=3,
+                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 120, "val_every": 60}})
+    study = load_study(path)
+    with ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False) as cluster:
+        def stop_second_node() -> None:  # once each node has finished a cell
+            c = MlflowClient(store)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                exp = c.get_experiment_by_name("nodes")
+                runs = c.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'") if exp else []
+                if len({r.data.tags.get("ray_node") for r in runs if r.data.tags.get("kind") == KIND_CELL}) >= 2:
+                    cluster.stop_node(1)
+                    return
+                time.sleep(0.5)
+
+        stopper = threading.Thread(target=stop_second_node, daemon=True)
+        stopper.start()
+        lines: list[str] = []
+        result = run_study(study, address=cluster.address, tracking_uri=store, out=lines.append)
+        stopper.join(timeout=120)
+        assert cluster.nodes[1].poll() is not None, "the second node was not stopped during the study"
+    assert result.complete and result.counts["finished"] == 6, "\n".join(lines)
+    results = assert_exactly_once(store, study)
+    nodes = Counter(r.data.tags["ray_node"] for r in results.values())
+    assert len(nodes) == 2, nodes  # trials ran on both nodes
+    assert {r.data.tags["ray_node_ip"] for r in results.values()} == {"127.0.0.1"}
+    # the working directory travelled through Ray's runtime environment, not this checkout's path
+    assert {r.data.tags["code_dir"] for r in results.values()} != {str(ROOT)}
+
+
+def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
+    path = write_study(tmp_path, "ddp", design={"variants": [{"name": "ddp", "set": {}}]},
+                       resources={"cpus": 2, "workers": 2},
+                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 20, "val_every": 10}})
+    study = load_study(path)
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    assert result.complete and result.counts["finished"] == 1, "\n".join(lines)
+    runs = runs_of(store, "ddp")
+    assert len(runs) == 1  # one MLflow run, from rank 0 alone
+    run = runs[0]
+    assert run.data.tags["workers"] == "2"
+    history = MlflowClient(store).get_metric_history(run.info.run_id, "val/loss")
+    assert [m.step for m in history] == [10, 20]  # each point once: no other rank logged
