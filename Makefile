@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install quickstart test test-fast lint format bench constraints clean
+.PHONY: install browser quickstart test test-fast lint format bench constraints clean
 
 install: $(STAMP)
 
@@ -19,10 +19,20 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 quickstart: install
-	$(BIN)/ablate run ablations/runs/quickstart.yaml
-	@echo "Browse it in MLflow: $(BIN)/ablate ui   (then open http://127.0.0.1:5000)"
+	$(BIN)/ablate sweep ablations/studies/quickstart.yaml
+	$(BIN)/ablate report quickstart
+	@echo "Browse it in MLflow: $(BIN)/ablate ui   (then open http://127.0.0.1:5000, experiment 'quickstart';"
+	@echo "the report is an artifact of its parent run: report/report.html)"
 
-test: install
+# Headless Chromium for the browser tests (they skip, saying why, where it cannot be installed)
+browser:
+	@command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package) for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null || true; \
+	  else echo "note: no chromium: the browser tests will skip (Debian: sudo apt-get install chromium)"; fi; }
+
+test: install browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install

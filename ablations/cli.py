@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -90,6 +91,10 @@ def _sweep(args: argparse.Namespace) -> int:
 
         uri = tracking.resolve_uri(args.tracking_uri)
         sweep.describe_plan(study, sweep.plan(study, uri))
+        try:
+            sweep.check_no_live_submission(study, uri)
+        except sweep.SubmissionRunning as err:
+            print(f"note: {err}")
         return EXIT_OK
     try:
         result = sweep.run_study(study, address=args.address, tracking_uri=args.tracking_uri,
@@ -104,9 +109,44 @@ def _sweep(args: argparse.Namespace) -> int:
     print(sweep.format_rows(study, rows))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(result.counts.items()) if n)
     print(f"\n{study.name}: {counts}")
-    print(f"browse: ablate ui{'' if args.tracking_uri is None else ' --tracking-uri ' + args.tracking_uri}"
-          f"  (experiment {study.name!r})")
+    flag = "" if args.tracking_uri is None else " --tracking-uri " + args.tracking_uri
+    print(f"report: ablate report {study.name}{flag}   browse: ablate ui{flag}  (experiment {study.name!r})")
     return EXIT_OK if result.complete else EXIT_FAILED
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ablations import tracking
+    from dashboards.load import NoResults
+    from dashboards.report import make_report
+    from dashboards.table import RENDERERS
+
+    uri = tracking.resolve_uri(args.tracking_uri)
+    try:
+        report = make_report(uri, args.study, metric=args.metric, baseline=args.baseline, submission=args.submission,
+                             out_dir=args.out, log=not args.no_log)
+    except (NoResults, ValueError) as err:
+        return error(str(err))
+    print(RENDERERS[args.format](report.table))
+    print(f"report: {report.files['html'].resolve()}  (tables beside it: table.md, table.tex, table.csv)")
+    if report.parent_run_id:
+        runs = report.runs
+        where = (f"{uri.rstrip('/')}/" if uri.startswith(("http://", "https://")) else "ablate ui, then http://127.0.0.1:5000/")
+        print(f"in MLflow: {where}#/experiments/{runs.experiment_id}/runs/{report.parent_run_id}/artifacts/report/report.html")
+    return EXIT_OK
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ablations import tracking
+    from dashboards.compare import compare, format_changes
+    from dashboards.load import NoResults
+
+    uri = tracking.resolve_uri(args.tracking_uri)
+    try:
+        a, _, changes = compare(uri, args.a, args.b, args.metric)
+    except (NoResults, ValueError) as err:
+        return error(str(err))
+    print(format_changes(args.a, args.b, a.metric, changes))
+    return EXIT_OK
 
 
 def _seeds(text: str | None) -> list[int] | None:
@@ -154,6 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
     p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("report", help="the ablation table with seed statistics, and an HTML report logged to MLflow")
+    p.add_argument("study", help="the study's name (its MLflow experiment)")
+    p.add_argument("--metric", default=None, help="default: the study's metric")
+    p.add_argument("--baseline", default=None, help="the variant to compare against (default: the study's first)")
+    p.add_argument("--submission", type=int, default=None, help="only the cells of this submission")
+    p.add_argument("--format", default="markdown", choices=["markdown", "terminal", "latex", "csv", "html"],
+                   help="what to print (every format is written to the report folder)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: .ablate/reports/STUDY)")
+    p.add_argument("--no-log", action="store_true", help="do not log the report to the study's parent run")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.set_defaults(func=_report)
+
+    p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")
+    p.add_argument("a", help="a study name, or NAME@SUBMISSION")
+    p.add_argument("b", help="a study name, or NAME@SUBMISSION")
+    p.add_argument("--metric", default=None, help="default: the first study's metric")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.set_defaults(func=_compare)
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")

@@ -349,7 +349,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     cells: list[Cell] = []
     skipped: list[Skipped] = []
     seen: dict[str, Cell] = {}
-    budget_overrides = {}
+    # a trial's torch threads follow the CPUs it is given, whatever the run file says (2 trials x 2 threads
+    # on 2 cores would each run at half speed)
+    budget_overrides: dict[str, Any] = {"resources.threads": max(1, int(resources.per_worker_cpus))}
     if "steps" in budget:
         budget_overrides["training.max_steps"] = budget["steps"]
     if "time" in budget:

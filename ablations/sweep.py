@@ -19,8 +19,10 @@ result, not a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -34,34 +36,7 @@ from typing import Any
 
 from ablations import tracking
 from ablations.study import Cell, Resources, Study
-
-KIND_CELL, KIND_STUDY = "cell", "study"
-RESULT_STATES = ("finished", "diverged")  # a cell with one of these is done
-
-
-# --- what MLflow holds -----------------------------------------------------------------------------
-
-
-def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
-    """Every run matching the filter (paged)."""
-    c = tracking.client(uri)
-    runs, token = [], None
-    while True:
-        page = c.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-def cell_state(run) -> str:
-    """finished | diverged | failed | killed | running, from an MLflow run of a cell."""
-    detail = run.data.tags.get("status_detail", "")
-    if run.info.status == "RUNNING":
-        return "running"
-    if run.info.status == "FINISHED" and detail.startswith(RESULT_STATES):
-        return detail.split(":", 1)[0]
-    return "killed" if run.info.status == "KILLED" else "failed"
+from dashboards.load import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state, search_all  # shared conventions
 
 
 def study_cell_runs(uri: str, study: str) -> dict[str, list]:
@@ -228,6 +203,58 @@ def _tune_safe(metrics: dict[str, Any]) -> dict[str, Any]:
 
 # --- the submission --------------------------------------------------------------------------------
 
+HEARTBEAT_S = 10.0  # a submission's parent run records a heartbeat this often
+STALE_AFTER_S = 60.0  # a submission on another machine without a heartbeat for this long has died
+
+
+class SubmissionRunning(ValueError):
+    """Another submission of the same study is alive: two would train the same cells."""
+
+
+def _alive(run) -> bool:
+    """Whether the driver of a RUNNING parent run is still there (its pid on this machine, else its heartbeat)."""
+    tags = run.data.tags
+    if tags.get("driver_host") == socket.gethostname() and tags.get("driver_pid", "").isdigit():
+        try:
+            os.kill(int(tags["driver_pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    beat = run.data.metrics.get("heartbeat", run.info.start_time / 1000)
+    return time.time() - beat < STALE_AFTER_S
+
+
+def check_no_live_submission(study: Study, uri: str) -> None:
+    exp = tracking.client(uri).get_experiment_by_name(study.name)
+    if exp is None:
+        return
+    for run in search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_STUDY}' and attributes.status = 'RUNNING'"):
+        if _alive(run):
+            t = run.data.tags
+            raise SubmissionRunning(
+                f"submission {t.get('submission')} of {study.name!r} is still running (pid {t.get('driver_pid')} on "
+                f"{t.get('driver_host')}, MLflow run {run.info.run_id}); two submissions would train the same "
+                "cells: wait for it to end, or stop it, then run the same command again")
+
+
+class Heartbeat(threading.Thread):
+    """Tells later submissions on other machines that this one is alive."""
+
+    def __init__(self, uri: str, run_id: str) -> None:
+        super().__init__(daemon=True, name="ablate-heartbeat")
+        self.uri, self.run_id, self.stopped = uri, run_id, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # a slow or unreachable store must not stop the study
+                tracking.client(self.uri).log_metric(self.run_id, "heartbeat", time.time())
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 
 @dataclass
 class Plan:
@@ -384,6 +411,7 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
     if not is_loopback_address(address) and uri.startswith(("sqlite:", "file:")):
         raise ValueError(f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
                          "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)")
+    check_no_live_submission(study, uri)
     p = plan(study, uri)
     for run in p.stale:
         mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
@@ -401,6 +429,8 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
         f"(MLflow parent run {parent.run_id})")
     status = tracking.STATUS_FAILED
     conn = None
+    heartbeat = Heartbeat(uri, parent.run_id)
+    heartbeat.start()
     try:
         conn = connect(address, num_cpus=num_cpus, dashboard=study.resources.workers > 1)
         import ray
@@ -425,6 +455,7 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
             status = tracking.STATUS_KILLED  # Tune was interrupted (Ctrl-C) and returned
         if status != tracking.STATUS_FINISHED:
             out("the submission did not finish: run the same command again to train the missing cells")
+        heartbeat.stop()
         parent.finish(status, counts, rows, format_rows(study, rows))
         if conn is not None:
             conn.close()
@@ -483,12 +514,13 @@ def _open_submission(study: Study, uri: str, p: Plan) -> Submission:
     c = tracking.client(uri)
     exp_id = tracking.experiment_id(uri, study.name)
     previous = search_all(uri, [exp_id], f"tags.kind = '{KIND_STUDY}'")
-    for run in previous:  # a submission that died without finishing
+    for run in previous:  # a submission that died without finishing (check_no_live_submission ran first)
         if run.info.status == "RUNNING":
             c.set_tag(run.info.run_id, "status_detail", "killed: the driver stopped before the submission ended")
             c.set_terminated(run.info.run_id, "KILLED")
     number = 1 + max([int(r.data.tags.get("submission", 0)) for r in previous] or [0])
     tags = {"kind": KIND_STUDY, "study": study.name, "submission": str(number), "design": study.design,
+            "driver_host": socket.gethostname(), "driver_pid": str(os.getpid()),
             "cells": str(len(study.cells)), "cells_to_train": str(len(p.todo)), "status_detail": "running",
             **tracking.code_version()}
     run = c.create_run(exp_id, tags=tags, run_name=f"{study.name} #{number}")
@@ -500,6 +532,11 @@ def _open_submission(study: Study, uri: str, p: Plan) -> Submission:
         copy = Path(tmp) / "study.yaml"
         copy.write_text(Path(study.source).read_text())
         c.log_artifact(run.info.run_id, str(copy))
+    design = {"kind": study.design, "axes": study.axes, "metric": study.metric, "direction": study.direction,
+              "variants": [{"name": v, "settings": {k: str(x) for k, x in s.items()}}
+                           for v, s in dict((c.variant, c.settings) for c in study.cells).items()],
+              "seeds": study.seeds, "skipped": [vars(s) for s in study.skipped]}
+    c.log_dict(run.info.run_id, design, "design.json")
     if study.description:
         c.set_tag(run.info.run_id, "mlflow.note.content", study.description)
     return Submission(uri, run.info.run_id, number)

@@ -84,7 +84,9 @@ def experiment_id(uri: str, name: str) -> str:
         return exp.experiment_id
     location = artifact_root(uri)
     try:
-        return c.create_experiment(name, artifact_location=f"{location}/{name}" if location else None)
+        # MLflow's UI opens experiments of unknown kind on its GenAI pages; ours are model training
+        return c.create_experiment(name, artifact_location=f"{location}/{name}" if location else None,
+                                   tags={"mlflow.experimentKind": "custom_model_development"})
     except MlflowException:  # created meanwhile by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -198,10 +200,12 @@ class RunLogger:
     tags: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
     writer: MetricWriter | None = None
+    seconds_writing: float = 0.0  # in the foreground: creating, filling and ending the run
 
     def start(self, params: dict[str, Any], config: dict[str, Any]) -> str:
         from mlflow.entities import Param, RunTag
 
+        t = time.perf_counter()
         c = client(self.uri)
         tags = {**code_version(), **{k: str(v) for k, v in self.tags.items()}, "status_detail": "running"}
         if self.parent_run_id:
@@ -219,6 +223,7 @@ class RunLogger:
 
         c.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
         self.writer = MetricWriter(self.uri, self.run_id)
+        self.seconds_writing += time.perf_counter() - t
         return self.run_id
 
     def log_datasets(self, datasets: dict[str, Any], name: str, digests: dict[str, str]) -> None:
@@ -226,6 +231,7 @@ class RunLogger:
         import mlflow.data
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
+        t = time.perf_counter()
         inputs = []
         for split, ds in datasets.items():
             with warnings.catch_warnings():  # MLflow's hint about integer columns in model schemas
@@ -241,6 +247,7 @@ class RunLogger:
         for attempt in range(5):
             try:
                 client(self.uri).log_inputs(self.run_id, datasets=inputs)
+                self.seconds_writing += time.perf_counter() - t
                 return
             except Exception as err:  # MlflowException wrapping IntegrityError
                 if "UNIQUE constraint" not in str(err) and "duplicate key" not in str(err) or attempt == 4:
@@ -263,6 +270,7 @@ class RunLogger:
 
     def end(self, status: str, detail: str = "", summary: dict[str, float] | None = None, step: int = 0) -> None:
         """Send the remaining metrics and the summary, tag the status detail, terminate the run."""
+        t = time.perf_counter()
         if self.writer is not None:
             if summary:
                 self.writer.log(summary, step)
@@ -272,5 +280,7 @@ class RunLogger:
             tags["logging_seconds"] = f"{self.writer.seconds_sending:.3f}"
             if self.writer.errors:
                 tags["logging_errors"] = "; ".join(self.writer.errors)[:5000]
+        # what writing to MLflow cost this run in the foreground (set-up, lineage, closing), in seconds
+        tags["tracking_seconds"] = f"{self.seconds_writing + time.perf_counter() - t:.3f}"
         self.set_tags(tags)
         client(self.uri).set_terminated(self.run_id, MLFLOW_STATUS[status])

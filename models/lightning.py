@@ -176,6 +176,33 @@ def peak_memory_mb() -> float:
     return kb / 2**20 if sys.platform == "darwin" else kb / 1024
 
 
+class DivergenceGuard:
+    """A run has diverged when its loss is not finite, or when its smoothed loss (EMA 0.9) rises above
+    ``factor`` times its running minimum and climbs back at least half-way to its level when the rule started
+    (step ``after``). A ratio alone misfires near zero: a loss of 0.002 wobbling to 0.009 has not diverged."""
+
+    def __init__(self, factor: float | None, after: int) -> None:
+        self.factor, self.after = factor, after
+        self.smooth: float | None = None
+        self.minimum = math.inf
+        self.start: float | None = None
+
+    def check(self, step: int, loss: float) -> str | None:
+        """None while training is sound, else the reason it diverged."""
+        if not math.isfinite(loss):
+            return f"non-finite loss ({loss}) at step {step}"
+        self.smooth = loss if self.smooth is None else 0.9 * self.smooth + 0.1 * loss
+        self.minimum = min(self.minimum, self.smooth)
+        if self.start is None and step >= self.after:
+            self.start = self.smooth
+        f = self.factor
+        if (f is not None and self.start is not None and self.smooth > f * self.minimum
+                and self.smooth - self.minimum > 0.5 * (self.start - self.minimum)):
+            return (f"loss {self.smooth:.4g} (smoothed) rose above {f} x its running minimum {self.minimum:.4g} "
+                    f"and back towards its level at step {self.after} ({self.start:.4g}) at step {step}")
+        return None
+
+
 class LitTransformer(L.LightningModule):
     """Trains a Transformer on one kind of task: ``seq2seq``, ``lm`` or ``classify``."""
 
@@ -198,8 +225,7 @@ class LitTransformer(L.LightningModule):
         self.best: dict[str, float] = {}
         self.last_val: dict[str, float] = {}
         self.last_val_step = -1
-        self._smooth: float | None = None
-        self._min_smooth = math.inf
+        self.guard = DivergenceGuard(training.diverge_factor, training.diverge_after)
         self._tokens = 0
         self._train_time = 0.0
         self._window = [0, 0.0]  # tokens, seconds since the last logged step
@@ -303,18 +329,7 @@ class LitTransformer(L.LightningModule):
 
     def _guard(self, step: int, loss: float) -> bool:
         """The divergence guard: True (and the trainer told to stop) when the run has diverged."""
-        reason = None
-        if not math.isfinite(loss):
-            reason = f"non-finite loss ({loss}) at step {step}"
-        else:
-            self._smooth = loss if self._smooth is None else 0.9 * self._smooth + 0.1 * loss
-            self._min_smooth = min(self._min_smooth, self._smooth)
-            f = self.training_cfg.diverge_factor
-            if f is not None and step >= self.training_cfg.diverge_after and self._smooth > f * self._min_smooth:
-                reason = (
-                    f"loss {self._smooth:.4g} (smoothed) rose above {f} x its running minimum "
-                    f"{self._min_smooth:.4g} at step {step}"
-                )
+        reason = self.guard.check(step, loss)
         if reason is None:
             return False
         self.diverged = {"step": step, "reason": reason}

@@ -68,6 +68,15 @@ def test_variants_apply_their_overrides_and_the_budget(tmp_path):
     assert study.seeds == [0, 1, 2]
 
 
+def test_trial_threads_follow_the_cpus_of_a_worker_not_the_run_file(tmp_path):
+    base = {**BASE, "resources": {"threads": 8}}
+    one = load_study(write(tmp_path, base=base))
+    assert {c.run.resources.threads for c in one.cells} == {1}
+    ddp = load_study(write(tmp_path, base=base, resources={"cpus": 4, "workers": 2}))
+    assert {c.run.resources.threads for c in ddp.cells} == {2}
+    assert [c.cell_id for c in one.cells] == [c.cell_id for c in ddp.cells]  # operational: not in the cell id
+
+
 def test_adding_a_seed_or_a_value_keeps_the_existing_cell_ids(tmp_path):
     before = {c.cell_id for c in load_study(write(tmp_path, seeds=[0])).cells}
     after = load_study(write(tmp_path, seeds=[0, 1], design={"grid": {"model.norm": ["pre", "post", ],

@@ -5,6 +5,7 @@ Every Ray here is started by the test, on loopback and free ports, and stopped b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -115,7 +116,7 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
 def test_failures_are_results(tmp_path, store):
     """A trial that raises (its data vanished), one that diverges, one whose process is SIGKILLed."""
     corpus, vanishing = tmp_path / "corpus.txt", tmp_path / "vanishing.txt"
-    words = "the of and to in is was for on that with as by at from it an be this are or which".split()
+    words = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "it", "an", "be", "this", "are", "or", "which"]
     text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(4000))
     corpus.write_text(text)
     vanishing.write_text(text)
@@ -184,7 +185,7 @@ def test_failures_are_results(tmp_path, store):
 def test_driver_killed_then_the_same_command_again(tmp_path, store):
     """SIGKILL the driver mid-study; the same command again trains only what is missing."""
     path = write_study(tmp_path, "crash", seeds=3, max_concurrent=1,
-                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 200, "val_every": 100}})
+                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 600, "val_every": 300}})
     study = load_study(path)
     command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -201,13 +202,14 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
             time.sleep(0.3)
         else:
             pytest.fail("the study never had a finished and a running cell\n" + (tmp_path / "first.log").read_text())
+        # while it runs, a second submission of the same study is refused: both would train the same cells
+        second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and "is still running" in second.stderr, second.stdout + second.stderr
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)  # whatever Ray the driver started
-        except ProcessLookupError:
-            pass
     time.sleep(2)
     finished_before = {r.data.tags["cell_id"]: r.info.run_id for r in runs_of(store, "crash")
                        if r.info.status == "FINISHED"}

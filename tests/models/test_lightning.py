@@ -58,3 +58,23 @@ def test_teacher_forcing_schedules_of_bengio_et_al():
 def test_training_config_refusals(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         TrainingConfig(**kwargs)
+
+
+def test_divergence_guard_fires_on_blow_ups_not_on_wobbles_near_zero():
+    from models.lightning import DivergenceGuard
+
+    def first_alarm(losses, factor=4.0, after=5):
+        guard = DivergenceGuard(factor, after)
+        return next((step for step, loss in enumerate(losses) if guard.check(step, loss)), None)
+
+    converging = [2.3 * 0.9**i for i in range(60)]  # down to about 0.004
+    assert first_alarm(converging) is None
+    # near zero, the loss wobbles by 5x: below the ratio's reach of a real divergence
+    wobble = converging + [0.004, 0.02, 0.03, 0.02, 0.01] * 10
+    assert first_alarm(wobble) is None
+    # it climbs back to where it started: diverged, and soon
+    blow_up = converging + [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert first_alarm(blow_up) is not None and first_alarm(blow_up) >= 60
+    assert first_alarm([1.0, 0.5, float("nan")]) == 2  # non-finite: at once
+    assert first_alarm(blow_up, factor=None) is None  # the factor rule switched off
+    assert "non-finite" in DivergenceGuard(4.0, 0).check(0, float("inf"))

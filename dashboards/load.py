@@ -1,0 +1,156 @@
+"""A study's results from MLflow, as a tidy table: one row per cell (variant x seed), nothing else read.
+
+The conventions (ablations/tracking.py, DESIGN.md): one experiment per study; a parent run per submission
+(tag ``kind=study``, the design as the artifact ``design.json``); a child run per attempt of a cell (tag
+``kind=cell``, with ``variant``, ``seed``, ``cell_id``, ``axis.<key>`` and ``status_detail``). A cell's row
+is its result run (finished or diverged) when it has one, else its latest attempt (failed, killed, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
+
+KIND_CELL, KIND_STUDY = "cell", "study"
+RESULT_STATES = ("finished", "diverged")  # a cell with one of these is done
+
+
+class NoResults(LookupError):
+    """The store holds nothing to compare for this study (a clear message, never an empty table)."""
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def cell_state(run) -> str:
+    """finished | diverged | failed | killed | running, from an MLflow run of a cell."""
+    detail = run.data.tags.get("status_detail", "")
+    if run.info.status == "RUNNING":
+        return "running"
+    if run.info.status == "FINISHED" and detail.startswith(RESULT_STATES):
+        return detail.split(":", 1)[0]
+    return "killed" if run.info.status == "KILLED" else "failed"
+
+
+def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
+    """Every run matching the filter (paged)."""
+    c = client(uri)
+    runs, token = [], None
+    while True:
+        page = c.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+@dataclass
+class StudyRuns:
+    """What a report needs: the design, the cells (a pandas DataFrame) and where they came from."""
+
+    name: str
+    uri: str
+    experiment_id: str
+    design: dict[str, Any]  # kind, axes, variants [{name, settings}], metric, direction
+    cells: Any  # pandas.DataFrame, one row per cell
+    parents: list[Any] = field(default_factory=list)  # submission runs, oldest first
+
+    @property
+    def variants(self) -> list[str]:
+        """In the study's order (the baseline first), then variants only older submissions had."""
+        order = [v["name"] for v in self.design.get("variants", [])]
+        seen = list(dict.fromkeys(self.cells["variant"])) if len(self.cells) else []
+        return order + [v for v in seen if v not in order]
+
+    @property
+    def baseline(self) -> str:
+        return self.variants[0]
+
+    @property
+    def latest_parent(self):
+        return self.parents[-1] if self.parents else None
+
+
+def _design(uri: str, parents: list) -> dict[str, Any]:
+    c = client(uri)
+    for parent in reversed(parents):
+        try:
+            path = c.download_artifacts(parent.info.run_id, "design.json")
+        except Exception:  # an older submission without it
+            continue
+        with open(path) as f:
+            return json.load(f)
+    if parents:  # the parent's params at least
+        p = parents[-1].data.params
+        return {"kind": p.get("design", ""), "axes": [a for a in p.get("axes", "").split(",") if a], "variants": [],
+                "metric": p.get("metric", "final/val_loss"), "direction": p.get("direction", "minimize")}
+    return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
+
+
+def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:
+    """The cells of a study (all submissions, or one) from the MLflow store at ``uri``."""
+    import pandas as pd
+
+    c = client(uri)
+    exp = c.get_experiment_by_name(study)
+    if exp is None:
+        names = sorted(e.name for e in c.search_experiments())
+        raise NoResults(f"no study {study!r} in {uri}; studies there: {', '.join(names) or 'none'}")
+    parents = sorted(search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_STUDY}'"),
+                     key=lambda r: int(r.data.tags.get("submission", 0)))
+    filt = f"tags.kind = '{KIND_CELL}'"
+    if submission is not None:
+        filt += f" and tags.submission = '{submission}'"
+    runs = sorted(search_all(uri, [exp.experiment_id], filt), key=lambda r: r.info.start_time)
+    if not runs:
+        which = f"submission {submission} of " if submission is not None else ""
+        raise NoResults(f"{which}study {study!r} has no cell runs in {uri} yet: run `ablate sweep` first")
+    by_cell: dict[str, list] = {}
+    for run in runs:
+        by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)
+    rows = []
+    for cell_id, attempts in by_cell.items():
+        result = next((r for r in attempts if cell_state(r) in RESULT_STATES), attempts[-1])
+        rows.append(_row(cell_id, result, attempts))
+    cells = pd.DataFrame(rows)
+    return StudyRuns(study, uri, exp.experiment_id, _design(uri, parents), cells, parents)
+
+
+def _row(cell_id: str, run, attempts: list) -> dict[str, Any]:
+    tags = run.data.tags
+    seed = tags.get("seed", "")
+    row: dict[str, Any] = {
+        "variant": tags.get("variant", "?"),
+        "seed": int(seed) if seed.lstrip("-").isdigit() else seed,
+        "cell_id": cell_id,
+        "state": cell_state(run),
+        "detail": tags.get("status_detail", ""),
+        "attempts": len(attempts),
+        "run_id": run.info.run_id,
+        "submission": tags.get("submission", ""),
+        "ray_node": tags.get("ray_node", ""),
+        "start_time": run.info.start_time,
+        "end_time": run.info.end_time,
+    }
+    row.update({k: v for k, v in tags.items() if k.startswith("axis.")})
+    row.update(run.data.metrics)
+    return row
+
+
+def metric_history(uri: str, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float, float]]]:
+    """run_id -> [(step, value, seconds since the run's first point)] for one metric."""
+    c = client(uri)
+    out = {}
+    for run_id in run_ids:
+        points = sorted(c.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        t0 = points[0].timestamp if points else 0
+        out[run_id] = [(m.step, m.value, (m.timestamp - t0) / 1000) for m in points if math.isfinite(m.value)]
+    return out

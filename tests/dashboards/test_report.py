@@ -1,0 +1,196 @@
+"""The ablation table, the report and compare, on real MLflow stores filled the way sweeps fill them.
+
+The numbers in the tables are checked against scipy computed here from the same values, not against
+constants; the stores are read back through MLflow's client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from scipy import stats as sps
+
+from ablations import tracking
+from dashboards.compare import compare
+from dashboards.load import NoResults, load_study
+from dashboards.report import make_report
+from dashboards.table import build, to_csv, to_latex, to_markdown, to_terminal
+
+SEEDS = [0, 1, 2, 3, 4]
+
+
+def fill(uri: str, study: str, values: dict[str, dict[int, float]], *, states: dict[tuple[str, int], str] | None = None,
+         kind: str = "variants", settings: dict[str, dict[str, str]] | None = None, metric: str = "test/acc",
+         direction: str = "maximize", submission: int = 1, cost: dict[str, float] | None = None) -> str:
+    """A study as a sweep records it: a parent run with design.json, one child run per cell."""
+    c = MlflowClient(uri)
+    exp_id = tracking.experiment_id(uri, study)  # artifacts beside the store, as every study's
+    settings = settings or {v: {"model.variant": v} for v in values}
+    parent = c.create_run(exp_id, tags={"kind": "study", "study": study, "submission": str(submission)},
+                          run_name=f"{study} #{submission}")
+    pid = parent.info.run_id
+    c.log_dict(pid, {"kind": kind, "axes": sorted({k for s in settings.values() for k in s}), "metric": metric,
+                     "direction": direction, "variants": [{"name": v, "settings": settings[v]} for v in values]},
+               "design.json")
+    c.log_text(pid, f"name: {study}\n", "study.yaml")
+    c.set_terminated(pid, "FINISHED")
+    for variant, by_seed in values.items():
+        for seed, value in by_seed.items():
+            state = (states or {}).get((variant, seed), "finished")
+            tags = {"kind": "cell", "study": study, "variant": variant, "seed": str(seed), "submission": str(submission),
+                    "cell_id": f"{variant}-{seed}", "mlflow.parentRunId": pid, "status_detail": state,
+                    **{f"axis.{k}": v for k, v in settings[variant].items()}}
+            run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
+            if value is not None:
+                c.log_metric(run.info.run_id, metric, value)
+            for step in (10, 20):
+                c.log_metric(run.info.run_id, "val/loss", 1.0 / step + seed * 0.01, step=step)
+            for key, v in (cost or {"cost/wall_time_s": 10.0, "cost/n_params": 1000.0}).items():
+                c.log_metric(run.info.run_id, key, v)
+            c.set_terminated(run.info.run_id, "FINISHED" if state in ("finished", "diverged") else "FAILED")
+    return pid
+
+
+def three_variants(uri: str, study: str = "abl") -> dict[str, dict[int, float]]:
+    rng = np.random.default_rng(0)
+    base = {s: 0.80 + 0.01 * rng.standard_normal() for s in SEEDS}
+    values = {"baseline": base,
+              "better": {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()},
+              "same": {s: v + 0.01 * rng.standard_normal() for s, v in base.items()}}
+    fill(uri, study, values)
+    return values
+
+
+def test_table_statistics_match_scipy(store):
+    values = three_variants(store)
+    table = build(load_study(store, "abl"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    assert [r.variant for r in table.rows] == ["baseline", "better", "same"]
+    for variant, by_seed in values.items():
+        x = np.array([by_seed[s] for s in SEEDS])
+        assert rec[variant]["mean"] == pytest.approx(x.mean())
+        assert rec[variant]["std"] == pytest.approx(x.std(ddof=1))
+        lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
+        assert (rec[variant]["ci_low"], rec[variant]["ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
+    raw = {}
+    for variant in ("better", "same"):
+        a = np.array([values["baseline"][s] for s in SEEDS])
+        b = np.array([values[variant][s] for s in SEEDS])
+        assert rec[variant]["diff"] == pytest.approx((b - a).mean())
+        raw[variant] = sps.ttest_rel(b, a).pvalue
+        assert rec[variant]["p_t"] == pytest.approx(raw[variant])
+        assert rec[variant]["p_wilcoxon"] == pytest.approx(sps.wilcoxon(b, a).pvalue)
+    # Holm over the two comparisons, by its definition
+    small, large = sorted(raw, key=raw.get)
+    assert rec[small]["p_holm"] == pytest.approx(min(1, 2 * raw[small]))
+    assert rec[large]["p_holm"] == pytest.approx(min(1, max(2 * raw[small], raw[large])))
+    assert rec["better"]["marks"].startswith("*") and rec["same"]["marks"] == ""
+    assert rec["better"]["best"] and not rec["baseline"]["best"]
+
+
+def test_renderings_carry_the_same_numbers(store):
+    three_variants(store)
+    table = build(load_study(store, "abl"))
+    better = next(r for r in table.rows if r.variant == "better")
+    mean = f"{better.summary.mean:.4g}"
+    md, tex, term, csv_text = to_markdown(table), to_latex(table), to_terminal(table), to_csv(table)
+    assert f"**{mean} ±" in md and md.count("\n|") >= 4
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"\textbf{" + mean in tex and r"$\pm$" in tex
+    assert "better" in term and mean in term and "*best*" in term
+    header, *lines = csv_text.strip().splitlines()
+    assert header.startswith("variant,changed,n,mean") and len(lines) == 3
+
+
+def test_failures_divergences_and_missing_values_are_marked_not_zero(store):
+    values = {"baseline": {0: 0.8, 1: 0.82, 2: 0.81}, "fragile": {0: 0.9, 1: None, 2: None},
+              "one seed": {0: 0.7}}
+    fill(store, "gaps", values, states={("fragile", 1): "diverged", ("fragile", 2): "failed"})
+    table = build(load_study(store, "gaps"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    assert (rec["fragile"]["cells"], rec["fragile"]["finished"], rec["fragile"]["diverged"],
+            rec["fragile"]["failed"]) == (3, 1, 1, 1)
+    assert rec["fragile"]["n"] == 1 and math.isnan(rec["fragile"]["ci_low"])  # one value: no interval, no zero
+    assert rec["one seed"]["n"] == 1 and math.isnan(rec["one seed"]["std"])
+    assert any("one seed only" in n for n in table.notes)
+    assert "(n=1)" in to_markdown(table)
+
+
+def test_a_metric_absent_from_the_runs_is_a_clear_error(store):
+    three_variants(store)
+    with pytest.raises(ValueError, match=r"no run of 'abl' has the metric 'test/bleu'.*test/acc"):
+        build(load_study(store, "abl"), "test/bleu")
+
+
+def test_no_study_or_no_runs_is_a_clear_error(store):
+    with pytest.raises(NoResults, match="no study 'nothing'"):
+        load_study(store, "nothing")
+    tracking.experiment_id(store, "empty")
+    with pytest.raises(NoResults, match="run `ablate sweep` first"):
+        load_study(store, "empty")
+
+
+def test_factorial_effects_in_the_report(store, tmp_path):
+    # y = 1 + 0.3 [norm=post] - 0.2 [warmup=0] + 0.1 [both] (+ tiny seed noise)
+    values, settings = {}, {}
+    for norm in ("pre", "post"):
+        for warm in ("100", "0"):
+            name = f"norm={norm} warmup={warm}"
+            settings[name] = {"model.norm": norm, "training.warmup": warm}
+            y = 1 + 0.3 * (norm == "post") - 0.2 * (warm == "0") + 0.1 * (norm == "post" and warm == "0")
+            values[name] = {s: y + 0.001 * s for s in SEEDS}
+    fill(store, "grid", values, kind="grid", settings=settings, metric="final/val_loss", direction="minimize")
+    report = make_report(store, "grid", out_dir=tmp_path / "r")
+    page = report.html
+    assert "Factorial effects" in page
+    assert "+0.35" in page  # main effect of post: 0.3 + 0.1/2 (averaged over warm-up)
+    assert "+0.1" in page  # the interaction
+    assert "norm=pre warmup=100" in page and "(baseline)" in page
+
+
+def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
+    three_variants(store)
+    report = make_report(store, "abl", out_dir=tmp_path / "out")
+    for path in report.files.values():
+        assert path.exists() and path.stat().st_size > 0
+    page = report.files["html"].read_text()
+    assert "<script" in page and "plotly" in page.lower()  # interactive plots, self-contained (no CDN)
+    assert "<script src=" not in page and len(page) > 1_000_000  # plotly.js inside the page, not from a CDN
+    assert "better" in page and "name: abl" in page  # the variants and the study file
+    assert "#/experiments/" in page  # links to the runs
+    c = MlflowClient(store)
+    arts = {a.path for a in c.list_artifacts(report.parent_run_id, "report")}
+    assert {"report/report.html", "report/table.md", "report/table.tex", "report/table.csv"} <= arts
+    records = json.loads(report.files["json"].read_text())
+    assert [r["variant"] for r in records] == ["baseline", "better", "same"]
+
+
+def test_compare_finds_the_conclusions_that_changed(store):
+    rng = np.random.default_rng(1)
+    base = {s: 0.8 + 0.01 * rng.standard_normal() for s in SEEDS}
+    first = {"baseline": base, "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+             "b": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()}}
+    second = {"baseline": base, "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+              "b": {s: v - 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()}}
+    fill(store, "cmp", first, submission=1)
+    fill(store, "cmp", second, submission=2)
+    _, _, changes = compare(store, "cmp@1", "cmp@2")
+    by = {c.variant: c for c in changes}
+    assert not by["a"].changed and by["a"].a.startswith("better")
+    assert by["b"].changed and by["b"].a.startswith("better") and by["b"].b.startswith("worse")
+
+
+def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path):
+    three_variants(store)
+    out = subprocess.run([sys.executable, "-m", "ablations.cli", "report", "abl", "--tracking-uri", store,
+                          "--out", str(tmp_path / "rep")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| baseline |" in out.stdout and "report.html" in out.stdout and "artifacts/report/report.html" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "ablations.cli", "report", "nope", "--tracking-uri", store],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no study 'nope'" in bad.stderr and "abl" in bad.stderr
