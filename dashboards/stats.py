@@ -206,6 +206,12 @@ def main_effects(df: Any, factors: list[str], metric: str, seed_col: str = "seed
     return effects
 
 
+def _with(key: tuple, i: int, x: str, j: int, y: str) -> tuple:
+    k = list(key)
+    k[i], k[j] = x, y
+    return tuple(k)
+
+
 def interactions(df: Any, factors: list[str], metric: str, seed_col: str = "seed",
                  confidence: float = 0.95) -> list[Effect]:
     cells = _cell_means(df, factors, metric, seed_col)
@@ -222,12 +228,7 @@ def interactions(df: Any, factors: list[str], metric: str, seed_col: str = "seed
                             if key[i] != a or key[j] != b:
                                 continue
 
-                            def at(x: str, y: str, key=key) -> tuple:
-                                k = list(key)
-                                k[i], k[j] = x, y
-                                return tuple(k)
-
-                            corners = [at(a, b), at(li[0], b), at(a, lj[0]), at(li[0], lj[0])]
+                            corners = [_with(key, i, x, j, y) for x, y in ((a, b), (li[0], b), (a, lj[0]), (li[0], lj[0]))]
                             if all(c in values for c in corners):
                                 y = [values[c] for c in corners]
                                 dd.append((y[0] - y[1]) - (y[2] - y[3]))
