@@ -155,10 +155,39 @@ def _seeds(text: str | None) -> list[int] | None:
     return list(range(int(text))) if text.isdigit() else [int(s) for s in text.split(",")]
 
 
-def _ui(args: argparse.Namespace) -> int:
-    from ablations.ui import serve_mlflow
+def _search(args: argparse.Namespace) -> int:
+    from ablations.search import format_best, load_search, run_search
+    from ablations.spec import SpecError
 
-    return serve_mlflow(args.tracking_uri, args.host, args.port)
+    try:
+        spec = load_search(args.spec)
+    except SpecError as err:
+        return error(str(err))
+    if args.n_trials is not None:
+        spec.n_trials = args.n_trials
+    try:
+        result = run_search(spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
+                            num_cpus=args.cpus)
+    except ValueError as err:
+        return error(str(err))
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to resume the search", file=sys.stderr)
+        return 130
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
+    print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result)}")
+    print(f"Optuna storage: {result.storage}   (ablate ui --optuna{' --storage ' + args.storage if args.storage else ''})")
+    print(f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
+          "its artifact optuna_plots.html")
+    return EXIT_OK if result.best else EXIT_FAILED
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from ablations.ui import serve_mlflow, serve_optuna
+
+    if args.optuna:
+        return serve_optuna(args.storage, args.host, args.port or 8080)
+
+    return serve_mlflow(args.tracking_uri, args.host, args.port or int(os.environ.get("ABLATE_UI_PORT", "5000")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
     p.set_defaults(func=_sweep)
 
+    p = sub.add_parser("search", help="an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow")
+    p.add_argument("spec", help="a search file, e.g. ablations/searches/quickstart_lr.yaml")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage URL or journal:PATH (default: the spec's, else .ablate/optuna.db)")
+    p.add_argument("--n-trials", type=int, default=None, help="override the spec's n_trials (the total for the study)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.set_defaults(func=_search)
+
     p = sub.add_parser("report", help="the ablation table with seed statistics, and an HTML report logged to MLflow")
     p.add_argument("study", help="the study's name (its MLflow experiment)")
     p.add_argument("--metric", default=None, help="default: the study's metric")
@@ -219,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("ABLATE_UI_PORT", "5000")))
+    p.add_argument("--port", type=int, default=None, help="default 5000 (MLflow; $ABLATE_UI_PORT), 8080 (--optuna)")
+    p.add_argument("--optuna", action="store_true", help="start optuna-dashboard on the searches' storage instead")
+    p.add_argument("--storage", default=None, help="with --optuna: the Optuna storage (default .ablate/optuna.db)")
     p.set_defaults(func=_ui)
 
     p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (no tracking)")

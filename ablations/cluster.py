@@ -76,11 +76,12 @@ class Connection:
     started_here: bool
     remote: bool
     dashboard_url: str | None
+    owned: bool = True  # False: Ray was already connected by the caller, who disconnects it
 
     def close(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        if self.owned and ray.is_initialized():
             ray.shutdown()
 
 
@@ -92,7 +93,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
     import ray
 
     if ray.is_initialized():
-        return Connection(address, False, not is_loopback_address(address), None)
+        return Connection(address, False, not is_loopback_address(address), None, owned=False)
     remote = not is_loopback_address(address)
     if address:  # a cluster started elsewhere: this working directory travels to its workers
         runtime_env = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}

@@ -41,7 +41,7 @@ from ablations.spec import RunConfig, SpecError, apply_overrides, read_yaml, res
 from models.config import ModelConfig
 
 STUDY_KEYS = ("name", "description", "base", "design", "seeds", "metric", "direction", "constraints",
-              "skip_invalid", "resources", "max_concurrent", "budget", "retries", "max_cells")
+              "skip_invalid", "resources", "max_concurrent", "budget", "retries", "max_cells", "tune")
 DESIGNS = ("grid", "one_at_a_time", "variants")
 
 
@@ -101,6 +101,7 @@ class Study:
     retries: int
     budget: dict[str, float]
     raw: dict[str, Any] = field(default_factory=dict)
+    tune: dict[str, Any] | None = None  # a search per variant before the cells (see ablations/search.py)
 
     @property
     def variants(self) -> list[str]:
@@ -385,5 +386,30 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             cells.append(cell)
     if not cells:
         raise SpecError(source, "design", "leaves no cell to run (every cell is skipped)")
+    tune = _tune(source, data.get("tune"), base, axes, resources, budget, name)
     return Study(name, description, source, kind, axes, cells, skipped, metric, direction, resources,
-                 max_concurrent, retries, budget, data)
+                 max_concurrent, retries, budget, data, tune)
+
+
+def _tune(source: str, value: Any, base: dict[str, Any], axes: list[str], resources: Resources,
+          budget: dict[str, float], name: str) -> dict[str, Any] | None:
+    """A study's ``tune:`` section: the search every variant gets, with the same budget, before its seeds run."""
+    if value is None:
+        return None
+    from ablations.search import load_search
+
+    tune = dict(_mapping(source, "tune", value))
+    for key in ("name", "base", "storage"):
+        if key in tune:
+            raise SpecError(source, f"tune.{key}", "is set by the study (each variant gets its own search); remove it")
+    for key in _mapping(source, "tune.space", tune.get("space") or {}):
+        if key in axes:
+            raise SpecError(source, f"tune.space.{key}", "is also an axis of the design: a variant cannot both fix it "
+                            "and tune it")
+    tune.setdefault("resources", {"cpus": resources.cpus, "gpus": resources.gpus})
+    tune.setdefault("budget", budget)
+    try:  # checked now, with the base (every variant's search is checked again with its own settings)
+        load_search(source, {**tune, "name": f"{name}.tune"}, base=base)
+    except SpecError as err:
+        raise SpecError(source, f"tune.{err.key}", err.message) from None
+    return tune

@@ -39,13 +39,14 @@ from ablations.study import Cell, Resources, Study
 from dashboards.load import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state, search_all  # shared conventions
 
 
-def study_cell_runs(uri: str, study: str) -> dict[str, list]:
-    """cell_id -> its runs (every attempt of every submission), oldest first."""
+def study_cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[str, list]:
+    """cell_id -> its runs (every attempt of every submission), oldest first; one cell's only, if given."""
     exp = tracking.client(uri).get_experiment_by_name(study)
     if exp is None:
         return {}
     out: dict[str, list] = {}
-    for run in sorted(search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_CELL}'"),
+    query = f"tags.kind = '{KIND_CELL}'" + (f" and tags.cell_id = '{cell_id}'" if cell_id else "")
+    for run in sorted(search_all(uri, [exp.experiment_id], query),
                       key=lambda r: r.info.start_time):
         out.setdefault(run.data.tags.get("cell_id", ""), []).append(run)
     return out
@@ -91,7 +92,8 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
         tags["ray_node"] = rc.get_node_id()
         tags["ray_node_ip"] = ray.util.get_node_ip_address()
     tags["code_dir"] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
-    tags.update({f"axis.{k}": str(v) for k, v in cell.settings.items()})
+    for k, v in cell.settings.items():  # the design's axes, and what a tuned study's search chose
+        tags[f"tuned.{k.removeprefix('tuned:')}" if k.startswith("tuned:") else f"axis.{k}"] = str(v)
     return tags
 
 
@@ -110,7 +112,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     from ablations.train import Tracking, train
 
     torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
-    runs = study_cell_runs(ctx.uri, ctx.study).get(cell.cell_id, [])
+    runs = study_cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     done = finished_result(runs)
     if done is not None:  # trained by an earlier attempt or submission: never twice
         out = {"status": cell_state(done), "run_id": done.info.run_id, "reused": True}
@@ -134,7 +136,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
             result = train(cell.run, where, hooks=[hook])
     except Exception as err:
         recorded = any(r.data.tags.get("attempt") == str(attempt) and r.data.tags.get("submission") == str(ctx.submission)
-                       for r in study_cell_runs(ctx.uri, ctx.study).get(cell.cell_id, []))
+                       for r in study_cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, []))
         if not recorded:
             _record_early_failure(cell, ctx, tags, err)
         raise
@@ -412,6 +414,10 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
         raise ValueError(f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
                          "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)")
     check_no_live_submission(study, uri)
+    if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
+        from ablations.search import tune_study
+
+        study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
     p = plan(study, uri)
     for run in p.stale:
         mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")

@@ -16,6 +16,7 @@ under ``.ablate/`` in the working directory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue
@@ -32,7 +33,9 @@ MAX_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 MAX_PARAMS = 100  # params per log_batch call (MLflow's limit)
 
 STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"
+STATUS_PRUNED = "pruned"  # stopped early by a search's pruner: a result, not a failure
 MLFLOW_STATUS = {
+    STATUS_PRUNED: "FINISHED",
     STATUS_FINISHED: "FINISHED",
     STATUS_DIVERGED: "FINISHED",
     STATUS_FAILED: "FAILED",
@@ -69,7 +72,28 @@ def artifact_root(uri: str) -> str | None:
 def client(uri: str):
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    with sqlite_first_use(uri):  # the client creates the store's tables as it is built
+        c = MlflowClient(tracking_uri=uri)
+        c.search_experiments(max_results=1)
+    return c
+
+
+@contextlib.contextmanager
+def sqlite_first_use(uri: str):
+    """Two processes opening a new SQLite store at once both create its schema and one fails ("table
+    _alembic_tmp_experiments already exists"): the first use of a store goes through a file lock."""
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def experiment_id(uri: str, name: str) -> str:

@@ -80,11 +80,20 @@ def summarize(module, extra: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
+class StopTraining(Exception):  # noqa: N818  (a signal, not an error)
+    """Raised by a hook to end training early as a result (a search's pruner, say), not as a failure."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
 class Drain(L.Callback):
     """Hands the module's pending metrics to MLflow (asynchronously) and to the hooks."""
 
     def __init__(self, run_logger, hooks: list[Hook]) -> None:
         self.run_logger, self.hooks = run_logger, hooks
+        self.stopped: tuple[str, str, int] | None = None  # (status, reason, step) when a hook stopped training
 
     def drain(self, module) -> None:
         while module.pending:
@@ -92,7 +101,13 @@ class Drain(L.Callback):
             if self.run_logger is not None:
                 self.run_logger.log_metrics(metrics, step)
             for hook in self.hooks:
-                hook(step, metrics)
+                try:
+                    hook(step, metrics)
+                except StopTraining as stop:
+                    if self.stopped is None:
+                        self.stopped = (stop.status, f"{stop.reason} (step {step})", step)
+                    if module._trainer is not None:
+                        module.trainer.should_stop = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.drain(pl_module)
@@ -235,9 +250,12 @@ def train(
             if module.diverged:
                 status, detail = tracking.STATUS_DIVERGED, module.diverged["reason"]
                 extra["diverged_step"] = float(module.diverged["step"])
+            elif drain.stopped is not None:
+                status, detail, stop_step = drain.stopped
+                extra["stopped_step"] = float(stop_step)
             else:
                 status = tracking.STATUS_FINISHED
-            if trainer.is_global_zero:
+            if trainer.is_global_zero and drain.stopped is None:
                 extra.update(_final_evaluation(module, data, drain))
                 if run_logger is not None and run.tracking.checkpoint:
                     path = Path(scratch) / "model.pt"

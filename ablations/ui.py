@@ -59,3 +59,27 @@ def serve_mlflow(uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> 
         proc.terminate()
         proc.wait(timeout=30)
         return 0
+
+
+def optuna_dashboard_command(storage: str, host: str, port: int) -> list[str]:
+    """optuna-dashboard on an Optuna storage (a URL, or journal:PATH for a journal file)."""
+    target = storage.removeprefix("journal:") if storage.startswith("journal:") else storage
+    return [sys.executable, "-m", "optuna_dashboard", target, "--host", host, "--port", str(port)]
+
+
+def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080) -> int:
+    """``ablate ui --optuna``: optuna-dashboard on the searches' storage (loopback unless told otherwise)."""
+    url = storage or os.environ.get("ABLATE_OPTUNA_STORAGE") or f"sqlite:///{tracking.home() / 'optuna.db'}"
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        print(f"no searches yet: {url} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)")
+        return 2
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr)
+    print(f"optuna-dashboard on {url}\nopen http://{host}:{port} (Ctrl-C stops it)", flush=True)
+    proc = subprocess.Popen(optuna_dashboard_command(url, host, port))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return 0

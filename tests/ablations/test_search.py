@@ -1,0 +1,284 @@
+"""Optuna searches with real storages (SQLite, journal file, PostgreSQL when reachable), real Ray, real MLflow."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from ablations.search import KIND_SEARCH, KIND_TRIAL, load_search, open_storage, run_search
+from ablations.spec import SpecError
+from tests.conftest import ROOT
+
+TINY = {
+    "task": {"name": "reverse", "train_size": 300, "max_len": 5},
+    "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+    "training": {"val_every": 10, "batch_size": 16, "eval_batch_size": 64, "warmup_steps": 0},
+}
+SPACE = {"training.lr": {"type": "float", "low": 1.0e-5, "high": 3.0e-2, "log": True}}
+
+
+def write_spec(tmp_path: Path, name: str = "srch", **spec) -> Path:
+    data = {"name": name, "base": TINY, "space": SPACE, "n_trials": 4, "concurrency": 2, "budget": {"steps": 40},
+            "sampler": "random", **spec}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def refused(tmp_path: Path, **spec) -> SpecError:
+    path = write_spec(tmp_path, **spec)
+    with pytest.raises(SpecError) as info:
+        load_search(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "words"),
+    [
+        ({"space": {}}, "space", "empty"),
+        ({"space": {"training.lrr": {"type": "float", "low": 0.1, "high": 1}}}, "space.training.lrr", "unknown axis"),
+        ({"space": {"training.lr": {"type": "real", "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
+        ({"space": {"training.lr": {"type": "float", "low": 1, "high": 0.1}}}, "space.training.lr", "below"),
+        ({"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}}, "space.training.lr.low", "log"),
+        ({"space": {"model.norm": {"type": "categorical", "choices": []}}}, "space.model.norm.choices", "non-empty"),
+        ({"space": {**SPACE, "model.window": {"type": "int", "low": 2, "high": 8, "when": {"training.lr": 1}}}},
+         "space.model.window.when.training.lr", "categorical"),
+        ({"sampler": "bayes"}, "sampler", "tpe"),
+        ({"pruner": "median", "objectives": [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s",
+                                                                            "direction": "maximize"}]}, "pruner", "single"),
+        ({"n_trials": None}, "n_trials", "an end"),
+        ({"resources": {"cpus": 2, "workers": 2}}, "resources.workers", "one worker"),
+        ({"prune_on": "train/loss"}, "prune_on", "validation"),
+        ({"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}}, "space (model)", "window"),
+        ({"colour": 1}, "colour", "unknown key"),
+    ],
+)
+def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spec, key, words):
+    err = refused(tmp_path, **spec)
+    assert err.key == key and words in str(err), str(err)
+
+
+def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_path):
+    spec = load_search(write_spec(tmp_path, space={
+        "model.pattern": {"type": "categorical", "choices": ["full", "local", "dilated"]},
+        "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.pattern": ["local", "dilated"]}},
+        "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}}}))
+    from ablations.search import _suggest
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        params = _suggest(spec, trial)
+        seen.add(params["model.pattern"])
+        assert ("model.window" in params) == (params["model.pattern"] != "full")
+        assert ("model.dilation" in params) == (params["model.pattern"] == "dilated")
+        study.tell(trial, 0.0)
+    assert seen == {"full", "local", "dilated"}
+
+
+@pytest.mark.slow
+def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec = load_search(write_spec(tmp_path, n_trials=8, pruner="median", sampler="random", seed=3,
+                                  budget={"steps": 60}, space={"training.lr": {"type": "float", "low": 1.0e-6,
+                                                                               "high": 3.0e-2, "log": True}}))
+    lines: list[str] = []
+    result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
+    log = "\n".join(lines)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    states = [t.state for t in study.trials]
+    assert sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states) == 8, log
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, "no trial was pruned\n" + log
+    assert result.best and result.best[0]["number"] == study.best_trial.number
+    assert any("pruned" in line for line in lines)
+
+    c = MlflowClient(store)
+    exp = c.get_experiment_by_name("srch")
+    parent = c.get_run(result.parent_run_id)
+    assert parent.data.tags["kind"] == KIND_SEARCH and parent.info.status == "FINISHED"
+    assert parent.data.metrics["best/final/val_loss"] == pytest.approx(study.best_value)
+    assert parent.data.tags["best_trial"] == str(study.best_trial.number)
+    assert {"best.json", "optuna_plots.html", "srch.yaml"} <= {a.path for a in c.list_artifacts(parent.info.run_id)}
+    children = c.search_runs([exp.experiment_id], f"tags.kind = '{KIND_TRIAL}'")
+    assert len(children) == len(study.trials)
+    by_trial = {int(r.data.tags["trial"]): r for r in children}
+    for t in study.trials:
+        run = by_trial[t.number]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["optuna_state"] == t.state.name
+        assert float(run.data.params["training.lr"]) == pytest.approx(t.params["training.lr"])
+    for t in pruned:  # stopped early, recorded as pruned in both
+        run = by_trial[t.number]
+        assert run.data.tags["status_detail"].startswith("pruned")
+        assert run.data.metrics["stopped_step"] < 60
+        assert max(t.intermediate_values) < 60
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert all(by_trial[t.number].data.metrics["final/val_loss"] == pytest.approx(t.value) for t in complete)
+
+
+@pytest.mark.slow
+def test_journal_storage_and_resuming_up_to_n_trials(tmp_path, store):
+    storage = f"journal:{tmp_path / 'journal.log'}"
+    spec = load_search(write_spec(tmp_path, n_trials=2, pruner="none"))
+    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
+    spec.n_trials = 4  # the same command again with a larger total: two more
+    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
+    study = optuna.load_study(study_name="srch", storage=open_storage(storage))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2  # one parent run per process
+
+
+def runs_of_kind(uri: str, experiment: str, kind: str) -> list:
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(experiment)
+    return c.search_runs([exp.experiment_id], f"tags.kind = '{kind}'") if exp else []
+
+
+def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ablations.cli", "search", str(spec), "--storage", storage, "--tracking-uri", store,
+            "--cpus", "2", *extra]
+
+
+@pytest.mark.slow
+def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(cli(spec_path, storage, store), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        lost = None
+        while time.monotonic() < deadline and lost is None:
+            time.sleep(0.5)
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()
+            with __import__("contextlib").suppress(Exception):
+                study = optuna.load_study(study_name="srch", storage=storage)
+                running = [t for t in study.trials if t.state == TrialState.RUNNING]
+                if running and runs_of_kind(store, "srch", KIND_TRIAL):
+                    lost = running[0]
+        assert lost is not None, (tmp_path / "first.log").read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(1)
+    again = subprocess.run(cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"trial {lost.number} was left running" in again.stdout
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert study.trials[lost.number].state == TrialState.FAIL
+    retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
+    assert len(retried) == 1 and retried[0].params == lost.params and retried[0].state == TrialState.COMPLETE
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 3
+
+
+@pytest.mark.slow
+def test_two_search_processes_share_one_study(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec_path = write_spec(tmp_path, n_trials=6, concurrency=1, pruner="none", sampler="tpe")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    optuna.create_study(study_name="srch", storage=open_storage(storage))  # both processes then load it
+    procs = [subprocess.Popen(cli(spec_path, storage, store, "--cpus", "1"), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(outs)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert 6 <= len(complete) <= 7, [t.state for t in study.trials]  # both may ask the last trial at once
+    drivers = {t.system_attrs["ablate:pid"] for t in study.trials}
+    assert drivers == {p.pid for p in procs}  # both processes worked on it
+    assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2
+    assert len(runs_of_kind(store, "srch", KIND_TRIAL)) == len(study.trials)
+
+
+def postgres_url() -> str | None:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            pass
+    except OSError:
+        return None
+    return "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(postgres_url() is None, reason="no PostgreSQL reachable on 127.0.0.1:5432")
+def test_postgresql_storage(tmp_path, store):
+    url = postgres_url()
+    name = f"srch_{uuid.uuid4().hex[:8]}"
+    spec = load_search(write_spec(tmp_path, name, n_trials=2, pruner="none"))
+    try:
+        result = run_search(spec, tracking_uri=store, storage=url, num_cpus=2, out=lambda _: None)
+        study = optuna.load_study(study_name=name, storage=url)
+        assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+        assert result.best[0]["number"] == study.best_trial.number
+    finally:
+        optuna.delete_study(study_name=name, storage=url)
+
+
+@pytest.mark.slow
+def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch):
+    from ablations.study import load_study
+    from ablations.sweep import run_study
+
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tuned", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}, "seeds": 2,
+        "metric": "test/exact_match", "direction": "maximize", "budget": {"steps": 30},
+        "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none", "concurrency": 2}}))
+    study = load_study(path)
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
+    best = {}
+    for variant in ("norm=pre", "norm=post"):  # one search per variant, with the same budget
+        s = optuna.load_study(study_name=f"tuned.tune.{variant.replace('=', '_')}", storage=storage)
+        assert sum(t.state == TrialState.COMPLETE for t in s.trials) == 3
+        best[variant] = s.best_params["training.lr"]
+    c = MlflowClient(store)
+    cells = c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'cell'")
+    assert len(cells) == 4
+    for run in cells:  # every cell trained at its variant's best learning rate
+        lr = best[run.data.tags["variant"]]
+        assert float(run.data.params["training.lr"]) == pytest.approx(lr)
+        assert float(run.data.tags["tuned.training.lr"]) == pytest.approx(lr)
+    assert c.get_experiment_by_name("tuned.tuning") is not None  # the searches' runs, apart from the cells
+    # the same command again: the searches are complete, the cells are the same: nothing trains
+    again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
+    assert again.parent_run_id is None
+    assert len(c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'cell'")) == 4
+
+
+def test_tune_section_is_checked_with_the_study(tmp_path):
+    from ablations.study import load_study
+
+    path = tmp_path / "t.yaml"
+    base = {"name": "t", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}}
+    path.write_text(yaml.safe_dump({**base, "tune": {"space": {"model.norm": {"type": "categorical",
+                                                                              "choices": ["pre"]}}, "n_trials": 2}}))
+    with pytest.raises(SpecError, match="tune.space.model.norm.*also an axis"):
+        load_study(path)
+    path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))
+    with pytest.raises(SpecError, match="tune.n_trials.*an end"):
+        load_study(path)
