@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install browser quickstart test test-fast lint format bench constraints clean
+.PHONY: install tools quickstart test test-fast lint format bench constraints clean
 
 install: $(STAMP)
 
@@ -24,15 +24,19 @@ quickstart: install
 	@echo "Browse it in MLflow: $(BIN)/ablate ui   (then open http://127.0.0.1:5000, experiment 'quickstart';"
 	@echo "the report is an artifact of its parent run: report/report.html)"
 
-# Headless Chromium for the browser tests (they skip, saying why, where it cannot be installed)
-browser:
-	@command -v chromedriver >/dev/null 2>&1 || { \
+# Test tools from Debian packages: headless Chromium + chromedriver (browser tests) and docker-compose (it
+# validates docker-compose.yml without an engine). Tests that need a missing one skip and say why.
+tools:
+	@missing=""; command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing chromium (Debian package) for the browser tests"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null || true; \
-	  else echo "note: no chromium: the browser tests will skip (Debian: sudo apt-get install chromium)"; fi; }
+	    echo "installing$$missing (Debian packages) for the tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || true; \
+	  else echo "note: missing$$missing: the tests that need them will skip (Debian: sudo apt-get install$$missing)"; fi; \
+	fi
 
-test: install browser
+test: install tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install
