@@ -97,8 +97,13 @@ def _sweep(args: argparse.Namespace) -> int:
             print(f"note: {err}")
         return EXIT_OK
     try:
-        result = sweep.run_study(study, address=args.address, tracking_uri=args.tracking_uri,
-                                 max_concurrent=args.max_concurrent, num_cpus=args.cpus)
+        result = sweep.run_study(
+            study,
+            address=args.address,
+            tracking_uri=args.tracking_uri,
+            max_concurrent=args.max_concurrent,
+            num_cpus=args.cpus,
+        )
     except ValueError as err:
         return error(str(err))
     except KeyboardInterrupt:
@@ -122,16 +127,29 @@ def _report(args: argparse.Namespace) -> int:
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
-        report = make_report(uri, args.study, metric=args.metric, baseline=args.baseline, submission=args.submission,
-                             out_dir=args.out, log=not args.no_log)
+        report = make_report(
+            uri,
+            args.study,
+            metric=args.metric,
+            baseline=args.baseline,
+            submission=args.submission,
+            out_dir=args.out,
+            log=not args.no_log,
+        )
     except (NoResults, ValueError) as err:
         return error(str(err))
     print(RENDERERS[args.format](report.table))
     print(f"report: {report.files['html'].resolve()}  (tables beside it: table.md, table.tex, table.csv)")
     if report.parent_run_id:
         runs = report.runs
-        where = (f"{uri.rstrip('/')}/" if uri.startswith(("http://", "https://")) else "ablate ui, then http://127.0.0.1:5000/")
-        print(f"in MLflow: {where}#/experiments/{runs.experiment_id}/runs/{report.parent_run_id}/artifacts/report/report.html")
+        where = (
+            f"{uri.rstrip('/')}/"
+            if uri.startswith(("http://", "https://"))
+            else "ablate ui, then http://127.0.0.1:5000/"
+        )
+        print(
+            f"in MLflow: {where}#/experiments/{runs.experiment_id}/runs/{report.parent_run_id}/artifacts/report/report.html"
+        )
     return EXIT_OK
 
 
@@ -166,8 +184,9 @@ def _search(args: argparse.Namespace) -> int:
     if args.n_trials is not None:
         spec.n_trials = args.n_trials
     try:
-        result = run_search(spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
-                            num_cpus=args.cpus)
+        result = run_search(
+            spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage, num_cpus=args.cpus
+        )
     except ValueError as err:
         return error(str(err))
     except KeyboardInterrupt:
@@ -175,9 +194,13 @@ def _search(args: argparse.Namespace) -> int:
         return 130
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
     print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result)}")
-    print(f"Optuna storage: {result.storage}   (ablate ui --optuna{' --storage ' + args.storage if args.storage else ''})")
-    print(f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
-          "its artifact optuna_plots.html")
+    print(
+        f"Optuna storage: {result.storage}   (ablate ui --optuna{' --storage ' + args.storage if args.storage else ''})"
+    )
+    print(
+        f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
+        "its artifact optuna_plots.html"
+    )
     return EXIT_OK if result.best else EXIT_FAILED
 
 
@@ -215,10 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run every cell of a study on Ray, each exactly once, recorded in MLflow")
     p.add_argument("study", help="a study file, e.g. ablations/studies/quickstart.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the cells and what is done; start nothing")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument(
+        "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
@@ -226,13 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow")
     p.add_argument("spec", help="a search file, e.g. ablations/searches/quickstart_lr.yaml")
-    p.add_argument("--storage", default=None,
-                   help="Optuna storage URL or journal:PATH (default: the spec's, else .ablate/optuna.db)")
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage URL or journal:PATH (default: the spec's, else .ablate/optuna.db)",
+    )
     p.add_argument("--n-trials", type=int, default=None, help="override the spec's n_trials (the total for the study)")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument(
+        "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.set_defaults(func=_search)
 
@@ -241,20 +275,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", default=None, help="default: the study's metric")
     p.add_argument("--baseline", default=None, help="the variant to compare against (default: the study's first)")
     p.add_argument("--submission", type=int, default=None, help="only the cells of this submission")
-    p.add_argument("--format", default="markdown", choices=["markdown", "terminal", "latex", "csv", "html"],
-                   help="what to print (every format is written to the report folder)")
+    p.add_argument(
+        "--format",
+        default="markdown",
+        choices=["markdown", "terminal", "latex", "csv", "html"],
+        help="what to print (every format is written to the report folder)",
+    )
     p.add_argument("--out", type=Path, default=None, help="report folder (default: .ablate/reports/STUDY)")
     p.add_argument("--no-log", action="store_true", help="do not log the report to the study's parent run")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
     p.set_defaults(func=_report)
 
     p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")
     p.add_argument("a", help="a study name, or NAME@SUBMISSION")
     p.add_argument("b", help="a study name, or NAME@SUBMISSION")
     p.add_argument("--metric", default=None, help="default: the first study's metric")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")

@@ -20,8 +20,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # what the runtime environment leaves behind when it ships the working directory to remote workers
-RUNTIME_EXCLUDES = [".venv", ".git", ".ablate", "**/__pycache__", "*.db", "docs", "benchmarks/results",
-                    ".pytest_cache", ".ruff_cache", "*.egg-info"]
+RUNTIME_EXCLUDES = [
+    ".venv",
+    ".git",
+    ".ablate",
+    "**/__pycache__",
+    "*.db",
+    "docs",
+    "benchmarks/results",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+]
 
 
 # the credentials a trial needs to write to an MLflow server with authentication, and nothing else
@@ -57,8 +67,10 @@ def prepare_environment(address: str | None) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines replace Tune's tables
     if is_loopback_address(address):
         if "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
-            raise RuntimeError("ray was imported before the loopback settings could be applied; "
-                               "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray")
+            raise RuntimeError(
+                "ray was imported before the loopback settings could be applied; "
+                "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray"
+            )
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # 127.0.0.1 everywhere (read at import)
         # token authentication is for clusters reachable from elsewhere; a loopback cluster has none
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -89,8 +101,9 @@ class Connection:
             ray.shutdown()
 
 
-def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
-            dashboard: bool = False) -> Connection:
+def connect(
+    address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None, dashboard: bool = False
+) -> Connection:
     """Start a local Ray on loopback (no address), or join the cluster at ``address``."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     prepare_environment(address)
@@ -107,8 +120,16 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
         ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="warning")
         return Connection(address, False, remote, getattr(ctx, "dashboard_url", None))
     port = free_port() if dashboard else None
-    ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                   dashboard_port=port, _temp_dir=ray_temp_dir(), log_to_driver=False, logging_level="warning")
+    ctx = ray.init(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
+        dashboard_port=port,
+        _temp_dir=ray_temp_dir(),
+        log_to_driver=False,
+        logging_level="warning",
+    )
     return Connection(None, True, False, getattr(ctx, "dashboard_url", None))
 
 

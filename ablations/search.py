@@ -50,8 +50,25 @@ from ablations.study import Resources, _base, _budget, _check_axis, _mapping, _r
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
 PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
-SEARCH_KEYS = ("name", "description", "base", "space", "objectives", "metric", "direction", "sampler", "pruner",
-               "prune_on", "n_trials", "timeout", "concurrency", "resources", "budget", "seed", "storage")
+SEARCH_KEYS = (
+    "name",
+    "description",
+    "base",
+    "space",
+    "objectives",
+    "metric",
+    "direction",
+    "sampler",
+    "pruner",
+    "prune_on",
+    "n_trials",
+    "timeout",
+    "concurrency",
+    "resources",
+    "budget",
+    "seed",
+    "storage",
+)
 KIND_SEARCH, KIND_TRIAL = "search", "trial"
 
 
@@ -117,13 +134,20 @@ def _param(source: str, key: str, body: Any, valid: list[str]) -> Param:
     _check_axis(source, where, key, valid)
     body = _mapping(source, where, body)
     kind = body.get("type")
-    allowed = {"float": {"type", "low", "high", "log", "step", "when"}, "int": {"type", "low", "high", "log", "step", "when"},
-               "categorical": {"type", "choices", "when"}}
+    allowed = {
+        "float": {"type", "low", "high", "log", "step", "when"},
+        "int": {"type", "low", "high", "log", "step", "when"},
+        "categorical": {"type", "choices", "when"},
+    }
     if kind not in allowed:
         raise SpecError(source, f"{where}.type", f"{kind!r} is not a valid choice; valid: float, int, categorical")
     extra = sorted(set(body) - allowed[kind])
     if extra:
-        raise SpecError(source, f"{where}.{extra[0]}", f"unknown key for a {kind} parameter; valid: {', '.join(sorted(allowed[kind]))}")
+        raise SpecError(
+            source,
+            f"{where}.{extra[0]}",
+            f"unknown key for a {kind} parameter; valid: {', '.join(sorted(allowed[kind]))}",
+        )
     when = dict(_mapping(source, f"{where}.when", body.get("when") or {}))
     if kind == "categorical":
         choices = body.get("choices")
@@ -148,8 +172,9 @@ def _param(source: str, key: str, body: Any, valid: list[str]) -> Param:
 def _objectives(source: str, data: dict) -> list[tuple[str, str]]:
     if "objectives" in data and ("metric" in data or "direction" in data):
         raise SpecError(source, "objectives", "give either objectives (a list) or metric and direction, not both")
-    items = data.get("objectives") or [{"metric": data.get("metric", "final/val_loss"),
-                                        "direction": data.get("direction", "minimize")}]
+    items = data.get("objectives") or [
+        {"metric": data.get("metric", "final/val_loss"), "direction": data.get("direction", "minimize")}
+    ]
     if not isinstance(items, list):
         raise SpecError(source, "objectives", "must be a list of {metric, direction}")
     out = []
@@ -157,10 +182,15 @@ def _objectives(source: str, data: dict) -> list[tuple[str, str]]:
         item = _mapping(source, f"objectives[{i}]", item)
         metric, direction = item.get("metric"), item.get("direction", "minimize")
         if not isinstance(metric, str) or "/" not in metric:
-            raise SpecError(source, f"objectives[{i}].metric",
-                            f"{metric!r} must name a summary metric such as final/val_loss or cost/tokens_per_s")
+            raise SpecError(
+                source,
+                f"objectives[{i}].metric",
+                f"{metric!r} must name a summary metric such as final/val_loss or cost/tokens_per_s",
+            )
         if direction not in ("minimize", "maximize"):
-            raise SpecError(source, f"objectives[{i}].direction", f"{direction!r} is not a valid choice; valid: minimize, maximize")
+            raise SpecError(
+                source, f"objectives[{i}].direction", f"{direction!r} is not a valid choice; valid: minimize, maximize"
+            )
         out.append((metric, direction))
     return out
 
@@ -173,7 +203,9 @@ def _positive_int(source: str, key: str, v: Any, allow_none: bool = True) -> int
     return v
 
 
-def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None) -> SearchSpec:
+def load_search(
+    path: str | Path, data: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None
+) -> SearchSpec:
     """Read and check a search file (or a study's ``tune:`` section, with its base). Raises SpecError."""
     path = Path(path)
     source = str(path)
@@ -201,7 +233,9 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
                 raise SpecError(source, f"space.{p.key}.when.{k}", "must name a categorical parameter of the space")
             for one in v if isinstance(v, list) else [v]:
                 if one not in keys[k].choices:
-                    raise SpecError(source, f"space.{p.key}.when.{k}", f"{one!r} is not one of its choices {list(keys[k].choices)}")
+                    raise SpecError(
+                        source, f"space.{p.key}.when.{k}", f"{one!r} is not one of its choices {list(keys[k].choices)}"
+                    )
     ordered: list[Param] = []  # conditions first: a parameter comes after the ones its `when` names
     while len(ordered) < len(space):
         ready = [p for p in space if p not in ordered and all(keys[k] in ordered for k in p.when)]
@@ -222,7 +256,9 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
         raise SpecError(source, "pruner", "Optuna prunes single-objective searches only; set pruner: none")
     prune_on = data.get("prune_on", "val/loss")
     if not isinstance(prune_on, str) or not prune_on.startswith("val/"):
-        raise SpecError(source, "prune_on", f"{prune_on!r} must be a validation metric reported while training, e.g. val/loss")
+        raise SpecError(
+            source, "prune_on", f"{prune_on!r} must be a validation metric reported while training, e.g. val/loss"
+        )
     n_trials = _positive_int(source, "n_trials", data.get("n_trials"))
     timeout = data.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
@@ -231,8 +267,12 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
         raise SpecError(source, "n_trials", "give n_trials, timeout, or both: a search needs an end")
     resources = _resources(source, data.get("resources"))
     if resources.workers > 1:
-        raise SpecError(source, "resources.workers", "searches run each trial on one worker for now (pruning reports "
-                        "from inside a single process); use workers: 1, or a sweep for data-parallel trials")
+        raise SpecError(
+            source,
+            "resources.workers",
+            "searches run each trial on one worker for now (pruning reports "
+            "from inside a single process); use workers: 1, or a sweep for data-parallel trials",
+        )
     storage = data.get("storage")
     if storage is not None and not isinstance(storage, str):
         raise SpecError(source, "storage", "must be a storage URL (sqlite:///..., postgresql://...) or journal:PATH")
@@ -240,10 +280,24 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise SpecError(source, "seed", f"{seed!r} must be an integer")
     description = data.get("description", "")
-    spec = SearchSpec(name, description if isinstance(description, str) else "", source, base, space, objectives,
-                      sampler, pruner, prune_on, n_trials, float(timeout) if timeout else None,
-                      _positive_int(source, "concurrency", data.get("concurrency", 1), False), resources,
-                      _budget(source, data.get("budget")), seed, storage)
+    spec = SearchSpec(
+        name,
+        description if isinstance(description, str) else "",
+        source,
+        base,
+        space,
+        objectives,
+        sampler,
+        pruner,
+        prune_on,
+        n_trials,
+        float(timeout) if timeout else None,
+        _positive_int(source, "concurrency", data.get("concurrency", 1), False),
+        resources,
+        _budget(source, data.get("budget")),
+        seed,
+        storage,
+    )
     # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17)
     for pick in (0, -1):
         params = {}
@@ -253,7 +307,9 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
                 if p.type == "int":
                     params[p.key] = int(params[p.key])
         try:
-            resolve_run({**spec.run_data(params), "name": name}, f"{source} (space at its {'low' if pick == 0 else 'high'} end)")
+            resolve_run(
+                {**spec.run_data(params), "name": name}, f"{source} (space at its {'low' if pick == 0 else 'high'} end)"
+            )
         except SpecError as err:
             raise SpecError(source, f"space ({err.key})", f"{err.message}; at {params}") from None
     return spec
@@ -263,7 +319,12 @@ def load_search(path: str | Path, data: dict[str, Any] | None = None, *, base: d
 
 
 def storage_url(spec: SearchSpec, override: str | None = None) -> str:
-    return override or spec.storage or os.environ.get("ABLATE_OPTUNA_STORAGE") or f"sqlite:///{tracking.home() / 'optuna.db'}"
+    return (
+        override
+        or spec.storage
+        or os.environ.get("ABLATE_OPTUNA_STORAGE")
+        or f"sqlite:///{tracking.home() / 'optuna.db'}"
+    )
 
 
 def open_storage(url: str):
@@ -278,12 +339,18 @@ def open_storage(url: str):
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), tracking.sqlite_first_use(url) if url.startswith("sqlite:///") else contextlib.nullcontext():
+    with (
+        warnings.catch_warnings(),
+        tracking.sqlite_first_use(url) if url.startswith("sqlite:///") else contextlib.nullcontext(),
+    ):
         warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
         return optuna.storages.RDBStorage(
-            url, heartbeat_interval=10, grace_period=60,
+            url,
+            heartbeat_interval=10,
+            grace_period=60,
             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
+            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+        )
 
 
 def make_sampler(spec: SearchSpec):
@@ -362,22 +429,37 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
             return
         trial.report(value, step)
         if task.pruner != "none" and trial.should_prune():
-            raise StopTraining(tracking.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}")
+            raise StopTraining(
+                tracking.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
+            )
 
-    tags = {"kind": KIND_TRIAL, "study": task.spec_name, "trial": str(task.number), "optuna_trial_id": str(task.trial_id),
-            "pid": str(os.getpid()), "host": socket.gethostname(), **task.code,
-            **{f"param.{k}": str(v) for k, v in task.params.items()}}
+    tags = {
+        "kind": KIND_TRIAL,
+        "study": task.spec_name,
+        "trial": str(task.number),
+        "optuna_trial_id": str(task.trial_id),
+        "pid": str(os.getpid()),
+        "host": socket.gethostname(),
+        **task.code,
+        **{f"param.{k}": str(v) for k, v in task.params.items()},
+    }
     try:
         run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
-        result = train(run, Tracking(task.uri, task.experiment, task.parent_run_id, f"trial {task.number}", tags),
-                       hooks=[hook])
+        result = train(
+            run, Tracking(task.uri, task.experiment, task.parent_run_id, f"trial {task.number}", tags), hooks=[hook]
+        )
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
     values = [result.metrics.get(m) for m, _ in task.objectives]
-    return {"status": result.status, "reason": result.detail, "values": values, "run_id": result.run_id,
-            "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, float)}}
+    return {
+        "status": result.status,
+        "reason": result.detail,
+        "values": values,
+        "run_id": result.run_id,
+        "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, float)},
+    }
 
 
 # --- the driver -------------------------------------------------------------------------------------------
@@ -418,9 +500,16 @@ def _suggest(spec: SearchSpec, trial) -> dict[str, Any]:
     return params
 
 
-def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: str | None = None,
-               storage: str | None = None, num_cpus: int | None = None, experiment: str | None = None,
-               out: Callable[[str], None] = print) -> SearchResult:
+def run_search(
+    spec: SearchSpec,
+    *,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    num_cpus: int | None = None,
+    experiment: str | None = None,
+    out: Callable[[str], None] = print,
+) -> SearchResult:
     """Ask, run on Ray, tell, until the study has ``n_trials`` or this process's ``timeout`` ends."""
     import optuna
     from optuna.trial import TrialState
@@ -431,16 +520,28 @@ def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: st
     uri = tracking.resolve_uri(tracking_uri)
     url = storage_url(spec, storage)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if not is_loopback_address(address) and (uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))):
-        raise ValueError(f"the Ray cluster at {address} cannot write to local stores ({uri}, {url}); use an MLflow "
-                         "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)")
+    if not is_loopback_address(address) and (
+        uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
+    ):
+        raise ValueError(
+            f"the Ray cluster at {address} cannot write to local stores ({uri}, {url}); use an MLflow "
+            "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
+        )
     st = open_storage(url)
-    study = optuna.create_study(study_name=spec.name, storage=st, sampler=make_sampler(spec), pruner=make_pruner(spec),
-                                directions=spec.directions, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=spec.name,
+        storage=st,
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+        directions=spec.directions,
+        load_if_exists=True,
+    )
     known = study.user_attrs.get("objectives")
     if known and [tuple(o) for o in known] != spec.objectives:
-        raise ValueError(f"the Optuna study {spec.name!r} in {url} was created with objectives {known}; this spec has "
-                         f"{spec.objectives}: give the search another name")
+        raise ValueError(
+            f"the Optuna study {spec.name!r} in {url} was created with objectives {known}; this spec has "
+            f"{spec.objectives}: give the search another name"
+        )
     study.set_user_attr("objectives", [list(o) for o in spec.objectives])
     # trials a dead process left running: failed, and asked again with the same parameters (on this machine by
     # the pid of the process that asked them; elsewhere, RDB storages, by their heartbeat)
@@ -455,15 +556,32 @@ def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: st
     experiment = experiment or spec.name
     exp_id = tracking.experiment_id(uri, experiment)
     c = tracking.client(uri)
-    parent = c.create_run(exp_id, run_name=f"search {spec.name}", tags={
-        "kind": KIND_SEARCH, "study": spec.name, "storage": url if "@" not in url else url.split("@")[-1],
-        "sampler": spec.sampler, "pruner": spec.pruner, "status_detail": "running", **tracking.code_version()})
+    parent = c.create_run(
+        exp_id,
+        run_name=f"search {spec.name}",
+        tags={
+            "kind": KIND_SEARCH,
+            "study": spec.name,
+            "storage": url if "@" not in url else url.split("@")[-1],
+            "sampler": spec.sampler,
+            "pruner": spec.pruner,
+            "status_detail": "running",
+            **tracking.code_version(),
+        },
+    )
     parent_id = parent.info.run_id
     from mlflow.entities import Param as MLParam
 
-    c.log_batch(parent_id, params=[MLParam("sampler", spec.sampler), MLParam("pruner", spec.pruner),
-                                   MLParam("objectives", ",".join(f"{m}:{d}" for m, d in spec.objectives)),
-                                   MLParam("n_trials", str(spec.n_trials)), MLParam("space", ",".join(p.key for p in spec.space))])
+    c.log_batch(
+        parent_id,
+        params=[
+            MLParam("sampler", spec.sampler),
+            MLParam("pruner", spec.pruner),
+            MLParam("objectives", ",".join(f"{m}:{d}" for m, d in spec.objectives)),
+            MLParam("n_trials", str(spec.n_trials)),
+            MLParam("space", ",".join(p.key for p in spec.space)),
+        ],
+    )
     if Path(spec.source).exists():
         c.log_artifact(parent_id, spec.source)
     code = tracking.code_version()
@@ -471,8 +589,9 @@ def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: st
     conn = connect(address, num_cpus=num_cpus)
     import ray
 
-    remote = ray.remote(run_trial).options(num_cpus=spec.resources.cpus, num_gpus=spec.resources.gpus or None,
-                                            max_retries=0)
+    remote = ray.remote(run_trial).options(
+        num_cpus=spec.resources.cpus, num_gpus=spec.resources.gpus or None, max_retries=0
+    )
     running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
     t0, status = time.monotonic(), tracking.STATUS_FAILED
 
@@ -485,8 +604,10 @@ def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: st
             return False
         return spec.n_trials is None or total_counted() < spec.n_trials
 
-    out(f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
-        f"storage {url}; MLflow parent run {parent_id}")
+    out(
+        f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
+        f"storage {url}; MLflow parent run {parent_id}"
+    )
     try:
         while True:
             while len(running) < spec.concurrency and can_ask():
@@ -503,8 +624,21 @@ def run_search(spec: SearchSpec, *, address: str | None = None, tracking_uri: st
                     study.tell(trial, state=TrialState.FAIL)
                     out(f"trial {trial.number} refused: {err.message} ({params})")
                     continue
-                task = TrialTask(spec.name, url, trial._trial_id, trial.number, params, data, uri, experiment,  # noqa: SLF001
-                                 parent_id, spec.objectives, spec.prune_on, spec.pruner, code)
+                task = TrialTask(
+                    spec.name,
+                    url,
+                    trial._trial_id,
+                    trial.number,
+                    params,
+                    data,
+                    uri,
+                    experiment,  # noqa: SLF001
+                    parent_id,
+                    spec.objectives,
+                    spec.prune_on,
+                    spec.pruner,
+                    code,
+                )
                 running[remote.remote(task)] = (trial.number, time.monotonic())
             if not running:
                 break
@@ -546,8 +680,9 @@ def _tell(study, number: int, result: dict[str, Any], spec: SearchSpec) -> str:
     return "FAIL"
 
 
-def _progress_line(study, spec: SearchSpec, number: int, state: str, result: dict, seconds: float, running: int,
-                   t0: float) -> str:
+def _progress_line(
+    study, spec: SearchSpec, number: int, state: str, result: dict, seconds: float, running: int, t0: float
+) -> str:
     c = _counts(study)
     done = c.get("COMPLETE", 0) + c.get("PRUNED", 0)
     goal = f"/{spec.n_trials}" if spec.n_trials else ""
@@ -560,8 +695,10 @@ def _progress_line(study, spec: SearchSpec, number: int, state: str, result: dic
     if len(spec.objectives) == 1 and c.get("COMPLETE"):
         with contextlib.suppress(ValueError):
             best = f"; best {study.best_value:.4g} (trial {study.best_trial.number})"
-    return (f"[{int(time.monotonic() - t0)}s] trial {number} {state.lower()}{value} in {seconds:.0f}s; "
-            f"{done}{goal} done, {c.get('FAIL', 0)} failed, {running} running{best}")
+    return (
+        f"[{int(time.monotonic() - t0)}s] trial {number} {state.lower()}{value} in {seconds:.0f}s; "
+        f"{done}{goal} done, {c.get('FAIL', 0)} failed, {running} running{best}"
+    )
 
 
 def _counts(study) -> dict[str, int]:
@@ -575,11 +712,15 @@ def _best(study, spec: SearchSpec) -> list[dict[str, Any]]:
         trials = study.best_trials
     except Exception:
         return []
-    return [{"number": t.number, "params": t.params, "values": dict(zip([m for m, _ in spec.objectives], t.values))}
-            for t in trials]
+    return [
+        {"number": t.number, "params": t.params, "values": dict(zip([m for m, _ in spec.objectives], t.values))}
+        for t in trials
+    ]
 
 
-def _finish_parent(c, parent_id: str, spec: SearchSpec, study, counts: dict[str, int], best: list[dict], status: str) -> None:
+def _finish_parent(
+    c, parent_id: str, spec: SearchSpec, study, counts: dict[str, int], best: list[dict], status: str
+) -> None:
     import json
 
     from mlflow.entities import Metric, RunTag
@@ -590,7 +731,9 @@ def _finish_parent(c, parent_id: str, spec: SearchSpec, study, counts: dict[str,
     if best:
         top = best[0]
         metrics += [Metric(f"best/{m}", float(v), now, 0) for m, v in top["values"].items()]
-        tags += [RunTag("best_trial", str(top["number"]))] + [RunTag(f"best.{k}", str(v)) for k, v in top["params"].items()]
+        tags += [RunTag("best_trial", str(top["number"]))] + [
+            RunTag(f"best.{k}", str(v)) for k, v in top["params"].items()
+        ]
     c.log_batch(parent_id, metrics=metrics, tags=tags)
     c.log_text(parent_id, json.dumps({"counts": counts, "best": best}, indent=1, default=str), "best.json")
     with contextlib.suppress(Exception):
@@ -616,23 +759,36 @@ def plots_html(study, spec: SearchSpec) -> str:
         figs.append(("optimisation history", vis.plot_optimization_history(study, target_name=names[0])))
         figs.append(("parallel coordinates", vis.plot_parallel_coordinate(study, target_name=names[0])))
         if len({k for t in complete for k in t.params}) > 0 and len(complete) >= 3:
-            for label, ev in (("PED-ANOVA", PedAnovaImportanceEvaluator()), ("fANOVA", FanovaImportanceEvaluator(seed=0))):
+            for label, ev in (
+                ("PED-ANOVA", PedAnovaImportanceEvaluator()),
+                ("fANOVA", FanovaImportanceEvaluator(seed=0)),
+            ):
                 with contextlib.suppress(Exception):
-                    figs.append((f"parameter importance ({label})",
-                                 vis.plot_param_importances(study, evaluator=ev, target_name=names[0])))
+                    figs.append(
+                        (
+                            f"parameter importance ({label})",
+                            vis.plot_param_importances(study, evaluator=ev, target_name=names[0]),
+                        )
+                    )
         figs.append(("intermediate values", vis.plot_intermediate_values(study)))
     else:
         figs.append(("Pareto front", vis.plot_pareto_front(study, target_names=names)))
         for i, n in enumerate(names):
-            figs.append((f"history of {n}", vis.plot_optimization_history(study, target=lambda t, i=i: t.values[i],
-                                                                             target_name=n)))
+            figs.append(
+                (
+                    f"history of {n}",
+                    vis.plot_optimization_history(study, target=lambda t, i=i: t.values[i], target_name=n),
+                )
+            )
     parts, first = [], True
     for title, fig in figs:
         parts.append(f"<h2>{title}</h2>" + fig.to_html(full_html=False, include_plotlyjs=first))
         first = False
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{spec.name}: Optuna plots</title></head>"
-            f"<body style='font-family:sans-serif;max-width:1200px;margin:auto'><h1>{spec.name}</h1>{''.join(parts)}"
-            "</body></html>")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{spec.name}: Optuna plots</title></head>"
+        f"<body style='font-family:sans-serif;max-width:1200px;margin:auto'><h1>{spec.name}</h1>{''.join(parts)}"
+        "</body></html>"
+    )
 
 
 def format_best(result: SearchResult) -> str:
@@ -646,13 +802,18 @@ def format_best(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-
-
 # --- tuned ablations ---------------------------------------------------------------------------------
 
 
-def tune_study(study, *, uri: str, address: str | None, num_cpus: int | None, storage: str | None,
-               out: Callable[[str], None] = print):
+def tune_study(
+    study,
+    *,
+    uri: str,
+    address: str | None,
+    num_cpus: int | None,
+    storage: str | None,
+    out: Callable[[str], None] = print,
+):
     """Each variant's own search (the same space and budget for all), then its cells at its best parameters.
 
     Searches are Optuna studies named ``STUDY.tune.VARIANT``, tracked in the MLflow experiment ``STUDY.tuning``;
@@ -672,10 +833,19 @@ def tune_study(study, *, uri: str, address: str | None, num_cpus: int | None, st
         base.pop("seed", None)
         slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
         spec = load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base)
-        out(f"tuning {variant!r}: {spec.n_trials} trial(s) of {', '.join(p.key for p in spec.space)} "
-            f"({spec.sampler}, {spec.pruner} pruner) on {', '.join(m for m, _ in spec.objectives)}")
-        result = run_search(spec, address=address, tracking_uri=uri, storage=storage, num_cpus=num_cpus,
-                            experiment=f"{study.name}.tuning", out=lambda line: out("  " + line))
+        out(
+            f"tuning {variant!r}: {spec.n_trials} trial(s) of {', '.join(p.key for p in spec.space)} "
+            f"({spec.sampler}, {spec.pruner} pruner) on {', '.join(m for m, _ in spec.objectives)}"
+        )
+        result = run_search(
+            spec,
+            address=address,
+            tracking_uri=uri,
+            storage=storage,
+            num_cpus=num_cpus,
+            experiment=f"{study.name}.tuning",
+            out=lambda line: out("  " + line),
+        )
         if not result.best:
             raise RuntimeError(f"tuning {variant!r} completed no trial; see the MLflow experiment {study.name}.tuning")
         best[variant] = result.best[0]["params"]
@@ -686,6 +856,12 @@ def tune_study(study, *, uri: str, address: str | None, num_cpus: int | None, st
         data = cell.run.to_dict()
         tuned = apply_overrides(data, [(k.split("."), v) for k, v in best[cell.variant].items()])
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
-        cells.append(Cell(cell.variant, {**cell.settings, **{f"tuned:{k}": v for k, v in best[cell.variant].items()}},
-                          cell.seed, run))
+        cells.append(
+            Cell(
+                cell.variant,
+                {**cell.settings, **{f"tuned:{k}": v for k, v in best[cell.variant].items()}},
+                cell.seed,
+                run,
+            )
+        )
     return dataclasses.replace(study, cells=cells)

@@ -40,8 +40,23 @@ from typing import Any
 from ablations.spec import RunConfig, SpecError, apply_overrides, read_yaml, resolve_run
 from models.config import ModelConfig
 
-STUDY_KEYS = ("name", "description", "base", "design", "seeds", "metric", "direction", "constraints",
-              "skip_invalid", "resources", "max_concurrent", "budget", "retries", "max_cells", "tune")
+STUDY_KEYS = (
+    "name",
+    "description",
+    "base",
+    "design",
+    "seeds",
+    "metric",
+    "direction",
+    "constraints",
+    "skip_invalid",
+    "resources",
+    "max_concurrent",
+    "budget",
+    "retries",
+    "max_cells",
+    "tune",
+)
 DESIGNS = ("grid", "one_at_a_time", "variants")
 
 
@@ -133,8 +148,11 @@ def valid_axis_keys(base: dict[str, Any]) -> list[str]:
 def _check_axis(source: str, where: str, key: Any, valid: list[str]) -> str:
     if not isinstance(key, str) or key not in valid:
         near = [k for k in valid if isinstance(key, str) and key.split(".")[-1] in k] or valid
-        raise SpecError(source, where, f"unknown axis {key!r}; valid keys look like {', '.join(near[:12])}"
-                        + (" ..." if len(near) > 12 else ""))
+        raise SpecError(
+            source,
+            where,
+            f"unknown axis {key!r}; valid keys look like {', '.join(near[:12])}" + (" ..." if len(near) > 12 else ""),
+        )
     return key
 
 
@@ -224,7 +242,9 @@ def _constraints(source: str, value: Any, valid: list[str]) -> list[tuple[str, d
         actions = [a for a in ("skip", "refuse") if a in item]
         extra = set(item) - {"skip", "refuse", "reason"}
         if extra or len(actions) != 1:
-            raise SpecError(source, f"constraints[{i}]", "needs one of skip or refuse (a mapping of axis values), and a reason")
+            raise SpecError(
+                source, f"constraints[{i}]", "needs one of skip or refuse (a mapping of axis values), and a reason"
+            )
         when = _mapping(source, f"constraints[{i}].{actions[0]}", item[actions[0]])
         for k in when:
             _check_axis(source, f"constraints[{i}].{actions[0]}.{k}", k, valid)
@@ -248,7 +268,11 @@ def _matches(run_data: dict[str, Any], when: dict[str, Any]) -> bool:
 def _seeds(source: str, value: Any) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return list(range(value))
-    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+    ):
         if len(set(value)) != len(value):
             raise SpecError(source, "seeds", f"{value} repeats a seed")
         return list(value)
@@ -270,7 +294,9 @@ def _resources(source: str, value: Any) -> Resources:
     if isinstance(r.workers, bool) or not isinstance(r.workers, int) or r.workers < 1:
         raise SpecError(source, "resources.workers", f"{r.workers!r} must be a positive integer")
     if r.workers > 1 and r.cpus < r.workers:
-        raise SpecError(source, "resources.cpus", f"{r.cpus:g} CPUs cannot feed {r.workers} workers; give at least one per worker")
+        raise SpecError(
+            source, "resources.cpus", f"{r.cpus:g} CPUs cannot feed {r.workers} workers; give at least one per worker"
+        )
     return Resources(float(r.cpus), float(r.gpus), r.workers)
 
 
@@ -280,8 +306,15 @@ def _budget(source: str, value: Any) -> dict[str, float]:
     if extra:
         raise SpecError(source, f"budget.{sorted(extra)[0]}", "unknown key; valid: steps, time (seconds)")
     for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (k == "steps" and not isinstance(v, int)):
-            raise SpecError(source, f"budget.{k}", f"{v!r} must be a positive {'integer' if k == 'steps' else 'number'}")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v <= 0
+            or (k == "steps" and not isinstance(v, int))
+        ):
+            raise SpecError(
+                source, f"budget.{k}", f"{v!r} must be a positive {'integer' if k == 'steps' else 'number'}"
+            )
     return dict(value)
 
 
@@ -311,7 +344,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             raise SpecError(source, required, "is required")
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name):
-        raise SpecError(source, "name", f"{name!r} must be letters, digits, '_', '-' or '.' (it names the MLflow experiment)")
+        raise SpecError(
+            source, "name", f"{name!r} must be letters, digits, '_', '-' or '.' (it names the MLflow experiment)"
+        )
     base = _base(source, data["base"], path.parent)
     base.pop("name", None)
     valid = valid_axis_keys(base)
@@ -326,7 +361,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise SpecError(source, "retries", f"{retries!r} must be a non-negative integer")
     max_concurrent = data.get("max_concurrent")
-    if max_concurrent is not None and (isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1):
+    if max_concurrent is not None and (
+        isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1
+    ):
         raise SpecError(source, "max_concurrent", f"{max_concurrent!r} must be a positive integer")
     max_cells = data.get("max_cells", 1000)
     if isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells < 1:
@@ -336,7 +373,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         raise SpecError(source, "direction", f"{direction!r} is not a valid choice; valid: 'minimize', 'maximize'")
     metric = data.get("metric", "final/val_loss")
     if not isinstance(metric, str) or "/" not in metric:
-        raise SpecError(source, "metric", f"{metric!r} must name a summary metric such as final/val_loss or test/exact_match")
+        raise SpecError(
+            source, "metric", f"{metric!r} must name a summary metric such as final/val_loss or test/exact_match"
+        )
     resources = _resources(source, data.get("resources"))
     description = data.get("description", "")
     if not isinstance(description, str):
@@ -344,8 +383,12 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
 
     total = len(variants) * len(seed_list)
     if total > max_cells:
-        raise SpecError(source, "design", f"expands to {total} cells ({len(variants)} variants x {len(seed_list)} seeds), "
-                        f"more than max_cells={max_cells}; shrink the design or raise max_cells")
+        raise SpecError(
+            source,
+            "design",
+            f"expands to {total} cells ({len(variants)} variants x {len(seed_list)} seeds), "
+            f"more than max_cells={max_cells}; shrink the design or raise max_cells",
+        )
 
     cells: list[Cell] = []
     skipped: list[Skipped] = []
@@ -374,9 +417,12 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 run = resolve_run({**run_data, "seed": seed, "name": name}, f"{source} (variant {label!r})")
             except SpecError as err:
                 if not skip_invalid:
-                    raise SpecError(source, f"variant {label!r}",
-                                    f"{err.key + ': ' if err.key else ''}{err.message} (fix it, add a constraint that "
-                                    "skips it, or set skip_invalid: true)") from None
+                    raise SpecError(
+                        source,
+                        f"variant {label!r}",
+                        f"{err.key + ': ' if err.key else ''}{err.message} (fix it, add a constraint that "
+                        "skips it, or set skip_invalid: true)",
+                    ) from None
                 skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
                 continue
             cell = Cell(label, settings, seed, run)
@@ -387,12 +433,34 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     if not cells:
         raise SpecError(source, "design", "leaves no cell to run (every cell is skipped)")
     tune = _tune(source, data.get("tune"), base, axes, resources, budget, name)
-    return Study(name, description, source, kind, axes, cells, skipped, metric, direction, resources,
-                 max_concurrent, retries, budget, data, tune)
+    return Study(
+        name,
+        description,
+        source,
+        kind,
+        axes,
+        cells,
+        skipped,
+        metric,
+        direction,
+        resources,
+        max_concurrent,
+        retries,
+        budget,
+        data,
+        tune,
+    )
 
 
-def _tune(source: str, value: Any, base: dict[str, Any], axes: list[str], resources: Resources,
-          budget: dict[str, float], name: str) -> dict[str, Any] | None:
+def _tune(
+    source: str,
+    value: Any,
+    base: dict[str, Any],
+    axes: list[str],
+    resources: Resources,
+    budget: dict[str, float],
+    name: str,
+) -> dict[str, Any] | None:
     """A study's ``tune:`` section: the search every variant gets, with the same budget, before its seeds run."""
     if value is None:
         return None
@@ -404,8 +472,9 @@ def _tune(source: str, value: Any, base: dict[str, Any], axes: list[str], resour
             raise SpecError(source, f"tune.{key}", "is set by the study (each variant gets its own search); remove it")
     for key in _mapping(source, "tune.space", tune.get("space") or {}):
         if key in axes:
-            raise SpecError(source, f"tune.space.{key}", "is also an axis of the design: a variant cannot both fix it "
-                            "and tune it")
+            raise SpecError(
+                source, f"tune.space.{key}", "is also an axis of the design: a variant cannot both fix it and tune it"
+            )
     tune.setdefault("resources", {"cpus": resources.cpus, "gpus": resources.gpus})
     tune.setdefault("budget", budget)
     try:  # checked now, with the base (every variant's search is checked again with its own settings)

@@ -46,8 +46,7 @@ def study_cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[st
         return {}
     out: dict[str, list] = {}
     query = f"tags.kind = '{KIND_CELL}'" + (f" and tags.cell_id = '{cell_id}'" if cell_id else "")
-    for run in sorted(search_all(uri, [exp.experiment_id], query),
-                      key=lambda r: r.info.start_time):
+    for run in sorted(search_all(uri, [exp.experiment_id], query), key=lambda r: r.info.start_time):
         out.setdefault(run.data.tags.get("cell_id", ""), []).append(run)
     return out
 
@@ -84,9 +83,18 @@ class TrialContext:
 def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
     import ray
 
-    tags = {"kind": KIND_CELL, "study": ctx.study, "variant": cell.variant, "seed": str(cell.seed),
-            "cell_id": cell.cell_id, "submission": str(ctx.submission), "attempt": str(attempt),
-            "pid": str(os.getpid()), "workers": str(ctx.resources.workers), **ctx.code}
+    tags = {
+        "kind": KIND_CELL,
+        "study": ctx.study,
+        "variant": cell.variant,
+        "seed": str(cell.seed),
+        "cell_id": cell.cell_id,
+        "submission": str(ctx.submission),
+        "attempt": str(attempt),
+        "pid": str(os.getpid()),
+        "workers": str(ctx.resources.workers),
+        **ctx.code,
+    }
     if ray.is_initialized():
         rc = ray.get_runtime_context()
         tags["ray_node"] = rc.get_node_id()
@@ -135,8 +143,10 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
         else:
             result = train(cell.run, where, hooks=[hook])
     except Exception as err:
-        recorded = any(r.data.tags.get("attempt") == str(attempt) and r.data.tags.get("submission") == str(ctx.submission)
-                       for r in study_cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, []))
+        recorded = any(
+            r.data.tags.get("attempt") == str(attempt) and r.data.tags.get("submission") == str(ctx.submission)
+            for r in study_cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
+        )
         if not recorded:
             _record_early_failure(cell, ctx, tags, err)
         raise
@@ -163,8 +173,12 @@ def _ddp_worker(config: dict) -> None:
         if any(k.startswith("val/") for k in metrics):
             ray.train.report({**metrics, "step": step})  # every rank reports at the same points (Train V2)
 
-    options = {"strategy": RayDDPStrategy(), "plugins": [RayLightningEnvironment()], "devices": "auto",
-               "accelerator": "gpu" if ctx.resources.gpus else "cpu"}
+    options = {
+        "strategy": RayDDPStrategy(),
+        "plugins": [RayLightningEnvironment()],
+        "devices": "auto",
+        "accelerator": "gpu" if ctx.resources.gpus else "cpu",
+    }
     result = train(cell.run, where, hooks=[hook], trainer_options=options, prepare=prepare_trainer, log=rank == 0)
     final = {"status": result.status, "run_id": result.run_id, "rank": rank, **result.metrics}
     ray.train.report(final)
@@ -185,8 +199,11 @@ def _run_data_parallel(cell: Cell, ctx: TrialContext, where):
         _ddp_worker,
         train_loop_config={"cell": cell, "ctx": ctx, "where": where},
         scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpus), resources_per_worker=per_worker),
-        run_config=RunConfig(name=f"ddp-{cell.cell_id}-{where.tags.get('attempt', '1')}", storage_path=ctx.storage,
-                             callbacks=[TuneReportCallback()]),
+        run_config=RunConfig(
+            name=f"ddp-{cell.cell_id}-{where.tags.get('attempt', '1')}",
+            storage_path=ctx.storage,
+            callbacks=[TuneReportCallback()],
+        ),
     )
     metrics = trainer.fit().metrics or {}
     summary = {k: v for k, v in metrics.items() if isinstance(v, float)}
@@ -238,7 +255,8 @@ def check_no_live_submission(study: Study, uri: str) -> None:
             raise SubmissionRunning(
                 f"submission {t.get('submission')} of {study.name!r} is still running (pid {t.get('driver_pid')} on "
                 f"{t.get('driver_host')}, MLflow run {run.info.run_id}); two submissions would train the same "
-                "cells: wait for it to end, or stop it, then run the same command again")
+                "cells: wait for it to end, or stop it, then run the same command again"
+            )
 
 
 class Heartbeat(threading.Thread):
@@ -255,7 +273,6 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
-
 
 
 @dataclass
@@ -281,10 +298,14 @@ def plan(study: Study, uri: str) -> Plan:
 
 def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> None:
     width = max(len(c.variant) for c in study.cells)
-    out(f"study {study.name!r} ({study.design}, {len(study.variants)} variants x {len(study.seeds)} seeds): "
-        f"{len(study.cells)} cells, {len(p.done)} done in MLflow, {len(p.todo)} to train")
-    out(f"each trial: {study.resources.describe()}; budget {study.budget or 'from the run file'}; "
-        f"metric {study.metric} ({study.direction})")
+    out(
+        f"study {study.name!r} ({study.design}, {len(study.variants)} variants x {len(study.seeds)} seeds): "
+        f"{len(study.cells)} cells, {len(p.done)} done in MLflow, {len(p.todo)} to train"
+    )
+    out(
+        f"each trial: {study.resources.describe()}; budget {study.budget or 'from the run file'}; "
+        f"metric {study.metric} ({study.direction})"
+    )
     out(f"{'variant':<{width}}  seed  cell id           state")
     for cell in study.cells:
         state = f"done ({cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
@@ -329,8 +350,10 @@ class Progress:
                 mean = sum(self.durations) / len(self.durations)
                 eta = f", about {_duration(mean * -(-left // self.slots))} left"
             counts = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
-            self.out(f"[{_duration(time.monotonic() - self.t0)}] {done}/{self.total} cells done ({counts}), "
-                     f"{len(self.started)} running{eta}  <- {label}: {state}")
+            self.out(
+                f"[{_duration(time.monotonic() - self.t0)}] {done}/{self.total} cells done ({counts}), "
+                f"{len(self.started)} running{eta}  <- {label}: {state}"
+            )
 
 
 def _duration(seconds: float) -> str:
@@ -386,8 +409,17 @@ def summarize(study: Study, uri: str) -> tuple[dict[str, int], list[dict[str, An
         state = cell_state(run) if run is not None else "to train"
         counts[state] += 1
         value = run.data.metrics.get(study.metric) if run is not None else None
-        rows.append({"variant": cell.variant, "seed": cell.seed, "cell_id": cell.cell_id, "state": state,
-                     study.metric: value, "attempts": len(cell_runs), "run_id": run.info.run_id if run else ""})
+        rows.append(
+            {
+                "variant": cell.variant,
+                "seed": cell.seed,
+                "cell_id": cell.cell_id,
+                "state": state,
+                study.metric: value,
+                "attempts": len(cell_runs),
+                "run_id": run.info.run_id if run else "",
+            }
+        )
     counts["skipped"] = len(study.skipped)
     return dict(counts), rows
 
@@ -398,21 +430,31 @@ def format_rows(study: Study, rows: list[dict[str, Any]]) -> str:
     for r in rows:
         v = r[study.metric]
         value = f"{v:.4g}" if isinstance(v, (int, float)) else "-"
-        lines.append(f"{r['variant']:<{width}}  {r['seed']:>4}  {r['state']:<9}  {value:>20}  {r['attempts']:>8}  {r['run_id']}")
+        lines.append(
+            f"{r['variant']:<{width}}  {r['seed']:>4}  {r['state']:<9}  {value:>20}  {r['attempts']:>8}  {r['run_id']}"
+        )
     return "\n".join(lines)
 
 
-def run_study(study: Study, *, address: str | None = None, tracking_uri: str | None = None,
-              max_concurrent: int | None = None, num_cpus: int | None = None,
-              out: Callable[[str], None] = print) -> StudyResult:
+def run_study(
+    study: Study,
+    *,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    max_concurrent: int | None = None,
+    num_cpus: int | None = None,
+    out: Callable[[str], None] = print,
+) -> StudyResult:
     """Run the cells of a study that MLflow does not hold yet; return the summary from MLflow."""
     from ablations.cluster import connect, is_loopback_address
 
     uri = tracking.resolve_uri(tracking_uri)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not is_loopback_address(address) and uri.startswith(("sqlite:", "file:")):
-        raise ValueError(f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
-                         "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)")
+        raise ValueError(
+            f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
+            "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
+        )
     check_no_live_submission(study, uri)
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         from ablations.search import tune_study
@@ -429,10 +471,20 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
         return StudyResult(study.name, None, counts, rows, uri)
 
     parent = _open_submission(study, uri, p)
-    ctx = TrialContext(uri, study.name, parent.run_id, parent.submission, study.resources,
-                       str(tracking.home() / "ray_results"), study.metric, tracking.code_version())
-    out(f"submission {parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} already done "
-        f"(MLflow parent run {parent.run_id})")
+    ctx = TrialContext(
+        uri,
+        study.name,
+        parent.run_id,
+        parent.submission,
+        study.resources,
+        str(tracking.home() / "ray_results"),
+        study.metric,
+        tracking.code_version(),
+    )
+    out(
+        f"submission {parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} already done "
+        f"(MLflow parent run {parent.run_id})"
+    )
     status = tracking.STATUS_FAILED
     conn = None
     heartbeat = Heartbeat(uri, parent.run_id)
@@ -445,16 +497,22 @@ def run_study(study: Study, *, address: str | None = None, tracking_uri: str | N
         slots = max(1, int(total_cpus // study.resources.cpus))
         if max_concurrent or study.max_concurrent:
             slots = min(slots, max_concurrent or study.max_concurrent)
-        out(f"Ray: {'local, started here' if conn.started_here else address} "
-            f"({int(total_cpus)} CPUs, {len(ray.nodes())} node(s)); up to {slots} trial(s) at once")
+        out(
+            f"Ray: {'local, started here' if conn.started_here else address} "
+            f"({int(total_cpus)} CPUs, {len(ray.nodes())} node(s)); up to {slots} trial(s) at once"
+        )
         _tune(study, p.todo, ctx, slots, max_concurrent or study.max_concurrent, out)
         status = tracking.STATUS_FINISHED
     except KeyboardInterrupt:
         status = tracking.STATUS_KILLED
         raise
     finally:
-        for run in [r for runs in study_cell_runs(uri, study.name).values() for r in runs
-                    if r.info.status == "RUNNING" and r.data.tags.get("submission") == str(parent.submission)]:
+        for run in [
+            r
+            for runs in study_cell_runs(uri, study.name).values()
+            for r in runs
+            if r.info.status == "RUNNING" and r.data.tags.get("submission") == str(parent.submission)
+        ]:
             mark_killed(uri, run, "the submission stopped before the trial finished")
         counts, rows = summarize(study, uri)
         if status == tracking.STATUS_FINISHED and (counts.get("to train") or counts.get("killed")):
@@ -485,12 +543,18 @@ def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: 
     tuner = tune.Tuner(
         trainable,
         param_space={"cell_id": tune.grid_search(list(cells))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=limit or (slots if study.resources.workers > 1 else None),
-                                    reuse_actors=True,
-                                    trial_dirname_creator=lambda t: f"{t.config['cell_id']}-{t.trial_id}"),
-        run_config=tune.RunConfig(name=f"{study.name}-{ctx.submission}-{int(time.time())}", storage_path=str(storage),
-                                  verbose=0, failure_config=tune.FailureConfig(max_failures=study.retries),
-                                  callbacks=[_tune_callback(progress, labels)]),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=limit or (slots if study.resources.workers > 1 else None),
+            reuse_actors=True,
+            trial_dirname_creator=lambda t: f"{t.config['cell_id']}-{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=f"{study.name}-{ctx.submission}-{int(time.time())}",
+            storage_path=str(storage),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=study.retries),
+            callbacks=[_tune_callback(progress, labels)],
+        ),
     )
     tuner.fit()
 
@@ -506,8 +570,9 @@ class Submission:
 
         c = tracking.client(self.uri)
         now = int(time.time() * 1000)
-        c.log_batch(self.run_id, metrics=[Metric(f"cells_{k.replace(' ', '_')}", float(v), now, 0)
-                                          for k, v in counts.items()])
+        c.log_batch(
+            self.run_id, metrics=[Metric(f"cells_{k.replace(' ', '_')}", float(v), now, 0) for k, v in counts.items()]
+        )
         c.log_text(self.run_id, table + "\n", "summary.txt")
         c.log_text(self.run_id, json.dumps(rows, indent=1, default=str), "cells.json")
         c.set_tag(self.run_id, "status_detail", status)
@@ -525,23 +590,44 @@ def _open_submission(study: Study, uri: str, p: Plan) -> Submission:
             c.set_tag(run.info.run_id, "status_detail", "killed: the driver stopped before the submission ended")
             c.set_terminated(run.info.run_id, "KILLED")
     number = 1 + max([int(r.data.tags.get("submission", 0)) for r in previous] or [0])
-    tags = {"kind": KIND_STUDY, "study": study.name, "submission": str(number), "design": study.design,
-            "driver_host": socket.gethostname(), "driver_pid": str(os.getpid()),
-            "cells": str(len(study.cells)), "cells_to_train": str(len(p.todo)), "status_detail": "running",
-            **tracking.code_version()}
+    tags = {
+        "kind": KIND_STUDY,
+        "study": study.name,
+        "submission": str(number),
+        "design": study.design,
+        "driver_host": socket.gethostname(),
+        "driver_pid": str(os.getpid()),
+        "cells": str(len(study.cells)),
+        "cells_to_train": str(len(p.todo)),
+        "status_detail": "running",
+        **tracking.code_version(),
+    }
     run = c.create_run(exp_id, tags=tags, run_name=f"{study.name} #{number}")
-    params = [Param("design", study.design), Param("axes", ",".join(study.axes)[:6000]),
-              Param("seeds", ",".join(map(str, study.seeds))), Param("metric", study.metric),
-              Param("direction", study.direction), Param("resources", study.resources.describe())]
+    params = [
+        Param("design", study.design),
+        Param("axes", ",".join(study.axes)[:6000]),
+        Param("seeds", ",".join(map(str, study.seeds))),
+        Param("metric", study.metric),
+        Param("direction", study.direction),
+        Param("resources", study.resources.describe()),
+    ]
     c.log_batch(run.info.run_id, params=params)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "study.yaml"
         copy.write_text(Path(study.source).read_text())
         c.log_artifact(run.info.run_id, str(copy))
-    design = {"kind": study.design, "axes": study.axes, "metric": study.metric, "direction": study.direction,
-              "variants": [{"name": v, "settings": {k: str(x) for k, x in s.items()}}
-                           for v, s in dict((c.variant, c.settings) for c in study.cells).items()],
-              "seeds": study.seeds, "skipped": [vars(s) for s in study.skipped]}
+    design = {
+        "kind": study.design,
+        "axes": study.axes,
+        "metric": study.metric,
+        "direction": study.direction,
+        "variants": [
+            {"name": v, "settings": {k: str(x) for k, x in s.items()}}
+            for v, s in dict((c.variant, c.settings) for c in study.cells).items()
+        ],
+        "seeds": study.seeds,
+        "skipped": [vars(s) for s in study.skipped],
+    }
     c.log_dict(run.info.run_id, design, "design.json")
     if study.description:
         c.set_tag(run.info.run_id, "mlflow.note.content", study.description)

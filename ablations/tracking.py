@@ -109,8 +109,11 @@ def experiment_id(uri: str, name: str) -> str:
     location = artifact_root(uri)
     try:
         # MLflow's UI opens experiments of unknown kind on its GenAI pages; ours are model training
-        return c.create_experiment(name, artifact_location=f"{location}/{name}" if location else None,
-                                   tags={"mlflow.experimentKind": "custom_model_development"})
+        return c.create_experiment(
+            name,
+            artifact_location=f"{location}/{name}" if location else None,
+            tags={"mlflow.experimentKind": "custom_model_development"},
+        )
     except MlflowException:  # created meanwhile by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:

@@ -71,10 +71,14 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080)
     """``ablate ui --optuna``: optuna-dashboard on the searches' storage (loopback unless told otherwise)."""
     url = storage or os.environ.get("ABLATE_OPTUNA_STORAGE") or f"sqlite:///{tracking.home() / 'optuna.db'}"
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
-        print(f"no searches yet: {url} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)")
+        print(
+            f"no searches yet: {url} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)"
+        )
         return 2
     if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr)
+        print(
+            f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr
+        )
     print(f"optuna-dashboard on {url}\nopen http://{host}:{port} (Ctrl-C stops it)", flush=True)
     proc = subprocess.Popen(optuna_dashboard_command(url, host, port))
     try:

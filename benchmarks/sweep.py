@@ -31,8 +31,15 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only
 
 
 def write_study(folder: Path, name: str, base: dict, seeds: int, max_concurrent: int | None) -> Path:
-    study = {"name": name, "base": base, "design": {"variants": [{"name": "base", "set": {}}]}, "seeds": seeds,
-             "metric": "final/val_loss", "resources": {"cpus": 1}, "max_cells": 10_000}
+    study = {
+        "name": name,
+        "base": base,
+        "design": {"variants": [{"name": "base", "set": {}}]},
+        "seeds": seeds,
+        "metric": "final/val_loss",
+        "resources": {"cpus": 1},
+        "max_cells": 10_000,
+    }
     if max_concurrent:
         study["max_concurrent"] = max_concurrent
     path = folder / f"{name}.yaml"
@@ -83,8 +90,16 @@ def overhead(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
     seq, swp = med["sequential"], med["sweep"]
     per_trial = (swp - med["startup"] - med["teardown"] - seq) / args.cells
     trial = seq / args.cells
-    results = {"cells": args.cells, "steps": args.steps, "repeats": args.repeats, "wall_s": rows, "medians": med,
-               "ratio": swp / seq, "fixed_cost_per_trial_s": per_trial, "trial_s": trial}
+    results = {
+        "cells": args.cells,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "wall_s": rows,
+        "medians": med,
+        "ratio": swp / seq,
+        "fixed_cost_per_trial_s": per_trial,
+        "trial_s": trial,
+    }
     lines = [
         "## Overhead: `ablate sweep`, one trial at a time, against the same cells one after another",
         "",
@@ -105,9 +120,11 @@ def scale(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
     from ablations.study import load_study
     from ablations.sweep import run_study
 
-    base = {"task": {"name": "reverse", "train_size": 200, "max_len": 5},
-            "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
-            "training": {"max_steps": 5, "val_every": 5, "batch_size": 16, "eval_batch_size": 100}}
+    base = {
+        "task": {"name": "reverse", "train_size": 200, "max_len": 5},
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+        "training": {"max_steps": 5, "val_every": 5, "batch_size": 16, "eval_batch_size": 100},
+    }
     uri = f"sqlite:///{tmp}/scale.db"
     study = load_study(write_study(tmp, "scale", base, args.cells, None))
     t = time.perf_counter()
@@ -119,9 +136,17 @@ def scale(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
     fg = sum(float(r.data.tags.get("tracking_seconds", 0)) for r in runs)
     bg = sum(float(r.data.tags.get("logging_seconds", 0)) for r in runs)
     trial = statistics.median((r.info.end_time - r.info.start_time) / 1000 for r in runs)
-    results = {"cells": args.cells, "wall_s": wall, "cells_per_min": args.cells / wall * 60, "exactly_once": once,
-               "counts": result.counts, "runs": len(runs), "mlflow_foreground_s": fg, "mlflow_background_s": bg,
-               "median_run_s": trial}
+    results = {
+        "cells": args.cells,
+        "wall_s": wall,
+        "cells_per_min": args.cells / wall * 60,
+        "exactly_once": once,
+        "counts": result.counts,
+        "runs": len(runs),
+        "mlflow_foreground_s": fg,
+        "mlflow_background_s": bg,
+        "median_run_s": trial,
+    }
     lines = [
         f"## Scale: {args.cells} tiny cells (5 steps each) on a local Ray with {os.cpu_count()} CPUs",
         "",

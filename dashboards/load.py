@@ -90,8 +90,13 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
             return json.load(f)
     if parents:  # the parent's params at least
         p = parents[-1].data.params
-        return {"kind": p.get("design", ""), "axes": [a for a in p.get("axes", "").split(",") if a], "variants": [],
-                "metric": p.get("metric", "final/val_loss"), "direction": p.get("direction", "minimize")}
+        return {
+            "kind": p.get("design", ""),
+            "axes": [a for a in p.get("axes", "").split(",") if a],
+            "variants": [],
+            "metric": p.get("metric", "final/val_loss"),
+            "direction": p.get("direction", "minimize"),
+        }
     return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
 
 
@@ -104,8 +109,10 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     if exp is None:
         names = sorted(e.name for e in c.search_experiments())
         raise NoResults(f"no study {study!r} in {uri}; studies there: {', '.join(names) or 'none'}")
-    parents = sorted(search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_STUDY}'"),
-                     key=lambda r: int(r.data.tags.get("submission", 0)))
+    parents = sorted(
+        search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_STUDY}'"),
+        key=lambda r: int(r.data.tags.get("submission", 0)),
+    )
     filt = f"tags.kind = '{KIND_CELL}'"
     if submission is not None:
         filt += f" and tags.submission = '{submission}'"

@@ -12,8 +12,7 @@ import numpy as np
 from dashboards.load import StudyRuns, metric_history
 from dashboards.table import COSTS, Table
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22"]
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
 
 
 def _rgba(hex_colour: str, alpha: float) -> str:
@@ -53,14 +52,35 @@ def learning_curves(runs: StudyRuns, key: str = "val/loss", by: str = "step"):
         with np.errstate(all="ignore"):
             mean, lo, hi = np.nanmean(grid, 0), np.nanmin(grid, 0), np.nanmax(grid, 0)
         if len(seeds) > 1:
-            fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
-                                     fillcolor=_rgba(colour, 0.15), line={"width": 0}, hoverinfo="skip",
-                                     showlegend=False, legendgroup=variant))
-        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=f"{variant} (n={len(seeds)})",
-                                 line={"color": colour}, legendgroup=variant))
-    fig.update_layout(title=f"{key} by {'step' if by == 'step' else 'wall-clock seconds'} (mean over seeds, band: "
-                      "min to max)", xaxis_title="step" if by == "step" else "seconds", yaxis_title=key,
-                      template="plotly_white", height=420)
+            fig.add_trace(
+                go.Scatter(
+                    x=list(x) + list(x)[::-1],
+                    y=list(hi) + list(lo)[::-1],
+                    fill="toself",
+                    fillcolor=_rgba(colour, 0.15),
+                    line={"width": 0},
+                    hoverinfo="skip",
+                    showlegend=False,
+                    legendgroup=variant,
+                )
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=mean,
+                mode="lines",
+                name=f"{variant} (n={len(seeds)})",
+                line={"color": colour},
+                legendgroup=variant,
+            )
+        )
+    fig.update_layout(
+        title=f"{key} by {'step' if by == 'step' else 'wall-clock seconds'} (mean over seeds, band: min to max)",
+        xaxis_title="step" if by == "step" else "seconds",
+        yaxis_title=key,
+        template="plotly_white",
+        height=420,
+    )
     return fig
 
 
@@ -73,19 +93,31 @@ def forest(table: Table):
     diffs = [r.paired.mean_diff for r in rows]
     lo = [r.paired.mean_diff - r.paired.ci_t[0] if math.isfinite(r.paired.ci_t[0]) else 0 for r in rows]
     hi = [r.paired.ci_t[1] - r.paired.mean_diff if math.isfinite(r.paired.ci_t[1]) else 0 for r in rows]
-    fig = go.Figure(go.Scatter(x=diffs, y=names, mode="markers", marker={"size": 10, "color": PALETTE[0]},
-                               error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
-                               hovertemplate="%{y}: %{x:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=diffs,
+            y=names,
+            mode="markers",
+            marker={"size": 10, "color": PALETTE[0]},
+            error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
+            hovertemplate="%{y}: %{x:.4g}<extra></extra>",
+        )
+    )
     fig.add_vline(x=0, line_dash="dash", line_color="grey")
     better = "right" if table.direction == "maximize" else "left"
-    fig.update_layout(title=f"Δ {table.metric} against {table.baseline} (95% CI; better to the {better})",
-                      xaxis_title=f"Δ {table.metric}", template="plotly_white",
-                      height=160 + 40 * max(1, len(rows)), yaxis={"autorange": "reversed"})
+    fig.update_layout(
+        title=f"Δ {table.metric} against {table.baseline} (95% CI; better to the {better})",
+        xaxis_title=f"Δ {table.metric}",
+        template="plotly_white",
+        height=160 + 40 * max(1, len(rows)),
+        yaxis={"autorange": "reversed"},
+    )
     return fig
 
 
 def pareto_front(points: list[tuple[float, float]], maximize_quality: bool, cost_lower_is_better: bool) -> list[int]:
     """Indices of the points no other point beats on both quality and cost."""
+
     def better_or_equal(a, b) -> bool:
         q = a[0] >= b[0] if maximize_quality else a[0] <= b[0]
         c = a[1] <= b[1] if cost_lower_is_better else a[1] >= b[1]
@@ -107,15 +139,34 @@ def quality_vs_cost(table: Table, cost: str = "cost/wall_time_s"):
     lower_is_better = cost != "cost/tokens_per_s"
     front = sorted(pareto_front(pts, table.direction == "maximize", lower_is_better), key=lambda i: pts[i][1])
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=[p[1] for p in pts], y=[p[0] for p in pts], mode="markers+text",
-                             text=[r.variant for r in rows], textposition="top center", name="variants",
-                             marker={"size": 10, "color": [PALETTE[1] if i in front else PALETTE[0]
-                                                           for i in range(len(rows))]}))
+    fig.add_trace(
+        go.Scatter(
+            x=[p[1] for p in pts],
+            y=[p[0] for p in pts],
+            mode="markers+text",
+            text=[r.variant for r in rows],
+            textposition="top center",
+            name="variants",
+            marker={"size": 10, "color": [PALETTE[1] if i in front else PALETTE[0] for i in range(len(rows))]},
+        )
+    )
     if len(front) > 1:
-        fig.add_trace(go.Scatter(x=[pts[i][1] for i in front], y=[pts[i][0] for i in front], mode="lines",
-                                 name="Pareto front", line={"dash": "dot", "color": PALETTE[1]}))
-    fig.update_layout(title=f"{table.metric} against {label} (red: the Pareto front)", xaxis_title=label,
-                      yaxis_title=table.metric, template="plotly_white", height=420)
+        fig.add_trace(
+            go.Scatter(
+                x=[pts[i][1] for i in front],
+                y=[pts[i][0] for i in front],
+                mode="lines",
+                name="Pareto front",
+                line={"dash": "dot", "color": PALETTE[1]},
+            )
+        )
+    fig.update_layout(
+        title=f"{table.metric} against {label} (red: the Pareto front)",
+        xaxis_title=label,
+        yaxis_title=table.metric,
+        template="plotly_white",
+        height=420,
+    )
     return fig
 
 

@@ -61,13 +61,18 @@ def effects_html(runs: StudyRuns, metric: str) -> str:
         lo, hi = e.ci_t
         return "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
 
-    rows = "".join(f"<tr><td>{html.escape(e.factor)}</td><td>{html.escape(e.level)} vs {html.escape(e.reference)}</td>"
-                   f"<td>{e.estimate:+.4g}</td><td>{ci(e)}</td><td>{e.n}</td></tr>" for e in effects)
-    return ("<h2>Factorial effects</h2><p class='legend'>Main effects: the mean of the metric at a level minus at the "
-            "reference level, averaged over the other axes, per seed; interactions: the difference of differences. "
-            "Means over seeds with 95% Student-t intervals.</p><table><thead><tr><th>factor</th><th>levels</th>"
-            f"<th>effect on {html.escape(metric)}</th><th>95% CI</th><th>seeds</th></tr></thead><tbody>{rows}</tbody>"
-            "</table>")
+    rows = "".join(
+        f"<tr><td>{html.escape(e.factor)}</td><td>{html.escape(e.level)} vs {html.escape(e.reference)}</td>"
+        f"<td>{e.estimate:+.4g}</td><td>{ci(e)}</td><td>{e.n}</td></tr>"
+        for e in effects
+    )
+    return (
+        "<h2>Factorial effects</h2><p class='legend'>Main effects: the mean of the metric at a level minus at the "
+        "reference level, averaged over the other axes, per seed; interactions: the difference of differences. "
+        "Means over seeds with 95% Student-t intervals.</p><table><thead><tr><th>factor</th><th>levels</th>"
+        f"<th>effect on {html.escape(metric)}</th><th>95% CI</th><th>seeds</th></tr></thead><tbody>{rows}</tbody>"
+        "</table>"
+    )
 
 
 def cells_html(runs: StudyRuns, metric: str) -> str:
@@ -76,20 +81,27 @@ def cells_html(runs: StudyRuns, metric: str) -> str:
     for _, r in df.iterrows():
         value = r.get(metric, math.nan)
         shown = f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else "–"
-        rows.append(f"<tr><td>{html.escape(str(r['variant']))}</td><td>{r['seed']}</td><td>{html.escape(r['state'])}</td>"
-                    f"<td>{shown}</td><td>{r['attempts']}</td><td><a target='_top' href='{html.escape(run_link(runs, r['run_id']))}'>"
-                    f"{r['run_id'][:8]}</a></td><td style='text-align:left'>{html.escape(str(r['detail'])[:120])}</td></tr>")
-    return ("<h2>Cells</h2><table class='cells'><thead><tr><th>variant</th><th>seed</th><th>state</th>"
-            f"<th>{html.escape(metric)}</th><th>attempts</th><th>run</th><th>detail</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
+        rows.append(
+            f"<tr><td>{html.escape(str(r['variant']))}</td><td>{r['seed']}</td><td>{html.escape(r['state'])}</td>"
+            f"<td>{shown}</td><td>{r['attempts']}</td><td><a target='_top' href='{html.escape(run_link(runs, r['run_id']))}'>"
+            f"{r['run_id'][:8]}</a></td><td style='text-align:left'>{html.escape(str(r['detail'])[:120])}</td></tr>"
+        )
+    return (
+        "<h2>Cells</h2><table class='cells'><thead><tr><th>variant</th><th>seed</th><th>state</th>"
+        f"<th>{html.escape(metric)}</th><th>attempts</th><th>run</th><th>detail</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
 
 
 def render_html(runs: StudyRuns, table: Table, study_text: str, description: str) -> str:
     figs = all_figures(runs, table)
     parts, first = [], True
     for title, fig in figs:
-        parts.append(f"<h3>{html.escape(title)}</h3>" + fig.to_html(full_html=False, include_plotlyjs=first,
-                                                                       config={"displaylogo": False}))
+        parts.append(
+            f"<h3>{html.escape(title)}</h3>"
+            + fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False})
+        )
         first = False
     links = {}
     for variant in runs.variants:
@@ -103,15 +115,15 @@ def render_html(runs: StudyRuns, table: Table, study_text: str, description: str
 <h1>{html.escape(runs.name)}</h1>
 <p class="sub">{html.escape(description)}</p>
 <p class="sub">{len(runs.cells)} cells over {n_sub} submission(s); metric {html.escape(table.metric)}
-({'higher' if table.direction == 'maximize' else 'lower'} is better); baseline {html.escape(table.baseline)};
+({"higher" if table.direction == "maximize" else "lower"} is better); baseline {html.escape(table.baseline)};
 generated {stamp} from {html.escape(runs.uri)}.</p>
 <h2>Ablation table</h2>
 {to_html(table, links)}
 {effects_html(runs, table.metric)}
 <h2>Plots</h2>
-{''.join(parts) or '<p>No metric histories to plot.</p>'}
+{"".join(parts) or "<p>No metric histories to plot.</p>"}
 {cells_html(runs, table.metric)}
-<h2>Study file</h2><pre>{html.escape(study_text or '(not recorded)')}</pre>
+<h2>Study file</h2><pre>{html.escape(study_text or "(not recorded)")}</pre>
 </body></html>"""
 
 
@@ -125,8 +137,16 @@ def _study_text(runs: StudyRuns) -> str:
         return ""
 
 
-def make_report(uri: str, study: str, *, metric: str | None = None, baseline: str | None = None,
-                submission: int | None = None, out_dir: Path | None = None, log: bool = True) -> Report:
+def make_report(
+    uri: str,
+    study: str,
+    *,
+    metric: str | None = None,
+    baseline: str | None = None,
+    submission: int | None = None,
+    out_dir: Path | None = None,
+    log: bool = True,
+) -> Report:
     """Build the table and the report, write them to ``out_dir`` and log them to the latest parent run."""
     runs = load_study(uri, study, submission=submission)
     table = build(runs, metric, baseline=baseline)
@@ -135,8 +155,13 @@ def make_report(uri: str, study: str, *, metric: str | None = None, baseline: st
     page = render_html(runs, table, _study_text(runs), description)
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"html": out_dir / "report.html", "markdown": out_dir / "table.md", "latex": out_dir / "table.tex",
-             "csv": out_dir / "table.csv", "json": out_dir / "table.json"}
+    files = {
+        "html": out_dir / "report.html",
+        "markdown": out_dir / "table.md",
+        "latex": out_dir / "table.tex",
+        "csv": out_dir / "table.csv",
+        "json": out_dir / "table.json",
+    }
     files["html"].write_text(page)
     files["markdown"].write_text(to_markdown(table))
     files["latex"].write_text(to_latex(table))

@@ -74,8 +74,9 @@ def describe(values: Iterable[float], *, confidence: float = 0.95, n_boot: int =
         return Summary(0, NAN, NAN, NAN, NAN2, NAN2)
     std = float(np.std(x, ddof=1)) if len(x) > 1 else NAN
     sem = std / math.sqrt(len(x)) if len(x) > 1 else NAN
-    return Summary(len(x), float(x.mean()), std, sem, _t_interval(x, confidence),
-                   _boot_interval(x, confidence, n_boot, seed))
+    return Summary(
+        len(x), float(x.mean()), std, sem, _t_interval(x, confidence), _boot_interval(x, confidence, n_boot, seed)
+    )
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,18 @@ class Paired:
     p_holm: float = NAN
 
 
-def paired(baseline: dict[int, float], variant: dict[int, float], *, confidence: float = 0.95, n_boot: int = 10_000,
-           seed: int = 0) -> Paired:
+def paired(
+    baseline: dict[int, float],
+    variant: dict[int, float],
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Paired:
     """variant - baseline over the seeds where both have a finite value."""
-    seeds = tuple(sorted(s for s in set(baseline) & set(variant)
-                         if _finite([baseline[s]]).size and _finite([variant[s]]).size))
+    seeds = tuple(
+        sorted(s for s in set(baseline) & set(variant) if _finite([baseline[s]]).size and _finite([variant[s]]).size)
+    )
     d = np.array([float(variant[s]) - float(baseline[s]) for s in seeds])
     if len(d) == 0:
         return Paired(0, (), NAN, NAN2, NAN2, NAN, NAN, NAN)
@@ -113,8 +121,9 @@ def paired(baseline: dict[int, float], variant: dict[int, float], *, confidence:
             p_t = float(sps.ttest_rel(b, a).pvalue) if sd > 0 else NAN
             p_w = float(sps.wilcoxon(b, a).pvalue)
         effect = mean / sd if sd > 0 else NAN
-    return Paired(len(d), seeds, mean, _t_interval(d, confidence), _boot_interval(d, confidence, n_boot, seed),
-                  p_t, p_w, effect)
+    return Paired(
+        len(d), seeds, mean, _t_interval(d, confidence), _boot_interval(d, confidence, n_boot, seed), p_t, p_w, effect
+    )
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -183,8 +192,9 @@ def _cell_means(df: Any, factors: list[str], metric: str, seed_col: str) -> dict
     return out
 
 
-def main_effects(df: Any, factors: list[str], metric: str, seed_col: str = "seed",
-                 confidence: float = 0.95) -> list[Effect]:
+def main_effects(
+    df: Any, factors: list[str], metric: str, seed_col: str = "seed", confidence: float = 0.95
+) -> list[Effect]:
     cells = _cell_means(df, factors, metric, seed_col)
     effects = []
     for i, factor in enumerate(factors):
@@ -212,8 +222,9 @@ def _with(key: tuple, i: int, x: str, j: int, y: str) -> tuple:
     return tuple(k)
 
 
-def interactions(df: Any, factors: list[str], metric: str, seed_col: str = "seed",
-                 confidence: float = 0.95) -> list[Effect]:
+def interactions(
+    df: Any, factors: list[str], metric: str, seed_col: str = "seed", confidence: float = 0.95
+) -> list[Effect]:
     cells = _cell_means(df, factors, metric, seed_col)
     effects = []
     for i in range(len(factors)):
@@ -228,12 +239,17 @@ def interactions(df: Any, factors: list[str], metric: str, seed_col: str = "seed
                             if key[i] != a or key[j] != b:
                                 continue
 
-                            corners = [_with(key, i, x, j, y) for x, y in ((a, b), (li[0], b), (a, lj[0]), (li[0], lj[0]))]
+                            corners = [
+                                _with(key, i, x, j, y) for x, y in ((a, b), (li[0], b), (a, lj[0]), (li[0], lj[0]))
+                            ]
                             if all(c in values for c in corners):
                                 y = [values[c] for c in corners]
                                 dd.append((y[0] - y[1]) - (y[2] - y[3]))
                         if dd:
                             per_seed.append(float(np.mean(dd)))
-                    effects.append(_effect(f"{factors[i]} x {factors[j]}", f"{a} x {b}", f"{li[0]} x {lj[0]}",
-                                           per_seed, confidence))
+                    effects.append(
+                        _effect(
+                            f"{factors[i]} x {factors[j]}", f"{a} x {b}", f"{li[0]} x {lj[0]}", per_seed, confidence
+                        )
+                    )
     return effects

@@ -17,8 +17,12 @@ from typing import Any
 from dashboards import stats
 from dashboards.load import StudyRuns
 
-COSTS = [("cost/n_params", "params"), ("cost/tokens_per_s", "tokens/s"), ("cost/wall_time_s", "wall s"),
-         ("cost/peak_memory_mb", "peak MB")]
+COSTS = [
+    ("cost/n_params", "params"),
+    ("cost/tokens_per_s", "tokens/s"),
+    ("cost/wall_time_s", "wall s"),
+    ("cost/peak_memory_mb", "peak MB"),
+]
 
 
 @dataclass
@@ -53,14 +57,31 @@ class Table:
         out = []
         for r in self.rows:
             s, p = r.summary, r.paired
-            rec = {"variant": r.variant, "changed": r.changed, "n": s.n, "mean": s.mean, "std": s.std,
-                   "ci_low": s.ci_t[0], "ci_high": s.ci_t[1], "boot_low": s.ci_boot[0], "boot_high": s.ci_boot[1],
-                   "diff": p.mean_diff if p else math.nan, "diff_low": p.ci_t[0] if p else math.nan,
-                   "diff_high": p.ci_t[1] if p else math.nan, "n_paired": p.n if p else 0,
-                   "p_t": p.p_t if p else math.nan, "p_wilcoxon": p.p_wilcoxon if p else math.nan,
-                   "p_holm": p.p_holm if p else math.nan, "effect_size": p.effect_size if p else math.nan,
-                   "marks": r.marks, "cells": r.rates.n, "finished": r.rates.finished, "diverged": r.rates.diverged,
-                   "failed": r.rates.failed, "best": r.best}
+            rec = {
+                "variant": r.variant,
+                "changed": r.changed,
+                "n": s.n,
+                "mean": s.mean,
+                "std": s.std,
+                "ci_low": s.ci_t[0],
+                "ci_high": s.ci_t[1],
+                "boot_low": s.ci_boot[0],
+                "boot_high": s.ci_boot[1],
+                "diff": p.mean_diff if p else math.nan,
+                "diff_low": p.ci_t[0] if p else math.nan,
+                "diff_high": p.ci_t[1] if p else math.nan,
+                "n_paired": p.n if p else 0,
+                "p_t": p.p_t if p else math.nan,
+                "p_wilcoxon": p.p_wilcoxon if p else math.nan,
+                "p_holm": p.p_holm if p else math.nan,
+                "effect_size": p.effect_size if p else math.nan,
+                "marks": r.marks,
+                "cells": r.rates.n,
+                "finished": r.rates.finished,
+                "diverged": r.rates.diverged,
+                "failed": r.rates.failed,
+                "best": r.best,
+            }
             rec.update({label: r.costs.get(key, math.nan) for key, label in COSTS})
             out.append(rec)
         return out
@@ -87,7 +108,9 @@ def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = 
         raise stats_error(runs, metric)
     baseline = baseline or runs.baseline
     if baseline not in runs.variants:
-        raise ValueError(f"baseline {baseline!r} is not a variant of {runs.name!r}; variants: {', '.join(runs.variants)}")
+        raise ValueError(
+            f"baseline {baseline!r} is not a variant of {runs.name!r}; variants: {', '.join(runs.variants)}"
+        )
 
     def values(variant: str) -> dict[int, float]:
         sub = cells[(cells["variant"] == variant) & cells["state"].isin(["finished"])]
@@ -109,8 +132,16 @@ def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = 
         if variant != baseline:
             paired = stats.paired(base_values, vals, n_boot=n_boot)
             comparisons[variant] = paired
-        rows.append(VariantRow(variant, _changed(runs.design, variant, baseline), stats.describe(vals.values(), n_boot=n_boot),
-                               paired, stats.rates(sub["state"]), costs))
+        rows.append(
+            VariantRow(
+                variant,
+                _changed(runs.design, variant, baseline),
+                stats.describe(vals.values(), n_boot=n_boot),
+                paired,
+                stats.rates(sub["state"]),
+                costs,
+            )
+        )
     for variant, p in stats.holm_adjust(comparisons).items():
         next(r for r in rows if r.variant == variant).paired = p
     means = [r.summary.mean for r in rows if r.summary.n and math.isfinite(r.summary.mean)]
@@ -166,14 +197,31 @@ def _p(p: stats.Paired | None) -> str:
 
 def header(t: Table) -> list[str]:
     arrow = "↑" if t.direction == "maximize" else "↓"
-    return ["variant", "changed", f"{t.metric} {arrow} (mean ± 95% CI)", "Δ vs baseline [95% CI]", "p (Holm)",
-            "n", "diverged", "failed", *[label for _, label in COSTS]]
+    return [
+        "variant",
+        "changed",
+        f"{t.metric} {arrow} (mean ± 95% CI)",
+        "Δ vs baseline [95% CI]",
+        "p (Holm)",
+        "n",
+        "diverged",
+        "failed",
+        *[label for _, label in COSTS],
+    ]
 
 
 def cells_text(t: Table, r: VariantRow) -> list[str]:
-    return [r.variant, r.changed, _pm(r.summary), _diff(r.paired) + (f" {r.marks}" if r.marks else ""), _p(r.paired),
-            f"{r.rates.finished}/{r.rates.n}", str(r.rates.diverged), str(r.rates.failed),
-            *[_cost(key, r.costs.get(key, math.nan)) for key, _ in COSTS]]
+    return [
+        r.variant,
+        r.changed,
+        _pm(r.summary),
+        _diff(r.paired) + (f" {r.marks}" if r.marks else ""),
+        _p(r.paired),
+        f"{r.rates.finished}/{r.rates.n}",
+        str(r.rates.diverged),
+        str(r.rates.failed),
+        *[_cost(key, r.costs.get(key, math.nan)) for key, _ in COSTS],
+    ]
 
 
 def _cost(key: str, x: float) -> str:
@@ -185,10 +233,12 @@ def _cost(key: str, x: float) -> str:
 
 
 def legend(t: Table) -> str:
-    return (f"Mean over seeds with the 95% Student-t interval; Δ = variant − baseline ({t.baseline}) over the seeds "
-            "both have, paired t-test p-values Holm-corrected across variants (* < 0.05, ** < 0.01, *** < 0.001); "
-            f"n = finished cells / cells; best mean in bold ({'higher' if t.direction == 'maximize' else 'lower'} "
-            "is better).")
+    return (
+        f"Mean over seeds with the 95% Student-t interval; Δ = variant − baseline ({t.baseline}) over the seeds "
+        "both have, paired t-test p-values Holm-corrected across variants (* < 0.05, ** < 0.01, *** < 0.001); "
+        f"n = finished cells / cells; best mean in bold ({'higher' if t.direction == 'maximize' else 'lower'} "
+        "is better)."
+    )
 
 
 def to_terminal(t: Table) -> str:
@@ -213,17 +263,37 @@ def to_markdown(t: Table) -> str:
 
 
 def _tex(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"), ("_", r"\_"),
-                 ("{", r"\{"), ("}", r"\}"), ("±", r"$\pm$"), ("Δ", r"$\Delta$"), ("↑", r"$\uparrow$"),
-                 ("↓", r"$\downarrow$"), ("–", "--"), ("−", "-")):
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("$", r"\$"),
+        ("#", r"\#"),
+        ("_", r"\_"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("±", r"$\pm$"),
+        ("Δ", r"$\Delta$"),
+        ("↑", r"$\uparrow$"),
+        ("↓", r"$\downarrow$"),
+        ("–", "--"),
+        ("−", "-"),
+    ):
         s = s.replace(a, b)
     return s
 
 
 def to_latex(t: Table) -> str:
     head = header(t)
-    out = [r"\begin{table}[t]", r"\centering", r"\small", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
-           r"\toprule", " & ".join(_tex(h) for h in head) + r" \\", r"\midrule"]
+    out = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
+        r"\toprule",
+        " & ".join(_tex(h) for h in head) + r" \\",
+        r"\midrule",
+    ]
     for i, r in enumerate(t.rows):
         c = [_tex(x) for x in cells_text(t, r)]
         if r.best:
@@ -231,8 +301,13 @@ def to_latex(t: Table) -> str:
         out.append(" & ".join(c) + r" \\")
         if i == 0 and r.variant == t.baseline:
             out.append(r"\midrule")
-    out += [r"\bottomrule", r"\end{tabular}", r"\caption{" + _tex(f"{t.study}: " + legend(t)) + "}",
-            r"\label{tab:" + t.study.replace("_", "-") + "}", r"\end{table}"]
+    out += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\caption{" + _tex(f"{t.study}: " + legend(t)) + "}",
+        r"\label{tab:" + t.study.replace("_", "-") + "}",
+        r"\end{table}",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -258,8 +333,10 @@ def to_html(t: Table, links: dict[str, str] | None = None) -> str:
         cls = ' class="baseline"' if r.variant == t.baseline else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{x}</td>" for x in c) + "</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in t.notes)
-    return (f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            f'<p class="legend">{html.escape(legend(t))}</p>' + (f"<ul class='notes'>{notes}</ul>" if notes else ""))
+    return (
+        f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<p class="legend">{html.escape(legend(t))}</p>' + (f"<ul class='notes'>{notes}</ul>" if notes else "")
+    )
 
 
 RENDERERS = {"terminal": to_terminal, "markdown": to_markdown, "latex": to_latex, "csv": to_csv, "html": to_html}

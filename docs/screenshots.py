@@ -1,7 +1,7 @@
 """Screenshots of the MLflow UI for docs/mlflow-ui.md, taken from a real study's store with headless Chromium.
 
-    cd SOMEWHERE && ablate sweep ablations/studies/quickstart.yaml && ablate report quickstart
-    python docs/screenshots.py SOMEWHERE/.ablate/mlflow.db quickstart
+cd SOMEWHERE && ablate sweep ablations/studies/quickstart.yaml && ablate report quickstart
+python docs/screenshots.py SOMEWHERE/.ablate/mlflow.db quickstart
 """
 
 from __future__ import annotations
@@ -15,22 +15,38 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(db: str, study: str) -> None:
+    import subprocess
+
     from mlflow import MlflowClient
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     from tests.conftest import free_port, stop, wait_for_http
-    import subprocess
 
     uri = f"sqlite:///{Path(db).resolve()}"
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(study)
     parent = c.search_runs([exp.experiment_id], "tags.kind = 'study'", order_by=["attributes.start_time DESC"])[0]
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"], start_new_session=True,
-                            env={**__import__("os").environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        start_new_session=True,
+        env={**__import__("os").environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
     out = ROOT / "docs" / "img"
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,900"):
@@ -55,10 +71,17 @@ def main(db: str, study: str) -> None:
             print("wrote", out / name)
 
         base = f"{server}/#/experiments/{exp.experiment_id}"
-        shot(f"{base}/runs?workflowType=machine_learning", "runs.png", f"{study} #",
-             "button[data-component-id*='runnamecellrenderer']")
-        shot(f"{base}/runs/{parent.info.run_id}/artifacts/report/report.html?workflowType=machine_learning",
-             "report-in-mlflow.png", "report.html")
+        shot(
+            f"{base}/runs?workflowType=machine_learning",
+            "runs.png",
+            f"{study} #",
+            "button[data-component-id*='runnamecellrenderer']",
+        )
+        shot(
+            f"{base}/runs/{parent.info.run_id}/artifacts/report/report.html?workflowType=machine_learning",
+            "report-in-mlflow.png",
+            "report.html",
+        )
         cell = c.search_runs([exp.experiment_id], "tags.kind = 'cell'")[0]
         shot(f"{base}/runs/{cell.info.run_id}?workflowType=machine_learning", "cell-run.png", "variant")
     finally:

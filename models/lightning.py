@@ -196,10 +196,16 @@ class DivergenceGuard:
         if self.start is None and step >= self.after:
             self.start = self.smooth
         f = self.factor
-        if (f is not None and self.start is not None and self.smooth > f * self.minimum
-                and self.smooth - self.minimum > 0.5 * (self.start - self.minimum)):
-            return (f"loss {self.smooth:.4g} (smoothed) rose above {f} x its running minimum {self.minimum:.4g} "
-                    f"and back towards its level at step {self.after} ({self.start:.4g}) at step {step}")
+        if (
+            f is not None
+            and self.start is not None
+            and self.smooth > f * self.minimum
+            and self.smooth - self.minimum > 0.5 * (self.start - self.minimum)
+        ):
+            return (
+                f"loss {self.smooth:.4g} (smoothed) rose above {f} x its running minimum {self.minimum:.4g} "
+                f"and back towards its level at step {self.after} ({self.start:.4g}) at step {step}"
+            )
         return None
 
 

@@ -20,8 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-       "RAY_enable_metrics_collection": "0"}
+ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_enable_metrics_collection": "0",
+}
 
 
 def _free_ports(n: int) -> list[int]:
@@ -58,24 +62,34 @@ class Cluster:
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **env})
+        return subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}
+        )
 
 
 def _node_ports() -> list[str]:
     nm, om, dag, dal, rte, met = _free_ports(6)
-    return [f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--dashboard-agent-grpc-port={dag}",
-            f"--dashboard-agent-listen-port={dal}", f"--runtime-env-agent-port={rte}", f"--metrics-export-port={met}"]
+    return [
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-grpc-port={dag}",
+        f"--dashboard-agent-listen-port={dal}",
+        f"--runtime-env-agent-port={rte}",
+        f"--metrics-export-port={met}",
+    ]
 
 
 def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> None:
     """Until the cluster at ``address`` shows ``n`` alive nodes (asked from a separate process)."""
-    code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='error'); "
-            "print(sum(1 for x in ray.nodes() if x['Alive']))")
+    code = (
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='error'); "
+        "print(sum(1 for x in ray.nodes() if x['Alive']))"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
-                             env={**os.environ, **ENV}, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code, address], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=60
+        )
         if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout.strip()) >= n:
             return
         time.sleep(1)
@@ -91,21 +105,42 @@ def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard
     address = f"127.0.0.1:{gcs}"
     cluster = Cluster(address, temp_dir)
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
-    common = ["--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus_per_node}", "--num-gpus=0",
-              f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    common = [
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--num-cpus={cpus_per_node}",
+        "--num-gpus=0",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
     try:
         log = log_dir / "ray-head.log"
         cluster.logs.append(log)
-        cluster.nodes.append(_start([*ray, "start", "--head", f"--port={gcs}", f"--ray-client-server-port={cli}",
-                                     f"--include-dashboard={'true' if dashboard else 'false'}",
-                                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                                     *_node_ports(), *common], log, env))
+        cluster.nodes.append(
+            _start(
+                [
+                    *ray,
+                    "start",
+                    "--head",
+                    f"--port={gcs}",
+                    f"--ray-client-server-port={cli}",
+                    f"--include-dashboard={'true' if dashboard else 'false'}",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={dash}",
+                    *_node_ports(),
+                    *common,
+                ],
+                log,
+                env,
+            )
+        )
         wait_for_nodes(address, 1)
         for i in range(1, nodes):
             log = log_dir / f"ray-node{i}.log"
             cluster.logs.append(log)
-            cluster.nodes.append(_start([sys.executable, __file__, "start", f"--address={address}", *_node_ports(),
-                                         *common], log, env))
+            cluster.nodes.append(
+                _start([sys.executable, __file__, "start", f"--address={address}", *_node_ports(), *common], log, env)
+            )
         wait_for_nodes(address, nodes)
         yield cluster
     finally:

@@ -30,8 +30,16 @@ SPACE = {"training.lr": {"type": "float", "low": 1.0e-5, "high": 3.0e-2, "log": 
 
 
 def write_spec(tmp_path: Path, name: str = "srch", **spec) -> Path:
-    data = {"name": name, "base": TINY, "space": SPACE, "n_trials": 4, "concurrency": 2, "budget": {"steps": 40},
-            "sampler": "random", **spec}
+    data = {
+        "name": name,
+        "base": TINY,
+        "space": SPACE,
+        "n_trials": 4,
+        "concurrency": 2,
+        "budget": {"steps": 40},
+        "sampler": "random",
+        **spec,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -52,17 +60,34 @@ def refused(tmp_path: Path, **spec) -> SpecError:
         ({"space": {"training.lrr": {"type": "float", "low": 0.1, "high": 1}}}, "space.training.lrr", "unknown axis"),
         ({"space": {"training.lr": {"type": "real", "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
         ({"space": {"training.lr": {"type": "float", "low": 1, "high": 0.1}}}, "space.training.lr", "below"),
-        ({"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}}, "space.training.lr.low", "log"),
+        (
+            {"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},
+            "space.training.lr.low",
+            "log",
+        ),
         ({"space": {"model.norm": {"type": "categorical", "choices": []}}}, "space.model.norm.choices", "non-empty"),
-        ({"space": {**SPACE, "model.window": {"type": "int", "low": 2, "high": 8, "when": {"training.lr": 1}}}},
-         "space.model.window.when.training.lr", "categorical"),
+        (
+            {"space": {**SPACE, "model.window": {"type": "int", "low": 2, "high": 8, "when": {"training.lr": 1}}}},
+            "space.model.window.when.training.lr",
+            "categorical",
+        ),
         ({"sampler": "bayes"}, "sampler", "tpe"),
-        ({"pruner": "median", "objectives": [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s",
-                                                                            "direction": "maximize"}]}, "pruner", "single"),
+        (
+            {
+                "pruner": "median",
+                "objectives": [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s", "direction": "maximize"}],
+            },
+            "pruner",
+            "single",
+        ),
         ({"n_trials": None}, "n_trials", "an end"),
         ({"resources": {"cpus": 2, "workers": 2}}, "resources.workers", "one worker"),
         ({"prune_on": "train/loss"}, "prune_on", "validation"),
-        ({"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}}, "space (model)", "window"),
+        (
+            {"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}},
+            "space (model)",
+            "window",
+        ),
         ({"colour": 1}, "colour", "unknown key"),
     ],
 )
@@ -72,10 +97,16 @@ def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spe
 
 
 def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_path):
-    spec = load_search(write_spec(tmp_path, space={
-        "model.pattern": {"type": "categorical", "choices": ["full", "local", "dilated"]},
-        "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.pattern": ["local", "dilated"]}},
-        "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}}}))
+    spec = load_search(
+        write_spec(
+            tmp_path,
+            space={
+                "model.pattern": {"type": "categorical", "choices": ["full", "local", "dilated"]},
+                "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.pattern": ["local", "dilated"]}},
+                "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}},
+            },
+        )
+    )
     from ablations.search import _suggest
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -93,9 +124,17 @@ def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_pa
 @pytest.mark.slow
 def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec = load_search(write_spec(tmp_path, n_trials=8, pruner="median", sampler="random", seed=3,
-                                  budget={"steps": 60}, space={"training.lr": {"type": "float", "low": 1.0e-6,
-                                                                               "high": 3.0e-2, "log": True}}))
+    spec = load_search(
+        write_spec(
+            tmp_path,
+            n_trials=8,
+            pruner="median",
+            sampler="random",
+            seed=3,
+            budget={"steps": 60},
+            space={"training.lr": {"type": "float", "low": 1.0e-6, "high": 3.0e-2, "log": True}},
+        )
+    )
     lines: list[str] = []
     result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
     log = "\n".join(lines)
@@ -150,8 +189,20 @@ def runs_of_kind(uri: str, experiment: str, kind: str) -> list:
 
 
 def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "ablations.cli", "search", str(spec), "--storage", storage, "--tracking-uri", store,
-            "--cpus", "2", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "ablations.cli",
+        "search",
+        str(spec),
+        "--storage",
+        storage,
+        "--tracking-uri",
+        store,
+        "--cpus",
+        "2",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -160,8 +211,14 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(cli(spec_path, storage, store), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=tmp_path, start_new_session=True)
+        proc = subprocess.Popen(
+            cli(spec_path, storage, store),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 240
         lost = None
@@ -180,8 +237,9 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
         with __import__("contextlib").suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
-    again = subprocess.run(cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path,
-                           timeout=600)
+    again = subprocess.run(
+        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"trial {lost.number} was left running" in again.stdout
     study = optuna.load_study(study_name="srch", storage=storage)
@@ -197,8 +255,17 @@ def test_two_search_processes_share_one_study(tmp_path, store):
     spec_path = write_spec(tmp_path, n_trials=6, concurrency=1, pruner="none", sampler="tpe")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     optuna.create_study(study_name="srch", storage=open_storage(storage))  # both processes then load it
-    procs = [subprocess.Popen(cli(spec_path, storage, store, "--cpus", "1"), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            cli(spec_path, storage, store, "--cpus", "1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(outs)
     study = optuna.load_study(study_name="srch", storage=storage)
@@ -243,10 +310,20 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
     path = tmp_path / "tuned.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "tuned", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}, "seeds": 2,
-        "metric": "test/exact_match", "direction": "maximize", "budget": {"steps": 30},
-        "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none", "concurrency": 2}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tuned",
+                "base": TINY,
+                "design": {"grid": {"model.norm": ["pre", "post"]}},
+                "seeds": 2,
+                "metric": "test/exact_match",
+                "direction": "maximize",
+                "budget": {"steps": 30},
+                "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none", "concurrency": 2},
+            }
+        )
+    )
     study = load_study(path)
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
@@ -275,8 +352,11 @@ def test_tune_section_is_checked_with_the_study(tmp_path):
 
     path = tmp_path / "t.yaml"
     base = {"name": "t", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}}
-    path.write_text(yaml.safe_dump({**base, "tune": {"space": {"model.norm": {"type": "categorical",
-                                                                              "choices": ["pre"]}}, "n_trials": 2}}))
+    path.write_text(
+        yaml.safe_dump(
+            {**base, "tune": {"space": {"model.norm": {"type": "categorical", "choices": ["pre"]}}, "n_trials": 2}}
+        )
+    )
     with pytest.raises(SpecError, match="tune.space.model.norm.*also an axis"):
         load_study(path)
     path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))

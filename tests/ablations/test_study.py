@@ -39,9 +39,13 @@ def refused(tmp_path: Path, **study) -> SpecError:
 
 
 def test_grid_is_the_full_factorial_times_seeds(tmp_path):
-    study = load_study(write(tmp_path, design={"grid": {"model.norm": ["pre", "post"],
-                                                        "model.positions": ["sinusoidal", "learned", "rotary"]}},
-                             seeds=[0, 1]))
+    study = load_study(
+        write(
+            tmp_path,
+            design={"grid": {"model.norm": ["pre", "post"], "model.positions": ["sinusoidal", "learned", "rotary"]}},
+            seeds=[0, 1],
+        )
+    )
     assert len(study.cells) == 2 * 3 * 2
     combos = {(c.run.model.norm, c.run.model.positions, c.seed) for c in study.cells}
     assert len(combos) == 12
@@ -49,9 +53,17 @@ def test_grid_is_the_full_factorial_times_seeds(tmp_path):
 
 
 def test_one_at_a_time_varies_each_axis_alone_from_the_baseline(tmp_path):
-    study = load_study(write(tmp_path, design={"one_at_a_time": {
-        "baseline": {"model.norm": "pre", "model.positions": "sinusoidal"},
-        "axes": {"model.norm": ["post"], "model.positions": ["learned", "sinusoidal"]}}}))
+    study = load_study(
+        write(
+            tmp_path,
+            design={
+                "one_at_a_time": {
+                    "baseline": {"model.norm": "pre", "model.positions": "sinusoidal"},
+                    "axes": {"model.norm": ["post"], "model.positions": ["learned", "sinusoidal"]},
+                }
+            },
+        )
+    )
     got = sorted((c.run.model.norm, c.run.model.positions) for c in study.cells)
     # the baseline once (positions=sinusoidal repeats it and is folded into it), then one change at a time
     assert got == [("post", "sinusoidal"), ("pre", "learned"), ("pre", "sinusoidal")]
@@ -59,9 +71,19 @@ def test_one_at_a_time_varies_each_axis_alone_from_the_baseline(tmp_path):
 
 
 def test_variants_apply_their_overrides_and_the_budget(tmp_path):
-    study = load_study(write(tmp_path, design={"variants": [
-        {"name": "small", "set": {"model.n_heads": 1}},
-        {"name": "wide", "set": {"model.n_heads": 4, "model.d_model": 32}}]}, budget={"steps": 7}, seeds=3))
+    study = load_study(
+        write(
+            tmp_path,
+            design={
+                "variants": [
+                    {"name": "small", "set": {"model.n_heads": 1}},
+                    {"name": "wide", "set": {"model.n_heads": 4, "model.d_model": 32}},
+                ]
+            },
+            budget={"steps": 7},
+            seeds=3,
+        )
+    )
     assert study.variants == ["small", "wide"]
     wide = next(c for c in study.cells if c.variant == "wide")
     assert (wide.run.model.n_heads, wide.run.model.d_model, wide.run.training.max_steps) == (4, 32, 7)
@@ -79,15 +101,29 @@ def test_trial_threads_follow_the_cpus_of_a_worker_not_the_run_file(tmp_path):
 
 def test_adding_a_seed_or_a_value_keeps_the_existing_cell_ids(tmp_path):
     before = {c.cell_id for c in load_study(write(tmp_path, seeds=[0])).cells}
-    after = load_study(write(tmp_path, seeds=[0, 1], design={"grid": {"model.norm": ["pre", "post", ],
-                                                                      "model.n_heads": [2]}}))
+    after = load_study(
+        write(
+            tmp_path,
+            seeds=[0, 1],
+            design={
+                "grid": {
+                    "model.norm": [
+                        "pre",
+                        "post",
+                    ],
+                    "model.n_heads": [2],
+                }
+            },
+        )
+    )
     assert before <= {c.cell_id for c in after.cells}
     assert len(after.cells) == 4
 
 
 def test_constraints_skip_cells_with_their_reason(tmp_path):
-    study = load_study(write(tmp_path, constraints=[{"skip": {"model.norm": "post"}, "reason": "known to diverge"}],
-                             seeds=2))
+    study = load_study(
+        write(tmp_path, constraints=[{"skip": {"model.norm": "post"}, "reason": "known to diverge"}], seeds=2)
+    )
     assert {c.run.model.norm for c in study.cells} == {"pre"}
     assert [(s.variant, s.reason) for s in study.skipped] == [("norm=post", "known to diverge")] * 2
 
@@ -131,8 +167,12 @@ def test_every_cell_skipped_is_refused(tmp_path):
 
 
 def test_more_cells_than_the_limit_is_refused(tmp_path):
-    err = refused(tmp_path, design={"grid": {"training.lr": [1e-3, 2e-3, 3e-3], "model.norm": ["pre", "post"]}},
-                  seeds=5, max_cells=20)
+    err = refused(
+        tmp_path,
+        design={"grid": {"training.lr": [1e-3, 2e-3, 3e-3], "model.norm": ["pre", "post"]}},
+        seeds=5,
+        max_cells=20,
+    )
     assert "30 cells" in str(err) and "max_cells=20" in str(err)
 
 
@@ -165,9 +205,22 @@ def test_every_catalogue_study_loads():
 
 def test_dry_run_lists_cells_without_starting_ray(tmp_path):
     path = write(tmp_path, seeds=2)
-    out = subprocess.run([sys.executable, "-m", "ablations.cli", "sweep", str(path), "--dry-run",
-                          "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablations.cli",
+            "sweep",
+            str(path),
+            "--dry-run",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/m.db",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     study = load_study(path)
     for cell in study.cells:
@@ -178,8 +231,13 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
 
 def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     path = write(tmp_path, design={"grid": {"model.norms": ["pre"]}})
-    out = subprocess.run([sys.executable, "-m", "ablations.cli", "sweep", str(path)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "sweep", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert str(path) in out.stderr and "design.grid" in out.stderr
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded

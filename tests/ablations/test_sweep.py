@@ -35,8 +35,15 @@ REVERSE = {
 
 
 def write_study(tmp_path: Path, name: str = "s", **study) -> Path:
-    data = {"name": name, "base": REVERSE, "design": {"grid": {"model.norm": ["pre", "post"]}}, "seeds": 1,
-            "metric": "final/val_loss", "resources": {"cpus": 1}, **study}
+    data = {
+        "name": name,
+        "base": REVERSE,
+        "design": {"grid": {"model.norm": ["pre", "post"]}},
+        "seeds": 1,
+        "metric": "final/val_loss",
+        "resources": {"cpus": 1},
+        **study,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -116,18 +123,52 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
 def test_failures_are_results(tmp_path, store):
     """A trial that raises (its data vanished), one that diverges, one whose process is SIGKILLed."""
     corpus, vanishing = tmp_path / "corpus.txt", tmp_path / "vanishing.txt"
-    words = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "it", "an", "be", "this", "are", "or", "which"]
+    words = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "was",
+        "for",
+        "on",
+        "that",
+        "with",
+        "as",
+        "by",
+        "at",
+        "from",
+        "it",
+        "an",
+        "be",
+        "this",
+        "are",
+        "or",
+        "which",
+    ]
     text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(4000))
     corpus.write_text(text)
     vanishing.write_text(text)
-    base = {"task": {"name": "text", "source": str(corpus), "block_size": 32}, "model": TINY,
-            "training": {"max_steps": 30, "val_every": 15, "batch_size": 16, "warmup_steps": 0}}
-    path = write_study(tmp_path, "faults", base=base, retries=1, design={"variants": [
-        {"name": "ok", "set": {}},
-        {"name": "diverges", "set": {"training.lr": 30.0, "training.grad_clip": None}},
-        {"name": "vanishes", "set": {"task.source": str(vanishing)}},
-        {"name": "victim", "set": {"training.max_steps": 1500, "training.val_every": 500}},
-    ]})
+    base = {
+        "task": {"name": "text", "source": str(corpus), "block_size": 32},
+        "model": TINY,
+        "training": {"max_steps": 30, "val_every": 15, "batch_size": 16, "warmup_steps": 0},
+    }
+    path = write_study(
+        tmp_path,
+        "faults",
+        base=base,
+        retries=1,
+        design={
+            "variants": [
+                {"name": "ok", "set": {}},
+                {"name": "diverges", "set": {"training.lr": 30.0, "training.grad_clip": None}},
+                {"name": "vanishes", "set": {"task.source": str(vanishing)}},
+                {"name": "victim", "set": {"training.max_steps": 1500, "training.val_every": 500}},
+            ]
+        },
+    )
     study = load_study(path)  # checked while every file exists
     vanishing.unlink()  # ... and then the data of one cell disappears
 
@@ -139,7 +180,9 @@ def test_failures_are_results(tmp_path, store):
         while time.monotonic() < deadline and not killed:
             exp = c.get_experiment_by_name("faults")
             if exp is not None:
-                for run in c.search_runs([exp.experiment_id], "tags.variant = 'victim' and attributes.status = 'RUNNING'"):
+                for run in c.search_runs(
+                    [exp.experiment_id], "tags.variant = 'victim' and attributes.status = 'RUNNING'"
+                ):
                     if c.get_metric_history(run.info.run_id, "train/loss"):  # it is training
                         pid = int(run.data.tags["pid"])
                         os.kill(pid, signal.SIGKILL)
@@ -158,9 +201,12 @@ def test_failures_are_results(tmp_path, store):
     assert result.counts == {"finished": 2, "diverged": 1, "failed": 1, "skipped": 0}, log
 
     cells = by_cell(runs_of(store, "faults"))
-    state = {c.variant: [(r.data.tags["attempt"], cell_state(r)) for r in sorted(cells[c.cell_id],
-                                                                                  key=lambda r: r.info.start_time)]
-             for c in study.cells}
+    state = {
+        c.variant: [
+            (r.data.tags["attempt"], cell_state(r)) for r in sorted(cells[c.cell_id], key=lambda r: r.info.start_time)
+        ]
+        for c in study.cells
+    }
     assert state["ok"] == [("1", "finished")]
     assert state["diverges"] == [("1", "diverged")]
     assert state["vanishes"] == [("1", "failed"), ("2", "failed")]  # retried once, then recorded as failed
@@ -169,7 +215,9 @@ def test_failures_are_results(tmp_path, store):
     vanished = cells[next(x.cell_id for x in study.cells if x.variant == "vanishes")][0]
     assert "vanishing.txt" in vanished.data.tags["status_detail"]
     assert "traceback.txt" in {a.path for a in c.list_artifacts(vanished.info.run_id)}
-    assert "vanishing.txt" in Path(c.download_artifacts(vanished.info.run_id, "traceback.txt", str(tmp_path))).read_text()
+    assert (
+        "vanishing.txt" in Path(c.download_artifacts(vanished.info.run_id, "traceback.txt", str(tmp_path))).read_text()
+    )
     diverged = cells[next(x.cell_id for x in study.cells if x.variant == "diverges")][0]
     assert "non-finite" in diverged.data.tags["status_detail"]
 
@@ -184,14 +232,20 @@ def test_failures_are_results(tmp_path, store):
 
 def test_driver_killed_then_the_same_command_again(tmp_path, store):
     """SIGKILL the driver mid-study; the same command again trains only what is missing."""
-    path = write_study(tmp_path, "crash", seeds=3, max_concurrent=1,
-                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 600, "val_every": 300}})
+    path = write_study(
+        tmp_path,
+        "crash",
+        seeds=3,
+        max_concurrent=1,
+        base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 600, "val_every": 300}},
+    )
     study = load_study(path)
     command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "first.log", "w") as log:
-        driver = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env=env)
+        driver = subprocess.Popen(
+            command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:  # kill it with some cells finished and one running
@@ -211,8 +265,9 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)  # whatever Ray the driver started
     time.sleep(2)
-    finished_before = {r.data.tags["cell_id"]: r.info.run_id for r in runs_of(store, "crash")
-                       if r.info.status == "FINISHED"}
+    finished_before = {
+        r.data.tags["cell_id"]: r.info.run_id for r in runs_of(store, "crash") if r.info.status == "FINISHED"
+    }
     assert 0 < len(finished_before) < 6
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
@@ -233,10 +288,15 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
 
 
 def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store):
-    path = write_study(tmp_path, "nodes", seeds=3,
-                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 120, "val_every": 60}})
+    path = write_study(
+        tmp_path,
+        "nodes",
+        seeds=3,
+        base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 120, "val_every": 60}},
+    )
     study = load_study(path)
     with ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False) as cluster:
+
         def stop_second_node() -> None:  # once each node has finished a cell
             c = MlflowClient(store)
             deadline = time.monotonic() + 300
@@ -264,9 +324,13 @@ def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store):
 
 
 def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
-    path = write_study(tmp_path, "ddp", design={"variants": [{"name": "ddp", "set": {}}]},
-                       resources={"cpus": 2, "workers": 2},
-                       base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 20, "val_every": 10}})
+    path = write_study(
+        tmp_path,
+        "ddp",
+        design={"variants": [{"name": "ddp", "set": {}}]},
+        resources={"cpus": 2, "workers": 2},
+        base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 20, "val_every": 10}},
+    )
     study = load_study(path)
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)

@@ -19,10 +19,14 @@ from tests.dashboards.test_report import three_variants
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 DRIVER = shutil.which("chromedriver")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                 reason="no Chromium and chromedriver on this machine (Debian: apt-get install "
-                                        "chromium chromium-driver; `make test` installs them where it can)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None or DRIVER is None,
+        reason="no Chromium and chromedriver on this machine (Debian: apt-get install "
+        "chromium chromium-driver; `make test` installs them where it can)",
+    ),
+]
 
 
 @pytest.fixture
@@ -32,7 +36,13 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)  # no driver download
     driver.set_page_load_timeout(60)
@@ -49,7 +59,9 @@ def wait_for_text(driver, texts: list[str], timeout: float = 60) -> str:
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        WebDriverWait(driver, timeout).until(lambda d: all(t in d.find_element(By.TAG_NAME, "body").text for t in texts))
+        WebDriverWait(driver, timeout).until(
+            lambda d: all(t in d.find_element(By.TAG_NAME, "body").text for t in texts)
+        )
     except TimeoutException:
         body = driver.find_element(By.TAG_NAME, "body").text
         raise AssertionError(f"{driver.current_url} never showed {texts}; it shows:\n{body[:3000]}") from None

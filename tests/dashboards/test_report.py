@@ -25,27 +25,54 @@ from dashboards.table import build, to_csv, to_latex, to_markdown, to_terminal
 SEEDS = [0, 1, 2, 3, 4]
 
 
-def fill(uri: str, study: str, values: dict[str, dict[int, float]], *, states: dict[tuple[str, int], str] | None = None,
-         kind: str = "variants", settings: dict[str, dict[str, str]] | None = None, metric: str = "test/acc",
-         direction: str = "maximize", submission: int = 1, cost: dict[str, float] | None = None) -> str:
+def fill(
+    uri: str,
+    study: str,
+    values: dict[str, dict[int, float]],
+    *,
+    states: dict[tuple[str, int], str] | None = None,
+    kind: str = "variants",
+    settings: dict[str, dict[str, str]] | None = None,
+    metric: str = "test/acc",
+    direction: str = "maximize",
+    submission: int = 1,
+    cost: dict[str, float] | None = None,
+) -> str:
     """A study as a sweep records it: a parent run with design.json, one child run per cell."""
     c = MlflowClient(uri)
     exp_id = tracking.experiment_id(uri, study)  # artifacts beside the store, as every study's
     settings = settings or {v: {"model.variant": v} for v in values}
-    parent = c.create_run(exp_id, tags={"kind": "study", "study": study, "submission": str(submission)},
-                          run_name=f"{study} #{submission}")
+    parent = c.create_run(
+        exp_id, tags={"kind": "study", "study": study, "submission": str(submission)}, run_name=f"{study} #{submission}"
+    )
     pid = parent.info.run_id
-    c.log_dict(pid, {"kind": kind, "axes": sorted({k for s in settings.values() for k in s}), "metric": metric,
-                     "direction": direction, "variants": [{"name": v, "settings": settings[v]} for v in values]},
-               "design.json")
+    c.log_dict(
+        pid,
+        {
+            "kind": kind,
+            "axes": sorted({k for s in settings.values() for k in s}),
+            "metric": metric,
+            "direction": direction,
+            "variants": [{"name": v, "settings": settings[v]} for v in values],
+        },
+        "design.json",
+    )
     c.log_text(pid, f"name: {study}\n", "study.yaml")
     c.set_terminated(pid, "FINISHED")
     for variant, by_seed in values.items():
         for seed, value in by_seed.items():
             state = (states or {}).get((variant, seed), "finished")
-            tags = {"kind": "cell", "study": study, "variant": variant, "seed": str(seed), "submission": str(submission),
-                    "cell_id": f"{variant}-{seed}", "mlflow.parentRunId": pid, "status_detail": state,
-                    **{f"axis.{k}": v for k, v in settings[variant].items()}}
+            tags = {
+                "kind": "cell",
+                "study": study,
+                "variant": variant,
+                "seed": str(seed),
+                "submission": str(submission),
+                "cell_id": f"{variant}-{seed}",
+                "mlflow.parentRunId": pid,
+                "status_detail": state,
+                **{f"axis.{k}": v for k, v in settings[variant].items()},
+            }
             run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
             if value is not None:
                 c.log_metric(run.info.run_id, metric, value)
@@ -60,9 +87,11 @@ def fill(uri: str, study: str, values: dict[str, dict[int, float]], *, states: d
 def three_variants(uri: str, study: str = "abl") -> dict[str, dict[int, float]]:
     rng = np.random.default_rng(0)
     base = {s: 0.80 + 0.01 * rng.standard_normal() for s in SEEDS}
-    values = {"baseline": base,
-              "better": {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()},
-              "same": {s: v + 0.01 * rng.standard_normal() for s, v in base.items()}}
+    values = {
+        "baseline": base,
+        "better": {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()},
+        "same": {s: v + 0.01 * rng.standard_normal() for s, v in base.items()},
+    }
     fill(uri, study, values)
     return values
 
@@ -108,13 +137,16 @@ def test_renderings_carry_the_same_numbers(store):
 
 
 def test_failures_divergences_and_missing_values_are_marked_not_zero(store):
-    values = {"baseline": {0: 0.8, 1: 0.82, 2: 0.81}, "fragile": {0: 0.9, 1: None, 2: None},
-              "one seed": {0: 0.7}}
+    values = {"baseline": {0: 0.8, 1: 0.82, 2: 0.81}, "fragile": {0: 0.9, 1: None, 2: None}, "one seed": {0: 0.7}}
     fill(store, "gaps", values, states={("fragile", 1): "diverged", ("fragile", 2): "failed"})
     table = build(load_study(store, "gaps"))
     rec = {r["variant"]: r for r in table.as_records()}
-    assert (rec["fragile"]["cells"], rec["fragile"]["finished"], rec["fragile"]["diverged"],
-            rec["fragile"]["failed"]) == (3, 1, 1, 1)
+    assert (
+        rec["fragile"]["cells"],
+        rec["fragile"]["finished"],
+        rec["fragile"]["diverged"],
+        rec["fragile"]["failed"],
+    ) == (3, 1, 1, 1)
     assert rec["fragile"]["n"] == 1 and math.isnan(rec["fragile"]["ci_low"])  # one value: no interval, no zero
     assert rec["one seed"]["n"] == 1 and math.isnan(rec["one seed"]["std"])
     assert any("one seed only" in n for n in table.notes)
@@ -173,10 +205,16 @@ def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
 def test_compare_finds_the_conclusions_that_changed(store):
     rng = np.random.default_rng(1)
     base = {s: 0.8 + 0.01 * rng.standard_normal() for s in SEEDS}
-    first = {"baseline": base, "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
-             "b": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()}}
-    second = {"baseline": base, "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
-              "b": {s: v - 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()}}
+    first = {
+        "baseline": base,
+        "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+        "b": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+    }
+    second = {
+        "baseline": base,
+        "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+        "b": {s: v - 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
+    }
     fill(store, "cmp", first, submission=1)
     fill(store, "cmp", second, submission=2)
     _, _, changes = compare(store, "cmp@1", "cmp@2")
@@ -187,10 +225,28 @@ def test_compare_finds_the_conclusions_that_changed(store):
 
 def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path):
     three_variants(store)
-    out = subprocess.run([sys.executable, "-m", "ablations.cli", "report", "abl", "--tracking-uri", store,
-                          "--out", str(tmp_path / "rep")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablations.cli",
+            "report",
+            "abl",
+            "--tracking-uri",
+            store,
+            "--out",
+            str(tmp_path / "rep"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "| baseline |" in out.stdout and "report.html" in out.stdout and "artifacts/report/report.html" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "ablations.cli", "report", "nope", "--tracking-uri", store],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "report", "nope", "--tracking-uri", store],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "no study 'nope'" in bad.stderr and "abl" in bad.stderr

@@ -81,8 +81,10 @@ def test_holm_matches_statsmodels_when_installed():
 
 
 def test_holm_adjust_sets_p_holm():
-    comps = {"a": stats.paired({0: 1, 1: 2, 2: 3}, {0: 1.5, 1: 2.6, 2: 3.4}),
-             "b": stats.paired({0: 1, 1: 2, 2: 3}, {0: 1.1, 1: 1.9, 2: 3.05})}
+    comps = {
+        "a": stats.paired({0: 1, 1: 2, 2: 3}, {0: 1.5, 1: 2.6, 2: 3.4}),
+        "b": stats.paired({0: 1, 1: 2, 2: 3}, {0: 1.1, 1: 1.9, 2: 3.05}),
+    }
     adjusted = stats.holm_adjust(comps)
     assert [adjusted[k].p_holm for k in "ab"] == pytest.approx(holm_by_definition([comps["a"].p_t, comps["b"].p_t]))
 
