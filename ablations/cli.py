@@ -139,7 +139,7 @@ def _report(args: argparse.Namespace) -> int:
     except (NoResults, ValueError) as err:
         return error(str(err))
     print(RENDERERS[args.format](report.table))
-    print(f"report: {report.files['html'].resolve()}  (tables beside it: table.md, table.tex, table.csv)")
+    print(f"report: {report.files['html'].resolve()}  (beside it: table.md, .tex, .csv, .json; curves.png, differences.png)")
     if report.parent_run_id:
         runs = report.runs
         where = (

@@ -64,7 +64,8 @@ def serve_mlflow(uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> 
 def optuna_dashboard_command(storage: str, host: str, port: int) -> list[str]:
     """optuna-dashboard on an Optuna storage (a URL, or journal:PATH for a journal file)."""
     target = storage.removeprefix("journal:") if storage.startswith("journal:") else storage
-    return [sys.executable, "-m", "optuna_dashboard", target, "--host", host, "--port", str(port)]
+    code = "import sys; from optuna_dashboard._cli import main; sys.argv[0] = 'optuna-dashboard'; sys.exit(main())"
+    return [sys.executable, "-c", code, target, "--host", host, "--port", str(port)]
 
 
 def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080) -> int:

@@ -167,6 +167,10 @@ def make_report(
     files["latex"].write_text(to_latex(table))
     files["csv"].write_text(to_csv(table))
     files["json"].write_text(json.dumps(table.as_records(), indent=1, default=str))
+    from dashboards.static import save_pngs
+
+    for path in save_pngs(runs, table, out_dir):  # the same figures as PNG, for papers and Markdown
+        files[path.stem] = path
     parent_id = None
     if log and parent is not None:
         parent_id = parent.info.run_id

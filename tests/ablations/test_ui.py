@@ -52,3 +52,41 @@ def test_ablate_ui_without_runs_says_so(tmp_path):
         text=True,
     )
     assert out.returncode == 2 and "no runs yet" in out.stdout
+
+
+@pytest.mark.slow
+def test_ablate_ui_optuna_serves_the_search_storage_on_loopback(tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="lr_search", storage=storage)
+    study.optimize(lambda t: (t.suggest_float("lr", 0, 1) - 0.3) ** 2, n_trials=3)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", storage, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/studies", proc=proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as r:
+            studies = json.load(r)["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["lr_search"]
+        out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            assert all(line.split()[3].startswith("127.0.0.1:") for line in out.stdout.strip().splitlines())
+    finally:
+        stop(proc)
+
+
+def test_ablate_ui_optuna_without_searches_says_so(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", f"sqlite:///{tmp_path}/none.db"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "no searches yet" in out.stdout

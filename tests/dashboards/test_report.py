@@ -190,6 +190,8 @@ def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
     report = make_report(store, "abl", out_dir=tmp_path / "out")
     for path in report.files.values():
         assert path.exists() and path.stat().st_size > 0
+    assert report.files["curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # static figures for documents
+    assert report.files["differences"].suffix == ".png"
     page = report.files["html"].read_text()
     assert "<script" in page and "plotly" in page.lower()  # interactive plots, self-contained (no CDN)
     assert "<script src=" not in page and len(page) > 1_000_000  # plotly.js inside the page, not from a CDN

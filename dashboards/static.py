@@ -1,0 +1,63 @@
+"""Static figures (PNG, matplotlib) of a report, for documents that cannot run JavaScript: the learning curves
+per variant (mean and min-max band over seeds) and the forest plot of the differences from the baseline."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dashboards.load import StudyRuns
+from dashboards.plots import PALETTE, curves
+from dashboards.table import Table
+
+
+def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "val/loss") -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    data = curves(runs, curve_key)
+    if data:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+        for i, variant in enumerate(v for v in runs.variants if v in data):
+            seeds = data[variant]
+            steps = sorted({p[0] for c in seeds for p in c})
+            grid = np.array([[dict((p[0], p[1]) for p in c).get(s, np.nan) for s in steps] for c in seeds])
+            colour = PALETTE[i % len(PALETTE)]
+            ax.plot(steps, np.nanmean(grid, 0), color=colour, label=f"{variant} (n={len(seeds)})")
+            if len(seeds) > 1:
+                ax.fill_between(steps, np.nanmin(grid, 0), np.nanmax(grid, 0), color=colour, alpha=0.15)
+        ax.set_xlabel("step")
+        ax.set_ylabel(curve_key)
+        ax.set_title(f"{runs.name}: {curve_key} (mean over seeds, band min-max)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / "curves.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    rows = [r for r in table.rows if r.paired is not None and r.paired.n > 0]
+    if rows:
+        fig, ax = plt.subplots(figsize=(7, 0.8 + 0.45 * len(rows)), dpi=120)
+        y = np.arange(len(rows))[::-1]
+        d = np.array([r.paired.mean_diff for r in rows])
+        lo = np.array([r.paired.ci_t[0] if math.isfinite(r.paired.ci_t[0]) else r.paired.mean_diff for r in rows])
+        hi = np.array([r.paired.ci_t[1] if math.isfinite(r.paired.ci_t[1]) else r.paired.mean_diff for r in rows])
+        ax.errorbar(d, y, xerr=[d - lo, hi - d], fmt="o", color=PALETTE[0], capsize=3)
+        ax.axvline(0, color="grey", ls="--", lw=1)
+        ax.set_yticks(y, [f"{r.variant} {r.marks}".strip() for r in rows], fontsize=8)
+        better = "right" if table.direction == "maximize" else "left"
+        ax.set_xlabel(f"Δ {table.metric} vs {table.baseline} (95% CI; better to the {better})")
+        ax.grid(alpha=0.3, axis="x")
+        fig.tight_layout()
+        path = out_dir / "differences.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written

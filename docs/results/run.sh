@@ -1,0 +1,14 @@
+#!/bin/sh
+# Runs the catalogue's paper studies on this machine and writes each report under docs/results/STUDY/.
+#   sh docs/results/run.sh [STUDY ...]      (default: all of them; from the repository root)
+# The MLflow store is docs/results/.store (not committed): `ablate ui --tracking-uri sqlite:///$PWD/docs/results/.store/mlflow.db`.
+set -eu
+STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
+mkdir -p docs/results/.store
+for study in ${@:-heads positions norm_placement attention_score locality locality_text}; do
+  start=$(date +%s)
+  .venv/bin/ablate sweep "ablations/studies/$study.yaml" --tracking-uri "$STORE"
+  .venv/bin/ablate report "$study" --tracking-uri "$STORE" --out "docs/results/$study"
+  rm -f "docs/results/$study/report.html"   # 4.7 MB of plotly each: the tables and PNGs are committed
+  echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
+done
