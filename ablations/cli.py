@@ -139,7 +139,9 @@ def _report(args: argparse.Namespace) -> int:
     except (NoResults, ValueError) as err:
         return error(str(err))
     print(RENDERERS[args.format](report.table))
-    print(f"report: {report.files['html'].resolve()}  (beside it: table.md, .tex, .csv, .json; curves.png, differences.png)")
+    print(
+        f"report: {report.files['html'].resolve()}  (beside it: table.md, .tex, .csv, .json; curves.png, differences.png)"
+    )
     if report.parent_run_id:
         runs = report.runs
         where = (
