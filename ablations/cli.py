@@ -155,6 +155,24 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _heads(args: argparse.Namespace) -> int:
+    from ablations import tracking
+    from ablations.heads import format_heads, head_ablation, log_heads
+    from dashboards.load import NoResults
+
+    uri = tracking.resolve_uri(args.tracking_uri)
+    try:
+        effects, info = head_ablation(uri, args.study, args.metric)
+    except (NoResults, LookupError, ValueError) as err:
+        return error(str(err))
+    text = format_heads(effects, info)
+    print(text)
+    parent = log_heads(uri, args.study, text, effects)
+    if parent:
+        print(f"logged to MLflow: run {parent}, artifacts heads/heads.md and heads/heads.json")
+    return EXIT_OK
+
+
 def _compare(args: argparse.Namespace) -> int:
     from ablations import tracking
     from dashboards.compare import compare, format_changes
@@ -291,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
     )
     p.set_defaults(func=_report)
+
+    p = sub.add_parser("heads", help="remove one attention head at a time in every trained seed (Michel et al. 2019)")
+    p.add_argument("study", help="a study whose runs kept their weights (tracking: {checkpoint: true})")
+    p.add_argument("--metric", default="val/loss", help="a validation or test metric, e.g. val/loss, test/exact_match")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.set_defaults(func=_heads)
 
     p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")
     p.add_argument("a", help="a study name, or NAME@SUBMISSION")

@@ -25,7 +25,7 @@ import torch
 
 from ablations import tracking
 from ablations.spec import RunConfig
-from models.lightning import LitTransformer
+from models.lightning import LitTransformer, reset_peak_memory
 from models.tasks import TaskDataModule
 
 Hook = Callable[[int, dict[str, float]], None]
@@ -211,6 +211,7 @@ def train(
         if run_logger is not None:
             run_logger.log_datasets(data.data, task.name, {s: data.digest(s) for s in data.data})
         length, source_length = typical_lengths(data.rows["train"])
+        reset_peak_memory()  # this run's peak, not the worker process's (sweeps reuse processes)
         module = LitTransformer(
             run.model,
             t,

@@ -158,8 +158,21 @@ def teacher_forcing_p(cfg: TrainingConfig, step: int) -> float:
     return max(cfg.sampling_min, p)
 
 
+def reset_peak_memory() -> None:
+    """Start the high-water mark again: a worker process reused for many runs must not report its old peaks
+    (Linux: /proc/self/clear_refs resets VmHWM; CUDA: the allocator's peak)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_memory_mb() -> float:
-    """Peak resident memory of this process (CPU) or peak allocated memory (CUDA), in MB."""
+    """Peak resident memory of this process (CPU) or peak allocated memory (CUDA) since the last
+    ``reset_peak_memory()``, in MB."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
     try:

@@ -78,3 +78,19 @@ def test_divergence_guard_fires_on_blow_ups_not_on_wobbles_near_zero():
     assert first_alarm([1.0, 0.5, float("nan")]) == 2  # non-finite: at once
     assert first_alarm(blow_up, factor=None) is None  # the factor rule switched off
     assert "non-finite" in DivergenceGuard(4.0, 0).check(0, float("inf"))
+
+
+def test_peak_memory_is_per_run_not_per_process():
+    import torch
+
+    from models.lightning import peak_memory_mb, reset_peak_memory
+
+    big = torch.ones(64 * 2**20 // 4)  # 64 MB, then freed
+    big += 1
+    high = peak_memory_mb()
+    del big
+    reset_peak_memory()
+    after = peak_memory_mb()
+    if after == high:
+        pytest.skip("this kernel does not reset the high-water mark (/proc/self/clear_refs)")
+    assert after < high - 32
