@@ -313,8 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("heads", help="remove one attention head at a time in every trained seed (Michel et al. 2019)")
     p.add_argument("study", help="a study whose runs kept their weights (tracking: {checkpoint: true})")
     p.add_argument("--metric", default="val/loss", help="a validation or test metric, e.g. val/loss, test/exact_match")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
     p.set_defaults(func=_heads)
 
     p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")

@@ -45,8 +45,10 @@ def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tupl
             config = yaml.safe_load(Path(c.download_artifacts(run_id, "config.yaml", tmp)).read_text())
             weights = c.download_artifacts(run_id, "checkpoint/model.pt", tmp)
         except Exception as err:
-            raise LookupError(f"run {run_id} kept no weights (checkpoint/model.pt and config.yaml): train the study "
-                              "with `tracking: {checkpoint: true}` in its base run") from err
+            raise LookupError(
+                f"run {run_id} kept no weights (checkpoint/model.pt and config.yaml): train the study "
+                "with `tracking: {checkpoint: true}` in its base run"
+            ) from err
         state = torch.load(weights, map_location="cpu", weights_only=True)
     run = resolve_run(config, f"run {run_id}")
     data = TaskDataModule(run.task, run.training.batch_size, run.seed, run.training.eval_batch_size)
@@ -92,9 +94,13 @@ def head_ablation(uri: str, study: str, metric: str = "val/loss") -> tuple[list[
 
 def format_heads(effects: list[HeadEffect], info: dict[str, Any]) -> str:
     full = info["with_all_heads"]
-    lines = [f"{info['study']}: {info['metric']} with every head {full.mean:.4g} (over {info['seeds']} seeds); "
-             "the change when one head is removed, mean over seeds with 95% t interval", "",
-             "| module | head | change | 95% CI |", "|---|---:|---:|---:|"]
+    lines = [
+        f"{info['study']}: {info['metric']} with every head {full.mean:.4g} (over {info['seeds']} seeds); "
+        "the change when one head is removed, mean over seeds with 95% t interval",
+        "",
+        "| module | head | change | 95% CI |",
+        "|---|---:|---:|---:|",
+    ]
     for e in effects:
         ci = "–" if not math.isfinite(e.drop.ci_t[0]) else f"[{e.drop.ci_t[0]:+.3g}, {e.drop.ci_t[1]:+.3g}]"
         lines.append(f"| {e.module} | {e.head} | {e.drop.mean:+.4g} | {ci} |")
@@ -108,7 +114,16 @@ def log_heads(uri: str, study: str, text: str, effects: list[HeadEffect]) -> str
         return None
     c = tracking.client(uri)
     c.log_text(parent.info.run_id, text, "heads/heads.md")
-    rows = [{"module": e.module, "head": e.head, "mean": e.drop.mean, "ci_low": e.drop.ci_t[0],
-             "ci_high": e.drop.ci_t[1], "n": e.drop.n} for e in effects]
+    rows = [
+        {
+            "module": e.module,
+            "head": e.head,
+            "mean": e.drop.mean,
+            "ci_low": e.drop.ci_t[0],
+            "ci_high": e.drop.ci_t[1],
+            "n": e.drop.n,
+        }
+        for e in effects
+    ]
     c.log_text(parent.info.run_id, json.dumps(rows, indent=1), "heads/heads.json")
     return parent.info.run_id

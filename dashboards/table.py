@@ -98,10 +98,20 @@ def _changed(design: dict[str, Any], variant: str, baseline: str) -> str:
     return ", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in diff.items()) or "-"
 
 
+LOWER_IS_BETTER = ("loss", "perplexity", "bits", "wall_time", "step_time", "memory", "n_params", "flops_per_token")
+
+
+def metric_direction(metric: str) -> str:
+    """The direction of a metric other than the study's: losses, perplexities and costs go down."""
+    return "minimize" if any(word in metric for word in LOWER_IS_BETTER) else "maximize"
+
+
 def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = None, n_boot: int = 10_000) -> Table:
     """The ablation table of a study's cells (see the module docstring)."""
-    metric = metric or runs.design.get("metric", "final/val_loss")
     direction = runs.design.get("direction", "minimize")
+    if metric and metric != runs.design.get("metric"):
+        direction = metric_direction(metric)
+    metric = metric or runs.design.get("metric", "final/val_loss")
     cells = runs.cells
     notes = []
     if metric not in cells.columns:

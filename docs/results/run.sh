@@ -12,3 +12,11 @@ for study in ${@:-heads positions norm_placement attention_score locality locali
   rm -f "docs/results/$study/report.html"   # 4.7 MB of plotly each: the tables and PNGs are committed
   echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 done
+if [ $# -eq 0 ]; then  # the companion tables, and Michel et al.'s head removal
+  .venv/bin/ablate report positions --metric test/exact_match --tracking-uri "$STORE" --out docs/results/positions_in_distribution --no-log
+  .venv/bin/ablate report heads --metric final/val_loss --baseline n_heads=8 --tracking-uri "$STORE" --out docs/results/heads_val_loss --no-log
+  rm -f docs/results/*/report.html
+  .venv/bin/ablate sweep ablations/studies/michel_heads.yaml --tracking-uri "$STORE"
+  mkdir -p docs/results/michel_heads
+  .venv/bin/ablate heads michel_heads --tracking-uri "$STORE" --metric val/loss | grep -v '^logged to MLflow' > docs/results/michel_heads/heads.md
+fi

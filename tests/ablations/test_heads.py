@@ -19,12 +19,21 @@ from tests.conftest import ROOT
 @pytest.mark.slow
 def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
     path = tmp_path / "mh.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "mh", "seeds": 2, "design": {"variants": [{"name": "trained", "set": {}}]},
-        "base": {"task": {"name": "reverse", "train_size": 300, "max_len": 5},
-                 "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
-                 "training": {"max_steps": 40, "val_every": 20, "batch_size": 16},
-                 "tracking": {"checkpoint": True}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "mh",
+                "seeds": 2,
+                "design": {"variants": [{"name": "trained", "set": {}}]},
+                "base": {
+                    "task": {"name": "reverse", "train_size": 300, "max_len": 5},
+                    "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+                    "training": {"max_steps": 40, "val_every": 20, "batch_size": 16},
+                    "tracking": {"checkpoint": True},
+                },
+            }
+        )
+    )
     result = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lambda _: None)
     assert result.complete
     run_id = result.rows[0]["run_id"]
@@ -56,8 +65,13 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
 
     effects, info = head_ablation(store, "mh")
     assert info["seeds"] == 2 and all(e.drop.n == 2 for e in effects)
-    out = subprocess.run([sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0 and "| layers.0.attn |" in out.stdout, out.stderr
 
 

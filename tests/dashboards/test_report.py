@@ -252,3 +252,11 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path)
         timeout=300,
     )
     assert bad.returncode == 2 and "no study 'nope'" in bad.stderr and "abl" in bad.stderr
+
+
+def test_another_metric_brings_its_own_direction(store):
+    three_variants(store)  # the study maximises test/acc
+    runs = load_study(store, "abl")
+    loss = build(runs, "cost/wall_time_s")
+    assert loss.direction == "minimize"
+    assert build(runs, "test/acc").direction == "maximize"
