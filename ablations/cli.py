@@ -233,6 +233,14 @@ def _ui(args: argparse.Namespace) -> int:
     return serve_mlflow(args.tracking_uri, args.host, args.port or int(os.environ.get("ABLATE_UI_PORT", "5000")))
 
 
+def add_tracking_uri(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ablate", description="Ablation studies of Transformers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -246,11 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a key, e.g. --set model.n_heads=8 --set training.lr=3e-4 (repeatable)",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the run's name)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
@@ -261,11 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
@@ -282,11 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.set_defaults(func=_search)
 
@@ -303,32 +299,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=None, help="report folder (default: .ablate/reports/STUDY)")
     p.add_argument("--no-log", action="store_true", help="do not log the report to the study's parent run")
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.set_defaults(func=_report)
 
     p = sub.add_parser("heads", help="remove one attention head at a time in every trained seed (Michel et al. 2019)")
     p.add_argument("study", help="a study whose runs kept their weights (tracking: {checkpoint: true})")
     p.add_argument("--metric", default="val/loss", help="a validation or test metric, e.g. val/loss, test/exact_match")
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.set_defaults(func=_heads)
 
     p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")
     p.add_argument("a", help="a study name, or NAME@SUBMISSION")
     p.add_argument("b", help="a study name, or NAME@SUBMISSION")
     p.add_argument("--metric", default=None, help="default: the first study's metric")
-    p.add_argument(
-        "--tracking-uri",
-        default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the SQLite store in .ablate/)",
-    )
+    add_tracking_uri(p)
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")

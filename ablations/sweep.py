@@ -627,6 +627,8 @@ def _open_submission(study: Study, uri: str, p: Plan) -> Submission:
         ],
         "seeds": study.seeds,
         "skipped": [vars(s) for s in study.skipped],
+        # a cell keeps its id when the design grows (a new axis at the base's value), but its label changes
+        "cells": {c.cell_id: c.variant for c in study.cells},
     }
     c.log_dict(run.info.run_id, design, "design.json")
     if study.description:

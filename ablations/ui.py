@@ -52,13 +52,7 @@ def serve_mlflow(uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> 
         "(Ctrl-C stops it)",
         flush=True,
     )
-    proc = subprocess.Popen(mlflow_server_command(uri, host, port), env=lean_server_env())
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
-        return 0
+    return _serve(mlflow_server_command(uri, host, port), lean_server_env())
 
 
 def optuna_dashboard_command(storage: str, host: str, port: int) -> list[str]:
@@ -81,7 +75,12 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080)
             f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr
         )
     print(f"optuna-dashboard on {url}\nopen http://{host}:{port} (Ctrl-C stops it)", flush=True)
-    proc = subprocess.Popen(optuna_dashboard_command(url, host, port))
+    return _serve(optuna_dashboard_command(url, host, port), dict(os.environ))
+
+
+def _serve(command: list[str], env: dict[str, str]) -> int:
+    """Run a server in the foreground until it exits or Ctrl-C stops it."""
+    proc = subprocess.Popen(command, env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt:

@@ -127,8 +127,12 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     for cell_id, attempts in by_cell.items():
         result = next((r for r in attempts if cell_state(r) in RESULT_STATES), attempts[-1])
         rows.append(_row(cell_id, result, attempts))
+    design = _design(uri, parents)
+    labels = design.get("cells", {})  # the latest design's name of each cell, whatever its runs were tagged
+    for row in rows:
+        row["variant"] = labels.get(row["cell_id"], row["variant"])
     cells = pd.DataFrame(rows)
-    return StudyRuns(study, uri, exp.experiment_id, _design(uri, parents), cells, parents)
+    return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)
 
 
 def _row(cell_id: str, run, attempts: list) -> dict[str, Any]:

@@ -6,6 +6,7 @@ python docs/screenshots.py SOMEWHERE/.ablate/mlflow.db quickstart
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,13 +16,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(db: str, study: str) -> None:
-    import subprocess
 
     from mlflow import MlflowClient
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
+    from ablations.ui import lean_server_env, mlflow_server_command
     from tests.conftest import free_port, stop, wait_for_http
 
     uri = f"sqlite:///{Path(db).resolve()}"
@@ -30,22 +31,7 @@ def main(db: str, study: str) -> None:
     parent = c.search_runs([exp.experiment_id], "tags.kind = 'study'", order_by=["attributes.start_time DESC"])[0]
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        start_new_session=True,
-        env={**__import__("os").environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        mlflow_server_command(uri, "127.0.0.1", port), env=lean_server_env(), start_new_session=True
     )
     out = ROOT / "docs" / "img"
     options = webdriver.ChromeOptions()
