@@ -269,10 +269,18 @@ def test_cells_take_the_latest_designs_names(store):
     exp = c.get_experiment_by_name("abl")
     parent = c.create_run(exp.experiment_id, tags={"kind": "study", "submission": "2"})
     names = {f"{v}-{s}": f"{v} lr=0.003" for v in ("baseline", "better", "same") for s in SEEDS}
-    c.log_dict(parent.info.run_id, {"kind": "grid", "axes": [], "metric": "test/acc", "direction": "maximize",
-                                    "variants": [{"name": f"{v} lr=0.003", "settings": {}}
-                                                 for v in ("baseline", "better", "same")], "cells": names},
-               "design.json")
+    c.log_dict(
+        parent.info.run_id,
+        {
+            "kind": "grid",
+            "axes": [],
+            "metric": "test/acc",
+            "direction": "maximize",
+            "variants": [{"name": f"{v} lr=0.003", "settings": {}} for v in ("baseline", "better", "same")],
+            "cells": names,
+        },
+        "design.json",
+    )
     runs = load_study(store, "abl")
     assert set(runs.cells["variant"]) == {"baseline lr=0.003", "better lr=0.003", "same lr=0.003"}
     assert [r.variant for r in build(runs).rows] == ["baseline lr=0.003", "better lr=0.003", "same lr=0.003"]
