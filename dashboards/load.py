@@ -129,8 +129,13 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         rows.append(_row(cell_id, result, attempts))
     design = _design(uri, parents)
     labels = design.get("cells", {})  # the latest design's name of each cell, whatever its runs were tagged
+    settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
     for row in rows:
         row["variant"] = labels.get(row["cell_id"], row["variant"])
+        # axes added after a cell ran are at the base's value in that cell: the design says which
+        row.update(
+            {f"axis.{k}": str(v) for k, v in settings.get(row["variant"], {}).items() if not k.startswith("tuned:")}
+        )
     cells = pd.DataFrame(rows)
     return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)
 

@@ -172,7 +172,7 @@ class Effect:
 
 
 def _levels(df: Any, factor: str) -> list[str]:
-    return list(dict.fromkeys(df[factor].astype(str)))
+    return list(dict.fromkeys(str(x) for x in df[factor]))
 
 
 def _effect(factor: str, level: str, reference: str, per_seed: list[float], confidence: float) -> Effect:

@@ -276,11 +276,14 @@ def test_cells_take_the_latest_designs_names(store):
             "axes": [],
             "metric": "test/acc",
             "direction": "maximize",
-            "variants": [{"name": f"{v} lr=0.003", "settings": {}} for v in ("baseline", "better", "same")],
+            "variants": [
+                {"name": f"{v} lr=0.003", "settings": {"training.lr": "0.003"}} for v in ("baseline", "better", "same")
+            ],
             "cells": names,
         },
         "design.json",
     )
     runs = load_study(store, "abl")
     assert set(runs.cells["variant"]) == {"baseline lr=0.003", "better lr=0.003", "same lr=0.003"}
+    assert set(runs.cells["axis.training.lr"]) == {"0.003"}  # the new axis, at the base's value, filled in
     assert [r.variant for r in build(runs).rows] == ["baseline lr=0.003", "better lr=0.003", "same lr=0.003"]
