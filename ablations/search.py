@@ -13,10 +13,10 @@ objectives:                            # one or more; several: a Pareto front (n
 sampler: tpe                           # tpe | random | cmaes | gp | nsga2
 pruner: median                         # median | successive_halving | hyperband | wilcoxon | none
 prune_on: val/loss                     # the intermediate metric reported from inside training
-n_trials: 20                           # in total, across every process working on the study
+n_trials: 20                           # in total, across every process on the study; failed trials count
 timeout: 600                           # seconds this process asks for new trials (optional)
 concurrency: 2                         # trials at once in this process
-resources: {cpus: 1, gpus: 0}          # per trial
+resources: {cpus: 1, gpus: 0}          # per trial; workers: 2 trains each trial data-parallel
 budget: {steps: 300}                   # per trial
 seed: 0                                # of the sampler
 storage: null                          # default: SQLite in .ablate/optuna.db; or a URL, or journal:PATH
@@ -42,11 +42,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablations import tracking
 from ablations.spec import SpecError, apply_overrides, read_yaml, resolve_run
 from ablations.study import Resources, _base, _budget, _check_axis, _mapping, _resources, valid_axis_keys
+
+if TYPE_CHECKING:
+    from ablations.train import Hook
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
 PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
@@ -266,13 +269,6 @@ def load_search(
     if n_trials is None and timeout is None:
         raise SpecError(source, "n_trials", "give n_trials, timeout, or both: a search needs an end")
     resources = _resources(source, data.get("resources"))
-    if resources.workers > 1:
-        raise SpecError(
-            source,
-            "resources.workers",
-            "searches run each trial on one worker for now (pruning reports "
-            "from inside a single process); use workers: 1, or a sweep for data-parallel trials",
-        )
     storage = data.get("storage")
     if storage is not None and not isinstance(storage, str):
         raise SpecError(source, "storage", "must be a storage URL (sqlite:///..., postgresql://...) or journal:PATH")
@@ -368,10 +364,10 @@ def make_sampler(spec: SearchSpec):
     return optuna.samplers.NSGAIISampler(seed=spec.seed)
 
 
-def make_pruner(spec: SearchSpec):
+def make_pruner(p: str):
+    """The pruner named ``p``. The storage keeps no pruner: the driver and every trial must build the same one."""
     import optuna
 
-    p = spec.pruner
     if p == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
     if p == "successive_halving":
@@ -401,27 +397,20 @@ class TrialTask:
     prune_on: str
     pruner: str
     code: dict[str, str]
+    resources: Resources
+    ray_storage: str  # where Ray Train keeps a data-parallel trial's state
 
 
-def run_trial(task: TrialTask) -> dict[str, Any]:
-    """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result)."""
+def pruning_hook(task: TrialTask, storage=None) -> Hook:
+    """Reports ``prune_on`` to the trial at every validation and stops training when the pruner says so."""
     import optuna
 
-    from ablations.train import StopTraining, Tracking, train
+    from ablations.train import StopTraining
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = open_storage(task.storage)
-    study = optuna.load_study(study_name=task.spec_name, storage=storage)
+    storage = storage or open_storage(task.storage)
+    study = optuna.load_study(study_name=task.spec_name, storage=storage, pruner=make_pruner(task.pruner))
     trial = optuna.Trial(study, task.trial_id)
-    stop = threading.Event()
-
-    def beat() -> None:  # tells a later process that this trial is alive (RDB storages)
-        while not stop.wait(5):
-            with contextlib.suppress(Exception):
-                storage.record_heartbeat(task.trial_id)
-
-    if hasattr(storage, "record_heartbeat"):
-        threading.Thread(target=beat, daemon=True).start()
 
     def hook(step: int, metrics: dict[str, float]) -> None:
         value = metrics.get(task.prune_on)
@@ -433,6 +422,29 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
                 tracking.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
             )
 
+    return hook
+
+
+def _rank0_hooks(task: TrialTask) -> list[Hook]:  # built in rank 0's process of a data-parallel trial
+    return [pruning_hook(task)]
+
+
+def run_trial(task: TrialTask) -> dict[str, Any]:
+    """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result).
+
+    With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
+    from ablations.train import Tracking, train
+
+    storage = open_storage(task.storage)
+    stop = threading.Event()
+
+    def beat() -> None:  # tells a later process that this trial is alive (RDB storages)
+        while not stop.wait(5):
+            with contextlib.suppress(Exception):
+                storage.record_heartbeat(task.trial_id)
+
+    if hasattr(storage, "record_heartbeat"):
+        threading.Thread(target=beat, daemon=True).start()
     tags = {
         "kind": KIND_TRIAL,
         "study": task.spec_name,
@@ -440,14 +452,23 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         "optuna_trial_id": str(task.trial_id),
         "pid": str(os.getpid()),
         "host": socket.gethostname(),
+        "workers": str(task.resources.workers),
         **task.code,
         **{f"param.{k}": str(v) for k, v in task.params.items()},
     }
     try:
         run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
-        result = train(
-            run, Tracking(task.uri, task.experiment, task.parent_run_id, f"trial {task.number}", tags), hooks=[hook]
-        )
+        where = Tracking(task.uri, task.experiment, task.parent_run_id, f"trial {task.number}", tags)
+        if task.resources.workers > 1:
+            from functools import partial
+
+            from ablations.parallel import ParallelJob, run_data_parallel
+
+            job = ParallelJob(run, where, task.resources, rank0_hooks=partial(_rank0_hooks, task))
+            name = f"{task.spec_name}-trial-{task.number}-{int(time.time())}"
+            result = run_data_parallel(job, name=name, storage_path=task.ray_storage)
+        else:
+            result = train(run, where, hooks=[pruning_hook(task, storage)])
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
@@ -532,7 +553,7 @@ def run_search(
         study_name=spec.name,
         storage=st,
         sampler=make_sampler(spec),
-        pruner=make_pruner(spec),
+        pruner=make_pruner(spec.pruner),
         directions=spec.directions,
         load_if_exists=True,
     )
@@ -586,18 +607,27 @@ def run_search(
         c.log_artifact(parent_id, spec.source)
     code = tracking.code_version()
 
-    conn = connect(address, num_cpus=num_cpus)
+    parallel = spec.resources.workers > 1
+    conn = connect(address, num_cpus=num_cpus, dashboard=parallel)
     import ray
 
+    # a data-parallel trial's task only drives: its workers get the resources, in their own placement group
     remote = ray.remote(run_trial).options(
-        num_cpus=spec.resources.cpus, num_gpus=spec.resources.gpus or None, max_retries=0
+        num_cpus=0 if parallel else spec.resources.cpus,
+        num_gpus=None if parallel else spec.resources.gpus or None,
+        max_retries=0,
     )
     running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
     t0, status = time.monotonic(), tracking.STATUS_FAILED
 
     def total_counted() -> int:
-        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-        return len(study.get_trials(deepcopy=False, states=states))
+        """Trials asked so far, failed ones included (a search whose trials all fail ends), except those a dead
+        process left running: they are asked again, and the retry counts instead."""
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        return sum(
+            t.state != TrialState.WAITING and not (t.state == TrialState.FAIL and t.number in retried) for t in trials
+        )
 
     def can_ask() -> bool:
         if spec.timeout is not None and time.monotonic() - t0 > spec.timeout:
@@ -638,6 +668,8 @@ def run_search(
                     spec.prune_on,
                     spec.pruner,
                     code,
+                    spec.resources,
+                    str(tracking.home() / "ray_results"),
                 )
                 running[remote.remote(task)] = (trial.number, time.monotonic())
             if not running:
@@ -691,6 +723,9 @@ def _progress_line(
         value = " " + ", ".join(f"{m}={v:.4g}" for (m, _), v in zip(spec.objectives, result["values"]))
     elif result.get("reason"):
         value = f" ({result['reason'][:120]})"
+    elif state == "FAIL" and result.get("values"):
+        missing = [m for (m, _), v in zip(spec.objectives, result["values"]) if v is None or not math.isfinite(v)]
+        value = f" (the run recorded no finite {', '.join(missing)})"
     best = ""
     if len(spec.objectives) == 1 and c.get("COMPLETE"):
         with contextlib.suppress(ValueError):

@@ -157,57 +157,14 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     return out
 
 
-def _ddp_worker(config: dict) -> None:
-    """One rank of a data-parallel trial (Ray Train V2 + Lightning): rank 0 alone logs to MLflow."""
-    import ray.train
-    import torch
-    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
-
-    from ablations.train import train
-
-    cell, ctx, where = config["cell"], config["ctx"], config["where"]
-    torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
-    rank = ray.train.get_context().get_world_rank()
-
-    def hook(step: int, metrics: dict[str, float]) -> None:
-        if any(k.startswith("val/") for k in metrics):
-            ray.train.report({**metrics, "step": step})  # every rank reports at the same points (Train V2)
-
-    options = {
-        "strategy": RayDDPStrategy(),
-        "plugins": [RayLightningEnvironment()],
-        "devices": "auto",
-        "accelerator": "gpu" if ctx.resources.gpus else "cpu",
-    }
-    result = train(cell.run, where, hooks=[hook], trainer_options=options, prepare=prepare_trainer, log=rank == 0)
-    final = {"status": result.status, "run_id": result.run_id, "rank": rank, **result.metrics}
-    ray.train.report(final)
-
-
 def _run_data_parallel(cell: Cell, ctx: TrialContext, where):
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from ablations.train import RunResult
+    from ablations.parallel import ParallelJob, run_data_parallel
 
-    r = ctx.resources
-    per_worker = {"CPU": r.per_worker_cpus}
-    if r.gpus:
-        per_worker["GPU"] = r.gpus / r.workers
-    trainer = TorchTrainer(
-        _ddp_worker,
-        train_loop_config={"cell": cell, "ctx": ctx, "where": where},
-        scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpus), resources_per_worker=per_worker),
-        run_config=RunConfig(
-            name=f"ddp-{cell.cell_id}-{where.tags.get('attempt', '1')}",
-            storage_path=ctx.storage,
-            callbacks=[TuneReportCallback()],
-        ),
-    )
-    metrics = trainer.fit().metrics or {}
-    summary = {k: v for k, v in metrics.items() if isinstance(v, float)}
-    return RunResult(metrics.get("run_id", ""), metrics.get("status", "failed"), "", summary, ctx.uri, ctx.study)
+    job = ParallelJob(cell.run, where, ctx.resources, report_validation=True)
+    name = f"ddp-{cell.cell_id}-{where.tags.get('attempt', '1')}"
+    return run_data_parallel(job, name=name, storage_path=ctx.storage, callbacks=[TuneReportCallback()])
 
 
 def _trainable(config: dict, cells: dict[str, Cell], ctx: TrialContext) -> None:

@@ -114,6 +114,12 @@ class Drain(L.Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         self.drain(pl_module)
+        if trainer.world_size > 1 and not trainer.sanity_checking:
+            # data-parallel: rank 0's hooks decide (a pruner asks there), and every rank stops at this same
+            # validation; a rank that stopped alone would leave the others waiting in an all-reduce
+            self.stopped = trainer.strategy.broadcast(self.stopped, src=0)
+            if self.stopped is not None:
+                trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.drain(pl_module)

@@ -307,6 +307,8 @@ class LitTransformer(L.LightningModule):
         logits, targets = self._inputs(batch, tf_p)
         loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
         value = loss.item()
+        if self.trainer.world_size > 1:  # data-parallel: every rank judges (and logs) the same mean loss
+            value = self.trainer.strategy.reduce(loss.detach(), reduce_op="mean").item()
         if self._guard(step, value):
             return None  # skip this update; the trainer stops
         if step % self.log_every == 0:

@@ -81,7 +81,7 @@ def refused(tmp_path: Path, **spec) -> SpecError:
             "single",
         ),
         ({"n_trials": None}, "n_trials", "an end"),
-        ({"resources": {"cpus": 2, "workers": 2}}, "resources.workers", "one worker"),
+        ({"resources": {"cpus": 1, "workers": 2}}, "resources.cpus", "one per worker"),
         ({"prune_on": "train/loss"}, "prune_on", "validation"),
         (
             {"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}},
@@ -119,6 +119,35 @@ def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_pa
         assert ("model.dilation" in params) == (params["model.pattern"] == "dilated")
         study.tell(trial, 0.0)
     assert seen == {"full", "local", "dilated"}
+
+
+@pytest.mark.parametrize(("pruner", "stops"), [("median", True), ("none", False)])
+def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
+    """The storage keeps no pruner: a trial's process must build the search's (Optuna's default median pruner
+    waits for 5 finished trials; this search's waits for 2)."""
+    from ablations.search import TrialTask, make_pruner, pruning_hook
+    from ablations.study import Resources
+    from ablations.train import StopTraining
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="p", storage=open_storage(url), pruner=make_pruner(pruner))
+    for _ in range(2):  # two finished trials whose loss at step 10 was 1.0
+        t = study.ask()
+        t.report(1.0, 10)
+        study.tell(t, 1.0)
+    trial = study.ask()
+    task = TrialTask(
+        "p", url, trial._trial_id, trial.number, {}, {}, "", "", "", [("final/val_loss", "minimize")], "val/loss",
+        pruner, {}, Resources(), str(tmp_path)
+    )  # fmt: skip
+    hook = pruning_hook(task)
+    hook(5, {"train/loss": 9.0})  # not the metric it prunes on: ignored
+    if stops:
+        with pytest.raises(StopTraining, match="median pruner at val/loss=3"):
+            hook(10, {"val/loss": 3.0})
+    else:
+        hook(10, {"val/loss": 3.0})
+    assert optuna.load_study(study_name="p", storage=url).trials[2].intermediate_values == {10: 3.0}
 
 
 @pytest.mark.slow
@@ -168,6 +197,61 @@ def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
         assert max(t.intermediate_values) < 60
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert all(by_trial[t.number].data.metrics["final/val_loss"] == pytest.approx(t.value) for t in complete)
+
+
+@pytest.mark.slow
+def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_pruned(tmp_path, store):
+    """Two DDP workers per trial: one MLflow run per trial, each validation reported to Optuna once, and a
+    pruned trial ends on every rank at the same validation (a rank left training would hang the test)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec = load_search(
+        write_spec(
+            tmp_path,
+            n_trials=3,
+            concurrency=1,
+            pruner="median",
+            resources={"cpus": 2, "workers": 2},
+            budget={"steps": 40},
+        )
+    )
+    study = optuna.create_study(study_name="srch", storage=open_storage(storage))
+    for lr in (3.0e-3, 3.0e-3, 1.0e-5):  # two sound trials, then one the median pruner stops at once
+        study.enqueue_trial({"training.lr": lr})
+    lines: list[str] = []
+    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
+    log = "\n".join(lines)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED], log
+    for t in study.trials[:2]:
+        assert sorted(t.intermediate_values) == [10, 20, 30, 40]
+    assert sorted(study.trials[2].intermediate_values) == [10]  # pruned at its first validation
+
+    c = MlflowClient(store)
+    runs = {int(r.data.tags["trial"]): r for r in runs_of_kind(store, "srch", KIND_TRIAL)}
+    assert sorted(runs) == [0, 1, 2]  # one run per trial: rank 1 logged nothing
+    assert {r.data.tags["workers"] for r in runs.values()} == {"2"}
+    for number in (0, 1):
+        assert runs[number].data.metrics["final/val_loss"] == pytest.approx(study.trials[number].value)
+        history = c.get_metric_history(runs[number].info.run_id, "val/loss")
+        assert [m.step for m in history] == [10, 20, 30, 40]
+        reported = study.trials[number].intermediate_values  # rank 0 reported what MLflow holds
+        assert [reported[m.step] for m in history] == pytest.approx([m.value for m in history])
+    pruned = runs[2]
+    assert pruned.data.tags["status_detail"].startswith("pruned") and pruned.data.metrics["stopped_step"] == 10
+
+
+@pytest.mark.slow
+def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec = load_search(
+        write_spec(tmp_path, n_trials=2, pruner="none", budget={"steps": 10}, metric="final/val_lost")
+    )  # a typo in the objective: every run finishes without it
+    lines: list[str] = []
+    result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # n_trials counts failures: no endless asking
+    assert result.best == [] and result.counts == {"FAIL": 2}
+    assert sum("no finite final/val_lost" in line for line in lines) == 2, lines
 
 
 @pytest.mark.slow

@@ -335,6 +335,7 @@ def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
     assert result.complete and result.counts["finished"] == 1, "\n".join(lines)
+    assert any(line.endswith("<- ddp | seed 0: finished") for line in lines), lines  # rank 0's result reached Tune
     runs = runs_of(store, "ddp")
     assert len(runs) == 1  # one MLflow run, from rank 0 alone
     run = runs[0]

@@ -1,0 +1,105 @@
+"""Data-parallel training of one run (``resources.workers > 1``) through Ray Train V2 and Lightning.
+
+Sweeps and searches share it. Every rank trains; rank 0 alone logs to the run's one MLflow run and runs the
+caller's rank-0 hooks (a search's pruner reports to Optuna there). A decision to stop early that rank 0 takes
+reaches every rank at the same validation (``ablations.train.Drain`` broadcasts it), so no rank is left
+waiting in an all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ablations.spec import RunConfig
+from ablations.study import Resources
+from ablations.train import Hook, RunResult, Tracking
+
+
+@dataclass
+class ParallelJob:
+    """What every rank needs (shipped to the Ray Train workers)."""
+
+    run: RunConfig
+    where: Tracking
+    resources: Resources
+    rank0_hooks: Callable[[], list[Hook]] | None = None  # built on rank 0, in its process (picklable)
+    report_validation: bool = False  # every rank reports each validation to Ray (Tune reads them)
+
+
+def _worker(config: dict) -> None:
+    """One rank."""
+    import ray.train
+    import torch
+    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+
+    from ablations.train import train
+
+    job: ParallelJob = config["job"]
+    torch.set_num_threads(max(1, int(job.resources.per_worker_cpus)))
+    rank = ray.train.get_context().get_world_rank()
+    hooks: list[Hook] = []
+    if rank == 0 and job.rank0_hooks is not None:
+        hooks += job.rank0_hooks()
+    if job.report_validation:
+
+        def report(step: int, metrics: dict[str, float]) -> None:
+            if any(k.startswith("val/") for k in metrics):
+                ray.train.report({**metrics, "step": step})  # every rank reports at the same points (Train V2)
+
+        hooks.append(report)
+    options = {
+        "strategy": RayDDPStrategy(),
+        "plugins": [RayLightningEnvironment()],
+        "devices": "auto",
+        "accelerator": "gpu" if job.resources.gpus else "cpu",
+    }
+    train(job.run, job.where, hooks=hooks, trainer_options=options, prepare=prepare_trainer, log=rank == 0)
+
+
+def run_data_parallel(
+    job: ParallelJob, *, name: str, storage_path: str, callbacks: list[Any] | None = None
+) -> RunResult:
+    """Train ``job.run`` on ``job.resources.workers`` Ray Train workers; the result is rank 0's MLflow run.
+
+    Ray Train V2 keeps reported metrics only with checkpoints, so the result is read back from MLflow, the
+    record of every run, by a tag unique to this call."""
+    import uuid
+
+    from ray.train import RunConfig as TrainRunConfig
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    key = f"{name}-{uuid.uuid4().hex[:8]}"
+    job = dataclasses.replace(job, where=dataclasses.replace(job.where, tags={**job.where.tags, "ray_train_run": key}))
+    r = job.resources
+    per_worker = {"CPU": r.per_worker_cpus}
+    if r.gpus:
+        per_worker["GPU"] = r.gpus / r.workers
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={"job": job},
+        scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpus), resources_per_worker=per_worker),
+        run_config=TrainRunConfig(name=key, storage_path=storage_path, callbacks=callbacks or []),
+    )
+    trainer.fit()
+    return _recorded_result(job, key)
+
+
+def _recorded_result(job: ParallelJob, key: str) -> RunResult:
+    from ablations import tracking
+
+    uri = tracking.resolve_uri(job.where.uri)
+    experiment = job.where.experiment or job.run.name or "runs"
+    c = tracking.client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    runs = c.search_runs([exp.experiment_id], f"tags.ray_train_run = '{key}'") if exp else []
+    if not runs:
+        return RunResult("", tracking.STATUS_FAILED, "rank 0 recorded no MLflow run", {}, uri, experiment)
+    run = runs[0]
+    status, _, detail = run.data.tags.get("status_detail", "").partition(": ")
+    if run.info.status == "RUNNING" or not status:
+        status, detail = tracking.STATUS_FAILED, "rank 0 did not end its run"
+    return RunResult(run.info.run_id, status, detail, dict(run.data.metrics), uri, experiment)
