@@ -401,12 +401,15 @@ class TrialTask:
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
 
 
-def pruning_hook(task: TrialTask, storage=None) -> Hook:
-    """Reports ``prune_on`` to the trial at every validation and stops training when the pruner says so."""
+def pruning_hooks(task: TrialTask, storage=None) -> list[Hook]:
+    """Report ``prune_on`` to the trial at every validation and stop training when the pruner says so. Optuna
+    takes intermediate values from single-objective studies only: a multi-objective trial reports nothing."""
     import optuna
 
     from ablations.train import StopTraining
 
+    if len(task.objectives) > 1:
+        return []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage or open_storage(task.storage)
     study = optuna.load_study(study_name=task.spec_name, storage=storage, pruner=make_pruner(task.pruner))
@@ -422,11 +425,7 @@ def pruning_hook(task: TrialTask, storage=None) -> Hook:
                 tracking.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
             )
 
-    return hook
-
-
-def _rank0_hooks(task: TrialTask) -> list[Hook]:  # built in rank 0's process of a data-parallel trial
-    return [pruning_hook(task)]
+    return [hook]
 
 
 def run_trial(task: TrialTask) -> dict[str, Any]:
@@ -464,11 +463,11 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
 
             from ablations.parallel import ParallelJob, run_data_parallel
 
-            job = ParallelJob(run, where, task.resources, rank0_hooks=partial(_rank0_hooks, task))
+            job = ParallelJob(run, where, task.resources, rank0_hooks=partial(pruning_hooks, task))
             name = f"{task.spec_name}-trial-{task.number}-{int(time.time())}"
             result = run_data_parallel(job, name=name, storage_path=task.ray_storage)
         else:
-            result = train(run, where, hooks=[pruning_hook(task, storage)])
+            result = train(run, where, hooks=pruning_hooks(task, storage))
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:

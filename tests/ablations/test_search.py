@@ -96,6 +96,13 @@ def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spe
     assert err.key == key and words in str(err), str(err)
 
 
+def test_every_catalogue_search_loads():
+    paths = sorted((ROOT / "ablations" / "searches").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"quickstart_lr", "locality_window"}
+    for path in paths:
+        assert load_search(path).name == path.stem
+
+
 def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_path):
     spec = load_search(
         write_spec(
@@ -125,7 +132,7 @@ def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_pa
 def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     """The storage keeps no pruner: a trial's process must build the search's (Optuna's default median pruner
     waits for 5 finished trials; this search's waits for 2)."""
-    from ablations.search import TrialTask, make_pruner, pruning_hook
+    from ablations.search import TrialTask, make_pruner, pruning_hooks
     from ablations.study import Resources
     from ablations.train import StopTraining
 
@@ -140,7 +147,7 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
         "p", url, trial._trial_id, trial.number, {}, {}, "", "", "", [("final/val_loss", "minimize")], "val/loss",
         pruner, {}, Resources(), str(tmp_path)
     )  # fmt: skip
-    hook = pruning_hook(task)
+    (hook,) = pruning_hooks(task)
     hook(5, {"train/loss": 9.0})  # not the metric it prunes on: ignored
     if stops:
         with pytest.raises(StopTraining, match="median pruner at val/loss=3"):
@@ -182,6 +189,9 @@ def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
     assert parent.data.metrics["best/final/val_loss"] == pytest.approx(study.best_value)
     assert parent.data.tags["best_trial"] == str(study.best_trial.number)
     assert {"best.json", "optuna_plots.html", "srch.yaml"} <= {a.path for a in c.list_artifacts(parent.info.run_id)}
+    page = Path(c.download_artifacts(parent.info.run_id, "optuna_plots.html", str(tmp_path))).read_text()
+    for title in ("optimisation history", "parallel coordinates", "PED-ANOVA", "fANOVA", "intermediate values"):
+        assert f"<h2>{title}" in page or f"({title})</h2>" in page, title
     children = c.search_runs([exp.experiment_id], f"tags.kind = '{KIND_TRIAL}'")
     assert len(children) == len(study.trials)
     by_trial = {int(r.data.tags["trial"]): r for r in children}
@@ -255,15 +265,33 @@ def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store):
 
 
 @pytest.mark.slow
-def test_journal_storage_and_resuming_up_to_n_trials(tmp_path, store):
+def test_journal_storage_resuming_and_two_objectives(tmp_path, store):
     storage = f"journal:{tmp_path / 'journal.log'}"
-    spec = load_search(write_spec(tmp_path, n_trials=2, pruner="none"))
+    objectives = [
+        {"metric": "final/val_loss", "direction": "minimize"},
+        {"metric": "cost/tokens_per_s", "direction": "maximize"},
+    ]
+    spec = load_search(write_spec(tmp_path, n_trials=2, pruner="none", objectives=objectives))
+    assert spec.sampler == "random"
     run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
     spec.n_trials = 4  # the same command again with a larger total: two more
-    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
+    result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
     study = optuna.load_study(study_name="srch", storage=open_storage(storage))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
     assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2  # one parent run per process
+    # the Pareto front: every trial no other trial beats in both objectives
+    front = {t.number for t in study.trials if not any(dominates(o.values, t.values) for o in study.trials)}
+    assert {b["number"] for b in result.best} == front
+    assert all(set(b["values"]) == {"final/val_loss", "cost/tokens_per_s"} for b in result.best)
+    c = MlflowClient(store)
+    page = Path(c.download_artifacts(result.parent_run_id, "optuna_plots.html", str(tmp_path))).read_text()
+    assert "<h2>Pareto front</h2>" in page and "<h2>history of cost/tokens_per_s</h2>" in page
+
+
+def dominates(a: list[float], b: list[float]) -> bool:
+    """a is no worse than b in both (loss down, speed up) and better in one."""
+    no_worse = a[0] <= b[0] and a[1] >= b[1]
+    return no_worse and (a[0] < b[0] or a[1] > b[1])
 
 
 def runs_of_kind(uri: str, experiment: str, kind: str) -> list:
