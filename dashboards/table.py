@@ -34,6 +34,7 @@ class VariantRow:
     rates: stats.Rates
     costs: dict[str, float]
     best: bool = False
+    tuned: str = ""  # a tuned study: the parameters this variant's own search chose ("lr=0.0042")
 
     @property
     def marks(self) -> str:
@@ -52,6 +53,15 @@ class Table:
     rows: list[VariantRow]
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def tuned(self) -> bool:
+        return any(r.tuned for r in self.rows)
+
+    @property
+    def value_column(self) -> int:
+        """Where the metric's column is: after variant, changed (and tuned)."""
+        return 3 if self.tuned else 2
+
     def as_records(self) -> list[dict[str, Any]]:
         """One flat dict per variant (CSV, JSON, and what the tests read)."""
         out = []
@@ -60,6 +70,7 @@ class Table:
             rec = {
                 "variant": r.variant,
                 "changed": r.changed,
+                **({"tuned": r.tuned} if self.tuned else {}),
                 "n": s.n,
                 "mean": s.mean,
                 "std": s.std,
@@ -87,6 +98,13 @@ class Table:
         return out
 
 
+TUNED = "tuned:"  # the prefix of what a tuned study's search chose, in a variant's settings
+
+
+def _short(key: str) -> str:
+    return key.removeprefix(TUNED).split(".", 1)[-1]
+
+
 def _changed(design: dict[str, Any], variant: str, baseline: str) -> str:
     settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
     mine, base = settings.get(variant), settings.get(baseline, {})
@@ -94,8 +112,23 @@ def _changed(design: dict[str, Any], variant: str, baseline: str) -> str:
         return "(baseline)"
     if mine is None:
         return "?"
-    diff = {k: v for k, v in mine.items() if base.get(k) != v}
-    return ", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in diff.items()) or "-"
+    diff = {k: v for k, v in mine.items() if base.get(k) != v and not k.startswith(TUNED)}
+    return ", ".join(f"{_short(k)}={v}" for k, v in diff.items()) or "-"
+
+
+def _tuned(design: dict[str, Any], variant: str) -> str:
+    settings = next((v.get("settings", {}) for v in design.get("variants", []) if v["name"] == variant), {})
+    return ", ".join(f"{_short(k)}={_value(str(v))}" for k, v in settings.items() if k.startswith(TUNED))
+
+
+def _value(v: str) -> str:
+    """A tuned float to 3 significant digits; integers and names as they are."""
+    if v.lstrip("-").isdigit():
+        return v
+    try:
+        return f"{float(v):.3g}"
+    except ValueError:
+        return v
 
 
 LOWER_IS_BETTER = ("loss", "perplexity", "bits", "wall_time", "step_time", "memory", "n_params", "flops_per_token")
@@ -150,6 +183,7 @@ def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = 
                 paired,
                 stats.rates(sub["state"]),
                 costs,
+                tuned=_tuned(runs.design, variant),
             )
         )
     for variant, p in stats.holm_adjust(comparisons).items():
@@ -210,6 +244,7 @@ def header(t: Table) -> list[str]:
     return [
         "variant",
         "changed",
+        *(["tuned"] if t.tuned else []),
         f"{t.metric} {arrow} (mean ± 95% CI)",
         "Δ vs baseline [95% CI]",
         "p (Holm)",
@@ -224,6 +259,7 @@ def cells_text(t: Table, r: VariantRow) -> list[str]:
     return [
         r.variant,
         r.changed,
+        *([r.tuned] if t.tuned else []),
         _pm(r.summary),
         _diff(r.paired) + (f" {r.marks}" if r.marks else ""),
         _p(r.paired),
@@ -254,20 +290,22 @@ def legend(t: Table) -> str:
 def to_terminal(t: Table) -> str:
     head = header(t)
     body = [cells_text(t, r) for r in t.rows]
-    body = [[c + (" *best*" if i == 2 and r.best else "") for i, c in enumerate(row)] for row, r in zip(body, t.rows)]
+    k = t.value_column
+    body = [[c + (" *best*" if i == k and r.best else "") for i, c in enumerate(row)] for row, r in zip(body, t.rows)]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) if i < k else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     out = [line(head), "  ".join("-" * w for w in widths), *[line(b) for b in body]]
     return "\n".join(out + ["", legend(t), *t.notes])
 
 
 def to_markdown(t: Table) -> str:
     head = header(t)
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
+    k = t.value_column
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * k + ["---:"] * (len(head) - k)) + "|"]
     for r in t.rows:
         c = cells_text(t, r)
         if r.best:
-            c[2] = f"**{c[2]}**"
+            c[t.value_column] = f"**{c[t.value_column]}**"
         out.append("| " + " | ".join(x.replace("|", "\\|") for x in c) + " |")
     return "\n".join(out + ["", legend(t)] + [f"- {n}" for n in t.notes]) + "\n"
 
@@ -299,7 +337,7 @@ def to_latex(t: Table) -> str:
         r"\begin{table}[t]",
         r"\centering",
         r"\small",
-        r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
+        r"\begin{tabular}{" + "l" * t.value_column + "r" * (len(head) - t.value_column) + "}",
         r"\toprule",
         " & ".join(_tex(h) for h in head) + r" \\",
         r"\midrule",
@@ -307,7 +345,7 @@ def to_latex(t: Table) -> str:
     for i, r in enumerate(t.rows):
         c = [_tex(x) for x in cells_text(t, r)]
         if r.best:
-            c[2] = r"\textbf{" + c[2] + "}"
+            c[t.value_column] = r"\textbf{" + c[t.value_column] + "}"
         out.append(" & ".join(c) + r" \\")
         if i == 0 and r.variant == t.baseline:
             out.append(r"\midrule")
@@ -339,7 +377,7 @@ def to_html(t: Table, links: dict[str, str] | None = None) -> str:
         if links and r.variant in links:
             c[0] = f'<a href="{html.escape(links[r.variant])}">{c[0]}</a>'
         if r.best:
-            c[2] = f"<b>{c[2]}</b>"
+            c[t.value_column] = f"<b>{c[t.value_column]}</b>"
         cls = ' class="baseline"' if r.variant == t.baseline else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{x}</td>" for x in c) + "</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in t.notes)

@@ -453,6 +453,12 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
         assert float(run.data.params["training.lr"]) == pytest.approx(lr)
         assert float(run.data.tags["tuned.training.lr"]) == pytest.approx(lr)
     assert c.get_experiment_by_name("tuned.tuning") is not None  # the searches' runs, apart from the cells
+    from dashboards.load import load_study as load_runs
+    from dashboards.table import build, to_markdown
+
+    table = build(load_runs(store, "tuned"))  # the ablation table says what each variant's search chose
+    assert {r["variant"]: r["tuned"] for r in table.as_records()} == {v: f"lr={lr:.3g}" for v, lr in best.items()}
+    assert "| variant | changed | tuned | test/exact_match" in to_markdown(table)
     # the same command again: the searches are complete, the cells are the same: nothing trains
     again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
     assert again.parent_run_id is None
