@@ -45,34 +45,47 @@ def run_link(runs: StudyRuns, run_id: str) -> str:
     return f"/{path}"
 
 
-def effects_html(runs: StudyRuns, metric: str) -> str:
+def factorial_effects(runs: StudyRuns, metric: str) -> list[stats.Effect]:
     """Main effects and two-way interactions of a full factorial design (grid studies with 2+ axes)."""
     axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in runs.cells.columns]
     if runs.design.get("kind") != "grid" or len(axes) < 1:
-        return ""
+        return []
     df = runs.cells[runs.cells["state"] == "finished"].rename(columns={f"axis.{a}": a for a in axes})
     if metric not in df.columns or not len(df):
-        return ""
+        return []
     effects = stats.main_effects(df, axes, metric)
     if len(axes) > 1:
         effects += stats.interactions(df, axes, metric)
+    return effects
 
-    def ci(e) -> str:
-        lo, hi = e.ci_t
-        return "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
 
-    rows = "".join(
-        f"<tr><td>{html.escape(e.factor)}</td><td>{html.escape(e.level)} vs {html.escape(e.reference)}</td>"
-        f"<td>{e.estimate:+.4g}</td><td>{ci(e)}</td><td>{e.n}</td></tr>"
-        for e in effects
-    )
+EFFECTS_LEGEND = (
+    "Main effects: the mean of the metric at a level minus at the reference level, averaged over the other "
+    "axes, per seed; interactions: the difference of differences. Means over seeds with 95% Student-t intervals."
+)
+
+
+def _effect_cells(e: stats.Effect) -> list[str]:
+    lo, hi = e.ci_t
+    ci = "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
+    return [e.factor, f"{e.level} vs {e.reference}", f"{e.estimate:+.4g}", ci, str(e.n)]
+
+
+def effects_html(effects: list[stats.Effect], metric: str) -> str:
+    if not effects:
+        return ""
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _effect_cells(e)) + "</tr>" for e in effects)
     return (
-        "<h2>Factorial effects</h2><p class='legend'>Main effects: the mean of the metric at a level minus at the "
-        "reference level, averaged over the other axes, per seed; interactions: the difference of differences. "
-        "Means over seeds with 95% Student-t intervals.</p><table><thead><tr><th>factor</th><th>levels</th>"
-        f"<th>effect on {html.escape(metric)}</th><th>95% CI</th><th>seeds</th></tr></thead><tbody>{rows}</tbody>"
-        "</table>"
+        f"<h2>Factorial effects</h2><p class='legend'>{EFFECTS_LEGEND}</p><table><thead><tr><th>factor</th>"
+        f"<th>levels</th><th>effect on {html.escape(metric)}</th><th>95% CI</th><th>seeds</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
     )
+
+
+def effects_markdown(effects: list[stats.Effect], metric: str) -> str:
+    head = f"| factor | levels | effect on {metric} | 95% CI | seeds |\n|---|---|---:|---:|---:|\n"
+    body = "".join("| " + " | ".join(c.replace("|", "\\|") for c in _effect_cells(e)) + " |\n" for e in effects)
+    return head + body + "\n" + EFFECTS_LEGEND + "\n"
 
 
 def cells_html(runs: StudyRuns, metric: str) -> str:
@@ -94,7 +107,7 @@ def cells_html(runs: StudyRuns, metric: str) -> str:
     )
 
 
-def render_html(runs: StudyRuns, table: Table, study_text: str, description: str) -> str:
+def render_html(runs: StudyRuns, table: Table, study_text: str, description: str, effects: list[stats.Effect]) -> str:
     figs = all_figures(runs, table)
     parts, first = [], True
     for title, fig in figs:
@@ -119,7 +132,7 @@ def render_html(runs: StudyRuns, table: Table, study_text: str, description: str
 generated {stamp} from {html.escape(runs.uri)}.</p>
 <h2>Ablation table</h2>
 {to_html(table, links)}
-{effects_html(runs, table.metric)}
+{effects_html(effects, table.metric)}
 <h2>Plots</h2>
 {"".join(parts) or "<p>No metric histories to plot.</p>"}
 {cells_html(runs, table.metric)}
@@ -152,7 +165,8 @@ def make_report(
     table = build(runs, metric, baseline=baseline)
     parent = runs.latest_parent
     description = parent.data.tags.get("mlflow.note.content", "") if parent is not None else ""
-    page = render_html(runs, table, _study_text(runs), description)
+    effects = factorial_effects(runs, table.metric)
+    page = render_html(runs, table, _study_text(runs), description, effects)
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -167,6 +181,9 @@ def make_report(
     files["latex"].write_text(to_latex(table))
     files["csv"].write_text(to_csv(table))
     files["json"].write_text(json.dumps(table.as_records(), indent=1, default=str))
+    if effects:
+        files["effects"] = out_dir / "effects.md"
+        files["effects"].write_text(effects_markdown(effects, table.metric))
     from dashboards.static import save_pngs
 
     for path in save_pngs(runs, table, out_dir):  # the same figures as PNG, for papers and Markdown

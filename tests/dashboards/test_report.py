@@ -183,6 +183,9 @@ def test_factorial_effects_in_the_report(store, tmp_path):
     assert "+0.35" in page  # main effect of post: 0.3 + 0.1/2 (averaged over warm-up)
     assert "+0.1" in page  # the interaction
     assert "norm=pre warmup=100" in page and "(baseline)" in page
+    md = report.files["effects"].read_text()  # the same effects as Markdown, for documents
+    assert "| model.norm | post vs pre | +0.35" in md
+    assert "| model.norm x training.warmup | post x 0 vs pre x 100 | +0.1 |" in md
 
 
 def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
