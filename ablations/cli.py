@@ -157,7 +157,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _heads(args: argparse.Namespace) -> int:
     from ablations import tracking
-    from ablations.heads import format_heads, head_ablation, log_heads
+    from ablations.heads import format_heads, head_ablation, heads_json, log_heads
     from dashboards.load import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
@@ -167,6 +167,11 @@ def _heads(args: argparse.Namespace) -> int:
         return error(str(err))
     text = format_heads(effects, info)
     print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "heads.md").write_text(text)
+        (args.out / "heads.json").write_text(heads_json(effects))
+        print(f"written: {args.out / 'heads.md'}, {args.out / 'heads.json'}")
     parent = log_heads(uri, args.study, text, effects)
     if parent:
         print(f"logged to MLflow: run {parent}, artifacts heads/heads.md and heads/heads.json")
@@ -304,7 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("heads", help="remove one attention head at a time in every trained seed (Michel et al. 2019)")
     p.add_argument("study", help="a study whose runs kept their weights (tracking: {checkpoint: true})")
-    p.add_argument("--metric", default="val/loss", help="a validation or test metric, e.g. val/loss, test/exact_match")
+    p.add_argument(
+        "--metric",
+        default="val/loss",
+        help="a validation or test metric (significance tests for losses), e.g. val/loss",
+    )
+    p.add_argument("--out", type=Path, default=None, help="also write heads.md and heads.json to this folder")
     add_tracking_uri(p)
     p.set_defaults(func=_heads)
 

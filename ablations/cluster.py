@@ -138,3 +138,30 @@ def node_addresses() -> list[str]:
     import ray
 
     return [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
+
+
+class DoesNotFit(ValueError):
+    """A trial asks for more than the Ray cluster that was started for it has: it would wait forever."""
+
+
+def check_fits(address: str | None, num_cpus: int | None, cpus: float, gpus: float) -> None:
+    """Before anything starts: refuse a trial that a local Ray could never hold (it would wait forever). A
+    cluster at an address is not checked: it may grow."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        return
+    have_cpus = num_cpus or os.cpu_count() or 1
+    if cpus > have_cpus:
+        raise DoesNotFit(
+            f"each trial needs {cpus:g} CPUs (resources.cpus), but the local Ray has {have_cpus}: it would wait "
+            f"forever; lower resources.cpus{'' if num_cpus is None else ', or raise --cpus'}"
+        )
+    if gpus:
+        import torch
+
+        have_gpus = torch.cuda.device_count()
+        if gpus > have_gpus:
+            raise DoesNotFit(
+                f"each trial needs {gpus:g} GPU(s) (resources.gpus), but this machine has {have_gpus}: it would "
+                "wait forever; set resources.gpus to 0, or give the study a cluster with GPUs (--address)"
+            )

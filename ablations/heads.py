@@ -2,10 +2,15 @@
 Sixteen Heads Really Better than One?") in every trained seed of a study, and report what each head costs.
 
 Each finished cell's weights (``tracking: {checkpoint: true}``) and resolved configuration come back from
-MLflow; the model is evaluated on the validation split with all heads, then with each single head's output
-gated to zero (``Transformer.set_head_mask``). The drop of the metric per head is summarised over seeds
-(mean, 95% t interval), the heads sorted by how much removing them hurts. The table is logged to the
-study's latest parent run as ``heads/heads.md`` and ``heads/heads.json``.
+MLflow; the model is evaluated on a split with all heads, then with each single head's output gated to zero
+(``Transformer.set_head_mask``).
+
+As in the paper, a head's effect is judged within its own trained model: for a loss metric, the per-sequence
+losses with and without the head are compared by a paired t-test over the split's sequences (p < 0.01, as the
+paper; Holm-corrected within the model as well). Heads are not the same from seed to seed (head 2 of one
+model has no counterpart in another), so seeds are summarised per module: its least and its most important
+head, and how many of its heads matter. The tables are logged to the study's latest parent run as
+``heads/heads.md`` and ``heads/heads.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +29,31 @@ from ablations.spec import resolve_run
 from dashboards import stats
 from dashboards.load import load_study
 
+ALPHA = 0.01  # Michel et al.'s significance level
+
 
 @dataclass
 class HeadEffect:
+    """One head of one trained model."""
+
+    seed: int
     module: str
     head: int
-    drop: stats.Summary  # metric with the head removed minus with every head, over seeds
+    change: float  # the metric without this head minus with every head
+    p: float  # paired t-test over the split's sequences (loss metrics), else nan
+    p_holm: float = math.nan  # Holm-corrected over the model's heads
 
 
-def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tuple[str, int], float]]:
-    """(the metric with every head, {(module, head): the metric without that head}) for one trained run."""
+@dataclass
+class ModelHeads:
+    seed: int
+    run_id: str
+    full: float  # the metric with every head
+    sequences: int
+    heads: list[HeadEffect]
+
+
+def _load(run_id: str, uri: str):
     import torch
 
     from models.lightning import LitTransformer
@@ -55,13 +75,45 @@ def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tupl
     data.setup()
     module = LitTransformer(run.model, run.training, run.task.kind)
     module.model.load_state_dict(state)
+    module.eval()
+    return run, data, module
+
+
+def sequence_losses(module, loader) -> tuple[Any, Any]:
+    """(summed negative log-likelihood, scored tokens) per sequence, in the loader's order; the split's loss is
+    their ratio of sums (for classification, one 'token' per sequence)."""
+    import torch
+    import torch.nn.functional as F
+
+    nll, weight = [], []
+    with torch.no_grad():
+        for batch in loader:
+            logits, targets = module._inputs(batch)  # noqa: SLF001  (the module's own scoring)
+            if targets.dim() == 1:  # classification: one label per sequence
+                nll.append(F.cross_entropy(logits.float(), targets, reduction="none"))
+                weight.append(torch.ones_like(nll[-1]))
+                continue
+            per_token = F.cross_entropy(
+                logits.float().transpose(1, 2), targets, ignore_index=-100, reduction="none"
+            )  # (B, T)
+            nll.append(per_token.sum(1))
+            weight.append((targets != -100).sum(1).float())
+    return torch.cat(nll).double().numpy(), torch.cat(weight).double().numpy()
+
+
+def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tuple[str, int], float]]:
+    """(the metric with every head, {(module, head): the metric without that head}) for one trained run."""
+    _, data, module = _load(run_id, uri)
     split, key = metric.split("/", 1)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
 
     def score() -> float:
-        with torch.no_grad():
-            return module.evaluate(loader, split)[f"{split}/{key}"]
+        return module.evaluate(loader, split)[f"{split}/{key}"]
 
+    return _each_head(module, score)
+
+
+def _each_head(module, score) -> tuple[Any, dict[tuple[str, int], Any]]:
     full = score()
     out = {}
     for name, attn in module.model.attention_modules():
@@ -74,56 +126,117 @@ def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tupl
     return full, out
 
 
-def head_ablation(uri: str, study: str, metric: str = "val/loss") -> tuple[list[HeadEffect], dict[str, Any]]:
+def model_heads(run_id: str, seed: int, uri: str, metric: str) -> ModelHeads:
+    """Every head of one trained model: its effect on ``metric`` and, for a loss, its paired p-value."""
+    from scipy import stats as sps
+
+    split, key = metric.split("/", 1)
+    if key != "loss":
+        full, without = evaluate_heads(run_id, uri, metric)
+        heads = [HeadEffect(seed, m, h, v - full, math.nan) for (m, h), v in without.items()]
+        return ModelHeads(seed, run_id, full, 0, heads)
+    _, data, module = _load(run_id, uri)
+    loader = data.val_dataloader() if split == "val" else data.loader(split)
+    (nll, w), without = _each_head(module, lambda: sequence_losses(module, loader))
+    full = float(nll.sum() / w.sum())
+    heads = []
+    for (m, h), (nll_h, _) in without.items():
+        d = nll_h - nll  # per sequence, paired
+        p = float(sps.ttest_1samp(d, 0.0).pvalue) if d.std() > 0 else (1.0 if not d.any() else 0.0)
+        heads.append(HeadEffect(seed, m, h, float(nll_h.sum() / w.sum()) - full, p))
+    for e, q in zip(heads, stats.holm([e.p for e in heads])):
+        e.p_holm = q
+    return ModelHeads(seed, run_id, full, len(nll), heads)
+
+
+def head_ablation(uri: str, study: str, metric: str = "val/loss") -> tuple[list[ModelHeads], dict[str, Any]]:
     runs = load_study(uri, study)
-    done = runs.cells[runs.cells["state"] == "finished"]
+    done = runs.cells[runs.cells["state"] == "finished"].sort_values("seed")
     if not len(done):
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
-    drops: dict[tuple[str, int], list[float]] = {}
-    fulls = []
-    for run_id in done["run_id"]:
-        full, without = evaluate_heads(run_id, uri, metric)
-        fulls.append(full)
-        for k, v in without.items():
-            drops.setdefault(k, []).append(v - full)
-    effects = [HeadEffect(m, h, stats.describe(v)) for (m, h), v in drops.items()]
-    worse_is_higher = metric.endswith(("loss", "perplexity", "bits_per_token"))
-    effects.sort(key=lambda e: -e.drop.mean if worse_is_higher else e.drop.mean)
-    return effects, {"study": study, "metric": metric, "seeds": len(fulls), "with_all_heads": stats.describe(fulls)}
+    models = [model_heads(r, int(s), uri, metric) for r, s in zip(done["run_id"], done["seed"])]
+    return models, {"study": study, "metric": metric, "seeds": len(models)}
 
 
-def format_heads(effects: list[HeadEffect], info: dict[str, Any]) -> str:
-    full = info["with_all_heads"]
+def _worse(metric: str) -> int:
+    """+1 when a larger value is worse (losses), -1 when a smaller one is."""
+    return 1 if metric.endswith(("loss", "perplexity", "ppl", "bits")) else -1
+
+
+def format_heads(models: list[ModelHeads], info: dict[str, Any]) -> str:
+    metric, sign = info["metric"], _worse(info["metric"])
+    tested = any(math.isfinite(e.p) for m in models for e in m.heads)
+    n_heads = len(models[0].heads)
     lines = [
-        f"{info['study']}: {info['metric']} with every head {full.mean:.4g} (over {info['seeds']} seeds); "
-        "the change when one head is removed, mean over seeds with 95% t interval",
+        f"{info['study']}: {metric}, {len(models)} trained seed(s), {n_heads} heads each; each head removed alone "
+        "at evaluation time.",
         "",
-        "| module | head | change | 95% CI |",
-        "|---|---:|---:|---:|",
     ]
-    for e in effects:
-        ci = "–" if not math.isfinite(e.drop.ci_t[0]) else f"[{e.drop.ci_t[0]:+.3g}, {e.drop.ci_t[1]:+.3g}]"
-        lines.append(f"| {e.module} | {e.head} | {e.drop.mean:+.4g} | {ci} |")
+    if tested:
+        lines += [
+            f"Per model: the heads whose removal changes {metric} significantly (paired t-test over the "
+            f"{models[0].sequences} sequences of the split, p < {ALPHA} as in Michel et al., and after Holm's "
+            "correction over the model's heads), and how many of those help when removed.",
+            "",
+            f"| seed | {metric} with every head | significant (p < {ALPHA}) | after Holm | of which better without |"
+            " largest harm | largest gain |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for m in models:
+            sig = [e for e in m.heads if e.p < ALPHA]
+            holm = [e for e in m.heads if e.p_holm < ALPHA]
+            better = [e for e in sig if sign * e.change < 0]
+            harm = max(m.heads, key=lambda e: sign * e.change)
+            gain = min(m.heads, key=lambda e: sign * e.change)
+            lines.append(
+                f"| {m.seed} | {m.full:.4g} | {len(sig)}/{len(m.heads)} | {len(holm)} | {len(better)} | "
+                f"{harm.change:+.3g} ({harm.module}[{harm.head}]) | {gain.change:+.3g} ({gain.module}[{gain.head}]) |"
+            )
+        lines.append("")
+    lines += [
+        "Per module, over seeds (a module's heads differ from seed to seed, so each seed's least and most "
+        "important head of the module are taken): mean over seeds with the 95% t interval"
+        + (", and the module's significant heads per seed." if tested else "."),
+        "",
+        "| module | least important head | most important head |" + (" significant heads per seed |" if tested else ""),
+        "|---|---:|---:|" + ("---|" if tested else ""),
+    ]
+    modules = list(dict.fromkeys(e.module for e in models[0].heads))
+    rows = []
+    for module in modules:
+        least, most, sig = [], [], []
+        for m in models:
+            mine = [e for e in m.heads if e.module == module]
+            least.append(min(sign * e.change for e in mine) * sign)
+            most.append(max(sign * e.change for e in mine) * sign)
+            sig.append(sum(e.p < ALPHA for e in mine))
+        rows.append((module, stats.describe(least), stats.describe(most), sig, len(mine)))
+    rows.sort(key=lambda r: -sign * r[2].mean)
+    for module, least, most, sig, k in rows:
+        extra = f" {', '.join(f'{s}/{k}' for s in sig)} |" if tested else ""
+        lines.append(f"| {module} | {_pm(least)} | {_pm(most)} |{extra}")
     return "\n".join(lines) + "\n"
 
 
-def log_heads(uri: str, study: str, text: str, effects: list[HeadEffect]) -> str | None:
+def _pm(s: stats.Summary) -> str:
+    if s.n < 2 or not math.isfinite(s.ci_t[0]):
+        return f"{s.mean:+.3g}"
+    return f"{s.mean:+.3g} [{s.ci_t[0]:+.3g}, {s.ci_t[1]:+.3g}]"
+
+
+def heads_json(models: list[ModelHeads]) -> str:
+    rows = [
+        {**{k: v for k, v in asdict(m).items() if k != "heads"}, "heads": [asdict(e) for e in m.heads]} for m in models
+    ]
+    return json.dumps(rows, indent=1)
+
+
+def log_heads(uri: str, study: str, text: str, models: list[ModelHeads]) -> str | None:
     runs = load_study(uri, study)
     parent = runs.latest_parent
     if parent is None:
         return None
     c = tracking.client(uri)
     c.log_text(parent.info.run_id, text, "heads/heads.md")
-    rows = [
-        {
-            "module": e.module,
-            "head": e.head,
-            "mean": e.drop.mean,
-            "ci_low": e.drop.ci_t[0],
-            "ci_high": e.drop.ci_t[1],
-            "n": e.drop.n,
-        }
-        for e in effects
-    ]
-    c.log_text(parent.info.run_id, json.dumps(rows, indent=1), "heads/heads.json")
+    c.log_text(parent.info.run_id, heads_json(models), "heads/heads.json")
     return parent.info.run_id

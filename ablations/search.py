@@ -534,7 +534,7 @@ def run_search(
     import optuna
     from optuna.trial import TrialState
 
-    from ablations.cluster import connect, is_loopback_address
+    from ablations.cluster import check_fits, connect, is_loopback_address
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = tracking.resolve_uri(tracking_uri)
@@ -547,6 +547,7 @@ def run_search(
             f"the Ray cluster at {address} cannot write to local stores ({uri}, {url}); use an MLflow "
             "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
         )
+    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
     st = open_storage(url)
     study = optuna.create_study(
         study_name=spec.name,

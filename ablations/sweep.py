@@ -403,7 +403,7 @@ def run_study(
     out: Callable[[str], None] = print,
 ) -> StudyResult:
     """Run the cells of a study that MLflow does not hold yet; return the summary from MLflow."""
-    from ablations.cluster import connect, is_loopback_address
+    from ablations.cluster import check_fits, connect, is_loopback_address
 
     uri = tracking.resolve_uri(tracking_uri)
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -412,6 +412,7 @@ def run_study(
             f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
             "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
         )
+    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)
     check_no_live_submission(study, uri)
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         from ablations.search import tune_study

@@ -1,11 +1,13 @@
 #!/bin/sh
 # Runs the catalogue's paper studies on this machine and writes each report under docs/results/STUDY/.
 #   sh docs/results/run.sh [STUDY ...]      (default: all of them; from the repository root)
-# The MLflow store is docs/results/.store (not committed): `ablate ui --tracking-uri sqlite:///$PWD/docs/results/.store/mlflow.db`.
+# The MLflow store is docs/results/.store (not committed): `ablate ui --tracking-uri sqlite:///$PWD/docs/results/.store/mlflow.db`;
+# the tuned study's Optuna searches are in docs/results/.store/optuna.db (`ablate ui --optuna --storage ...`).
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
+export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
 mkdir -p docs/results/.store
-for study in ${@:-heads positions norm_placement attention_score locality locality_text}; do
+for study in ${@:-heads heads_text positions norm_placement norm_placement_tuned attention_score locality locality_text}; do
   start=$(date +%s)
   .venv/bin/ablate sweep "ablations/studies/$study.yaml" --tracking-uri "$STORE"
   .venv/bin/ablate report "$study" --tracking-uri "$STORE" --out "docs/results/$study"
@@ -13,10 +15,12 @@ for study in ${@:-heads positions norm_placement attention_score locality locali
   echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 done
 if [ $# -eq 0 ]; then  # the companion tables, and Michel et al.'s head removal
-  .venv/bin/ablate report positions --metric test/exact_match --tracking-uri "$STORE" --out docs/results/positions_in_distribution --no-log
-  .venv/bin/ablate report heads --metric final/val_loss --baseline n_heads=8 --tracking-uri "$STORE" --out docs/results/heads_val_loss --no-log
+  .venv/bin/ablate report positions --metric test/exact_match --baseline "positions=sinusoidal max_steps=1200" \
+    --tracking-uri "$STORE" --out docs/results/positions_in_distribution --no-log
+  .venv/bin/ablate report heads --metric final/val_loss --tracking-uri "$STORE" --out docs/results/heads_val_loss --no-log
   rm -f docs/results/*/report.html
+  start=$(date +%s)
   .venv/bin/ablate sweep ablations/studies/michel_heads.yaml --tracking-uri "$STORE"
-  mkdir -p docs/results/michel_heads
-  .venv/bin/ablate heads michel_heads --tracking-uri "$STORE" --metric val/loss | grep -v '^logged to MLflow' > docs/results/michel_heads/heads.md
+  .venv/bin/ablate heads michel_heads --tracking-uri "$STORE" --metric val/loss --out docs/results/michel_heads
+  echo "michel_heads: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 fi

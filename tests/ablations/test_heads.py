@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from ablations.heads import evaluate_heads, head_ablation
+from ablations.heads import evaluate_heads, head_ablation, model_heads
 from ablations.study import load_study
 from ablations.sweep import run_study
 from tests.conftest import ROOT
@@ -63,8 +63,17 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
         expected = module.evaluate(data.val_dataloader(), "val")["val/loss"]
     assert without[("layers.0.attn", 1)] == pytest.approx(expected, rel=1e-5)
 
-    effects, info = head_ablation(store, "mh")
-    assert info["seeds"] == 2 and all(e.drop.n == 2 for e in effects)
+    # per-sequence losses (for the paired test) add up to the module's own validation loss, head by head
+    seed = int(result.rows[0]["seed"])
+    heads = {(e.module, e.head): e for e in model_heads(run_id, seed, store, "val/loss").heads}
+    assert set(heads) == set(without)
+    for key, value in without.items():
+        assert heads[key].change == pytest.approx(value - full, rel=1e-4, abs=1e-7)
+        assert 0.0 <= heads[key].p <= heads[key].p_holm <= 1.0
+
+    models, info = head_ablation(store, "mh")
+    assert info["seeds"] == 2 and [m.seed for m in models] == [0, 1]
+    assert all(len(m.heads) == len(without) and m.sequences > 0 for m in models)
     out = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store],
         capture_output=True,
@@ -73,6 +82,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
         timeout=300,
     )
     assert out.returncode == 0 and "| layers.0.attn |" in out.stdout, out.stderr
+    assert "significant (p < 0.01)" in out.stdout and "| 0 |" in out.stdout and "| 1 |" in out.stdout
 
 
 def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):

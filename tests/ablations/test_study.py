@@ -241,3 +241,36 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     assert out.returncode == 2
     assert str(path) in out.stderr and "design.grid" in out.stderr
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded
+
+
+@pytest.mark.parametrize(
+    ("command", "resources", "words"),
+    [("sweep", {"cpus": 2}, "needs 2 CPUs"), ("search", {"cpus": 1, "gpus": 1}, "needs 1 GPU")],
+)
+def test_a_trial_the_local_ray_could_never_hold_is_refused_before_anything_starts(tmp_path, command, resources, words):
+    """It would otherwise wait forever for resources that never come."""
+    if command == "sweep":
+        path = write(tmp_path, resources=resources)
+    else:
+        path = tmp_path / "search.yaml"
+        spec = {"name": "s", "base": BASE, "space": {"training.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}}
+        path.write_text(yaml.safe_dump({**spec, "n_trials": 2, "resources": resources}))
+    store = tmp_path / "m.db"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablations.cli",
+        command,
+        str(path),
+        "--cpus",
+        "1",
+        "--tracking-uri",
+        f"sqlite:///{store}",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and words in out.stderr and "wait forever" in out.stderr, out.stdout + out.stderr
+    assert "Ray:" not in out.stdout and not (tmp_path / ".ablate").exists()  # nothing was started
+    if store.exists():  # nothing was recorded
+        from mlflow import MlflowClient
+
+        assert [e.name for e in MlflowClient(f"sqlite:///{store}").search_experiments()] == ["Default"]
