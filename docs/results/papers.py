@@ -205,7 +205,7 @@ def locality() -> None:
         (axes[1], retrieval, "ours, retrieval at distance 48: test/exact_match ↑"),
         (axes[2], text, "ours, byte-level text: final/val_loss ↓"),
     ):
-        for i, (name, rec) in enumerate(recs.items()):
+        for i, rec in enumerate(recs.values()):
             point(ax, i, rec, color=OURS)
         ax.set_xticks(range(len(recs)), [n.replace(", ", "\n").replace(" below", "\nbelow") for n in recs], fontsize=7)
         ax.set_title(title, fontsize=9)
