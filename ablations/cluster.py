@@ -150,7 +150,7 @@ def check_fits(address: str | None, num_cpus: int | None, cpus: float, gpus: flo
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         return
-    have_cpus = num_cpus or os.cpu_count() or 1
+    have_cpus = num_cpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
     if cpus > have_cpus:
         raise DoesNotFit(
             f"each trial needs {cpus:g} CPUs (resources.cpus), but the local Ray has {have_cpus}: it would wait "

@@ -46,6 +46,7 @@ class HeadEffect:
 
 @dataclass
 class ModelHeads:
+    variant: str
     seed: int
     run_id: str
     full: float  # the metric with every head
@@ -126,7 +127,7 @@ def _each_head(module, score) -> tuple[Any, dict[tuple[str, int], Any]]:
     return full, out
 
 
-def model_heads(run_id: str, seed: int, uri: str, metric: str) -> ModelHeads:
+def model_heads(run_id: str, seed: int, uri: str, metric: str, variant: str = "") -> ModelHeads:
     """Every head of one trained model: its effect on ``metric`` and, for a loss, its paired p-value."""
     from scipy import stats as sps
 
@@ -134,28 +135,32 @@ def model_heads(run_id: str, seed: int, uri: str, metric: str) -> ModelHeads:
     if key != "loss":
         full, without = evaluate_heads(run_id, uri, metric)
         heads = [HeadEffect(seed, m, h, v - full, math.nan) for (m, h), v in without.items()]
-        return ModelHeads(seed, run_id, full, 0, heads)
+        return ModelHeads(variant, seed, run_id, full, 0, heads)
     _, data, module = _load(run_id, uri)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
     (nll, w), without = _each_head(module, lambda: sequence_losses(module, loader))
     full = float(nll.sum() / w.sum())
+    scored = w > 0  # sequences with something scored (the others would enter the test as zeros)
     heads = []
     for (m, h), (nll_h, _) in without.items():
-        d = nll_h - nll  # per sequence, paired
+        d = (nll_h - nll)[scored]  # per sequence, paired
         p = float(sps.ttest_1samp(d, 0.0).pvalue) if d.std() > 0 else (1.0 if not d.any() else 0.0)
         heads.append(HeadEffect(seed, m, h, float(nll_h.sum() / w.sum()) - full, p))
     for e, q in zip(heads, stats.holm([e.p for e in heads])):
         e.p_holm = q
-    return ModelHeads(seed, run_id, full, len(nll), heads)
+    return ModelHeads(variant, seed, run_id, full, int(scored.sum()), heads)
 
 
 def head_ablation(uri: str, study: str, metric: str = "val/loss") -> tuple[list[ModelHeads], dict[str, Any]]:
+    """Every head of every finished cell's model, by variant then seed."""
     runs = load_study(uri, study)
-    done = runs.cells[runs.cells["state"] == "finished"].sort_values("seed")
+    done = runs.cells[runs.cells["state"] == "finished"]
     if not len(done):
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
-    models = [model_heads(r, int(s), uri, metric) for r, s in zip(done["run_id"], done["seed"])]
-    return models, {"study": study, "metric": metric, "seeds": len(models)}
+    order = {v: i for i, v in enumerate(runs.variants)}
+    cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
+    models = [model_heads(run_id, int(seed), uri, metric, variant) for variant, seed, run_id in cells]
+    return models, {"study": study, "metric": metric, "seeds": len({m.seed for m in models})}
 
 
 def _worse(metric: str) -> int:
@@ -164,18 +169,29 @@ def _worse(metric: str) -> int:
 
 
 def format_heads(models: list[ModelHeads], info: dict[str, Any]) -> str:
-    metric, sign = info["metric"], _worse(info["metric"])
+    """Markdown: per model, the significant heads; per module, the least and most important head over seeds.
+    Models of different variants (other architectures, say) are reported apart."""
+    variants = list(dict.fromkeys(m.variant for m in models))
+    parts = []
+    for variant in variants:
+        mine = [m for m in models if m.variant == variant]
+        title = f"{info['study']}" + (f", variant {variant}" if len(variants) > 1 else "")
+        parts.append(_format_variant(title, mine, info["metric"]))
+    return "\n".join(parts)
+
+
+def _format_variant(title: str, models: list[ModelHeads], metric: str) -> str:
+    sign = _worse(metric)
     tested = any(math.isfinite(e.p) for m in models for e in m.heads)
-    n_heads = len(models[0].heads)
     lines = [
-        f"{info['study']}: {metric}, {len(models)} trained seed(s), {n_heads} heads each; each head removed alone "
-        "at evaluation time.",
+        f"{title}: {metric}, {len(models)} trained seed(s), {len(models[0].heads)} heads each; each head removed "
+        "alone at evaluation time.",
         "",
     ]
     if tested:
         lines += [
             f"Per model: the heads whose removal changes {metric} significantly (paired t-test over the "
-            f"{models[0].sequences} sequences of the split, p < {ALPHA} as in Michel et al., and after Holm's "
+            f"{models[0].sequences} scored sequences of the split, p < {ALPHA} as in Michel et al., and after Holm's "
             "correction over the model's heads), and how many of those help when removed.",
             "",
             f"| seed | {metric} with every head | significant (p < {ALPHA}) | after Holm | of which better without |"
@@ -188,33 +204,33 @@ def format_heads(models: list[ModelHeads], info: dict[str, Any]) -> str:
             better = [e for e in sig if sign * e.change < 0]
             harm = max(m.heads, key=lambda e: sign * e.change)
             gain = min(m.heads, key=lambda e: sign * e.change)
+            gained = f"{gain.change:+.3g} ({gain.module}[{gain.head}])" if sign * gain.change < 0 else "none"
             lines.append(
                 f"| {m.seed} | {m.full:.4g} | {len(sig)}/{len(m.heads)} | {len(holm)} | {len(better)} | "
-                f"{harm.change:+.3g} ({harm.module}[{harm.head}]) | {gain.change:+.3g} ({gain.module}[{gain.head}]) |"
+                f"{harm.change:+.3g} ({harm.module}[{harm.head}]) | {gained} |"
             )
         lines.append("")
     lines += [
         "Per module, over seeds (a module's heads differ from seed to seed, so each seed's least and most "
         "important head of the module are taken): mean over seeds with the 95% t interval"
-        + (", and the module's significant heads per seed." if tested else "."),
+        + (f", and the module's heads with p < {ALPHA} in each seed." if tested else "."),
         "",
-        "| module | least important head | most important head |" + (" significant heads per seed |" if tested else ""),
+        "| module | least important head | most important head |"
+        + (f" heads with p < {ALPHA}, per seed |" if tested else ""),
         "|---|---:|---:|" + ("---|" if tested else ""),
     ]
-    modules = list(dict.fromkeys(e.module for e in models[0].heads))
     rows = []
-    for module in modules:
+    for module in dict.fromkeys(e.module for e in models[0].heads):
         least, most, sig = [], [], []
         for m in models:
-            mine = [e for e in m.heads if e.module == module]
-            least.append(min(sign * e.change for e in mine) * sign)
-            most.append(max(sign * e.change for e in mine) * sign)
-            sig.append(sum(e.p < ALPHA for e in mine))
-        rows.append((module, stats.describe(least), stats.describe(most), sig, len(mine)))
+            harms = [sign * e.change for e in m.heads if e.module == module]
+            least.append(sign * min(harms))
+            most.append(sign * max(harms))
+            sig.append(f"{sum(e.p < ALPHA for e in m.heads if e.module == module)}/{len(harms)}")
+        rows.append((module, stats.describe(least), stats.describe(most), sig))
     rows.sort(key=lambda r: -sign * r[2].mean)
-    for module, least, most, sig, k in rows:
-        extra = f" {', '.join(f'{s}/{k}' for s in sig)} |" if tested else ""
-        lines.append(f"| {module} | {_pm(least)} | {_pm(most)} |{extra}")
+    for module, least, most, sig in rows:
+        lines.append(f"| {module} | {_pm(least)} | {_pm(most)} |" + (f" {', '.join(sig)} |" if tested else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -84,22 +84,32 @@ def run_data_parallel(
         scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpus), resources_per_worker=per_worker),
         run_config=TrainRunConfig(name=key, storage_path=storage_path, callbacks=callbacks or []),
     )
-    trainer.fit()
-    return _recorded_result(job, key)
+    try:
+        trainer.fit()
+    except Exception as err:  # a rank died: rank 0's run, if it started, must not stay RUNNING
+        _recorded_result(job, key, f"{type(err).__name__}: {err}"[:1000])
+        raise
+    return _recorded_result(job, key, "rank 0 did not end its run")
 
 
-def _recorded_result(job: ParallelJob, key: str) -> RunResult:
+def _recorded_result(job: ParallelJob, key: str, lost: str) -> RunResult:
+    """Rank 0's run, found by its tag; a run still RUNNING (rank 0 is gone) is ended as failed with ``lost``."""
+    from mlflow.entities import RunTag
+
     from ablations import tracking
+    from ablations.train import experiment_name
 
     uri = tracking.resolve_uri(job.where.uri)
-    experiment = job.where.experiment or job.run.name or "runs"
+    experiment = experiment_name(job.run, job.where)
     c = tracking.client(uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], f"tags.ray_train_run = '{key}'") if exp else []
     if not runs:
-        return RunResult("", tracking.STATUS_FAILED, "rank 0 recorded no MLflow run", {}, uri, experiment)
+        return RunResult("", tracking.STATUS_FAILED, f"rank 0 recorded no MLflow run ({lost})", {}, uri, experiment)
     run = runs[0]
     status, _, detail = run.data.tags.get("status_detail", "").partition(": ")
     if run.info.status == "RUNNING" or not status:
-        status, detail = tracking.STATUS_FAILED, "rank 0 did not end its run"
+        status, detail = tracking.STATUS_FAILED, lost
+        c.log_batch(run.info.run_id, tags=[RunTag("status_detail", f"{status}: {detail}")])
+        c.set_terminated(run.info.run_id, tracking.MLFLOW_STATUS[status])
     return RunResult(run.info.run_id, status, detail, dict(run.data.metrics), uri, experiment)

@@ -512,6 +512,33 @@ def _stale_trials(study) -> list:
     return stale
 
 
+def counted_trials(study) -> int:
+    """Trials asked so far, failed ones included (a search whose trials all fail ends), except those that did
+    not end by themselves (a dead process, Ctrl-C, a stale heartbeat): they are asked again, and the retry
+    counts instead."""
+    import optuna
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    with warnings.catch_warnings():  # Optuna marks its retry bookkeeping experimental
+        warnings.simplefilter("ignore")
+        for t in trials:  # trials whose heartbeat stopped, asked again by Optuna's own callback
+            retried.update(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(t))
+    return sum(
+        t.state != TrialState.WAITING and not (t.state == TrialState.FAIL and t.number in retried) for t in trials
+    )
+
+
+def _fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
+    """A trial that did not end by itself (its process died, or Ctrl-C): failed, and queued again with the same
+    parameters; the retry, not the lost trial, counts towards ``n_trials``."""
+    from optuna.trial import TrialState
+
+    study.tell(number, state=TrialState.FAIL)
+    study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
+
+
 def _suggest(spec: SearchSpec, trial) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for p in spec.space:
@@ -567,8 +594,7 @@ def run_search(
     # trials a dead process left running: failed, and asked again with the same parameters (on this machine by
     # the pid of the process that asked them; elsewhere, RDB storages, by their heartbeat)
     for t in _stale_trials(study):
-        study.tell(t.number, state=TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        _fail_and_ask_again(study, t.number, t.params)
         out(f"trial {t.number} was left running by a process that stopped: failed, and asked again")
     with contextlib.suppress(Exception), warnings.catch_warnings():  # storages without heartbeats: nothing to do
         warnings.simplefilter("ignore")
@@ -620,19 +646,10 @@ def run_search(
     running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
     t0, status = time.monotonic(), tracking.STATUS_FAILED
 
-    def total_counted() -> int:
-        """Trials asked so far, failed ones included (a search whose trials all fail ends), except those a dead
-        process left running: they are asked again, and the retry counts instead."""
-        trials = study.get_trials(deepcopy=False)
-        retried = {t.user_attrs.get("retry_of") for t in trials}
-        return sum(
-            t.state != TrialState.WAITING and not (t.state == TrialState.FAIL and t.number in retried) for t in trials
-        )
-
     def can_ask() -> bool:
         if spec.timeout is not None and time.monotonic() - t0 > spec.timeout:
             return False
-        return spec.n_trials is None or total_counted() < spec.n_trials
+        return spec.n_trials is None or counted_trials(study) < spec.n_trials
 
     out(
         f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
@@ -687,8 +704,8 @@ def run_search(
         status = tracking.STATUS_KILLED
         for ref in running:
             ray.cancel(ref, force=True)
-        for number, _ in running.values():
-            study.tell(number, state=TrialState.FAIL)
+        for number, _ in running.values():  # interrupted, not failed by itself: the next run asks it again
+            _fail_and_ask_again(study, number, study.trials[number].params)
         raise
     finally:
         counts = _counts(study)
@@ -725,7 +742,7 @@ def _progress_line(
         value = f" ({result['reason'][:120]})"
     elif state == "FAIL" and result.get("values"):
         missing = [m for (m, _), v in zip(spec.objectives, result["values"]) if v is None or not math.isfinite(v)]
-        value = f" (the run recorded no finite {', '.join(missing)})"
+        value = f" (the run recorded no finite {', '.join(missing)})" if missing else f" ({result['status']})"
     best = ""
     if len(spec.objectives) == 1 and c.get("COMPLETE"):
         with contextlib.suppress(ValueError):

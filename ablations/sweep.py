@@ -412,9 +412,9 @@ def run_study(
             f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
             "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
         )
-    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)
     check_no_live_submission(study, uri)
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
+        check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before the searches
         from ablations.search import tune_study
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
@@ -428,6 +428,7 @@ def run_study(
         out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
         return StudyResult(study.name, None, counts, rows, uri)
 
+    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
     parent = _open_submission(study, uri, p)
     ctx = TrialContext(
         uri,

@@ -94,20 +94,27 @@ class Drain(L.Callback):
     def __init__(self, run_logger, hooks: list[Hook]) -> None:
         self.run_logger, self.hooks = run_logger, hooks
         self.stopped: tuple[str, str, int] | None = None  # (status, reason, step) when a hook stopped training
+        self.fitting = False  # hooks run while training only: what is drained after it is logged, not judged
+        self.world_size = 1
 
     def drain(self, module) -> None:
         while module.pending:
             step, metrics = module.pending.pop(0)
             if self.run_logger is not None:
                 self.run_logger.log_metrics(metrics, step)
+            if not self.fitting:
+                continue
             for hook in self.hooks:
                 try:
                     hook(step, metrics)
                 except StopTraining as stop:
                     if self.stopped is None:
                         self.stopped = (stop.status, f"{stop.reason} (step {step})", step)
-                    if module._trainer is not None:
+                    if self.world_size == 1:  # data-parallel: every rank stops at the next validation together
                         module.trainer.should_stop = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.fitting, self.world_size = True, trainer.world_size
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.drain(pl_module)
@@ -123,6 +130,7 @@ class Drain(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.drain(pl_module)
+        self.fitting = False  # the final evaluation runs on rank 0 alone: no hook may wait for the other ranks
 
 
 class Progress(L.Callback):
@@ -170,6 +178,10 @@ def typical_lengths(rows: list[dict]) -> tuple[int, int]:
     return round(sum(len(r["tokens"]) for r in sample) / len(sample)), 0
 
 
+def experiment_name(run: RunConfig, where: Tracking) -> str:
+    return where.experiment or run.tracking.experiment or run.name or "runs"
+
+
 def train(
     run: RunConfig,
     where: Tracking | None = None,
@@ -182,7 +194,8 @@ def train(
 ) -> RunResult:
     """Train one configuration and record it in MLflow (``log=False``: record nothing, for measurements).
 
-    ``hooks`` receive every batch of metrics as it is recorded (a sweep reports them to Ray Tune);
+    ``hooks`` receive every batch of metrics recorded while training (a sweep reports them to Ray Tune; a
+    search's pruner may raise ``StopTraining``); the final evaluation after training is logged only;
     ``trainer_options`` go to ``lightning.Trainer`` (a Ray Train strategy, for example) and ``prepare``, when
     given, wraps the trainer before fitting (``ray.train.lightning.prepare_trainer``).
     """
@@ -197,7 +210,7 @@ def train(
     data.setup()  # fails here, before anything is logged, when the data cannot be built
 
     uri = tracking.resolve_uri(where.uri)
-    experiment = where.experiment or run.tracking.experiment or run.name or "runs"
+    experiment = experiment_name(run, where)
     run_logger = None
     if log:
         tags = {

@@ -184,6 +184,8 @@ def make_report(
     if effects:
         files["effects"] = out_dir / "effects.md"
         files["effects"].write_text(effects_markdown(effects, table.metric))
+    else:  # an earlier report's, in a reused folder
+        (out_dir / "effects.md").unlink(missing_ok=True)
     from dashboards.static import save_pngs
 
     for path in save_pngs(runs, table, out_dir):  # the same figures as PNG, for papers and Markdown

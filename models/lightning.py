@@ -306,9 +306,10 @@ class LitTransformer(L.LightningModule):
         tf_p = teacher_forcing_p(self.training_cfg, step) if self.kind != "classify" else 1.0
         logits, targets = self._inputs(batch, tf_p)
         loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
-        value = loss.item()
         if self.trainer.world_size > 1:  # data-parallel: every rank judges (and logs) the same mean loss
-            value = self.trainer.strategy.reduce(loss.detach(), reduce_op="mean").item()
+            value = self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean").item()  # reduces in place
+        else:
+            value = loss.item()
         if self._guard(step, value):
             return None  # skip this update; the trainer stops
         if step % self.log_every == 0:

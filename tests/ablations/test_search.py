@@ -40,6 +40,7 @@ def write_spec(tmp_path: Path, name: str = "srch", **spec) -> Path:
         "sampler": "random",
         **spec,
     }
+    data = {k: v for k, v in data.items() if v is not None}  # None: the key's default
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -128,6 +129,35 @@ def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_pa
     assert seen == {"full", "local", "dilated"}
 
 
+def test_trials_that_did_not_end_by_themselves_are_asked_again_and_counted_once(tmp_path):
+    """n_trials counts failures (a search whose trials all fail ends), but a trial lost to a dead process, to
+    Ctrl-C or to a stale heartbeat is asked again, and only its retry counts."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from ablations.search import _fail_and_ask_again, counted_trials
+
+    study = optuna.create_study(study_name="c", storage=open_storage(f"sqlite:///{tmp_path / 'o.db'}"))
+    x = {"x": FloatDistribution(0, 1)}
+    study.add_trial(create_trial(params={"x": 0.1}, distributions=x, value=1.0))  # 0: complete
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"x": 0.2}, distributions=x))  # 1: failed by itself
+    lost = study.ask(x)  # 2: running
+    assert counted_trials(study) == 3
+    _fail_and_ask_again(study, lost.number, lost.params)  # 2 failed, 3 waiting with the same parameters
+    assert counted_trials(study) == 2
+    retry = study.ask(x)  # define-by-run: the enqueued value comes back when the parameter is asked
+    assert retry.params == lost.params and retry.user_attrs["retry_of"] == lost.number
+    assert counted_trials(study) == 3
+    # Optuna's heartbeat callback: trial 4 went stale, trial 5 is its retry
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"x": 0.4}, distributions=x))
+    study.add_trial(
+        create_trial(
+            params={"x": 0.4}, distributions=x, value=1.0, system_attrs={"failed_trial": 4, "retry_history": [4]}
+        )
+    )
+    assert counted_trials(study) == 4
+
+
 @pytest.mark.parametrize(("pruner", "stops"), [("median", True), ("none", False)])
 def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     """The storage keeps no pruner: a trial's process must build the search's (Optuna's default median pruner
@@ -211,29 +241,27 @@ def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
 
 @pytest.mark.slow
 def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_pruned(tmp_path, store):
-    """Two DDP workers per trial: one MLflow run per trial, each validation reported to Optuna once, and a
-    pruned trial ends on every rank at the same validation (a rank left training would hang the test)."""
+    """Two DDP workers per trial: one MLflow run per trial, each validation reported to Optuna once, a pruned
+    trial ends on every rank at the same validation, and the final evaluation (step 45, after training, rank 0
+    alone) is logged without waiting for the other rank. A rank left behind would hang: the CLI runs with a
+    time limit, so that fails the test instead."""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec = load_search(
-        write_spec(
-            tmp_path,
-            n_trials=3,
-            concurrency=1,
-            pruner="median",
-            resources={"cpus": 2, "workers": 2},
-            budget={"steps": 40},
-        )
+    spec_path = write_spec(
+        tmp_path, n_trials=3, concurrency=1, pruner="median", resources={"cpus": 2, "workers": 2}, budget={"steps": 45}
     )
     study = optuna.create_study(study_name="srch", storage=open_storage(storage))
     for lr in (3.0e-3, 3.0e-3, 1.0e-5):  # two sound trials, then one the median pruner stops at once
         study.enqueue_trial({"training.lr": lr})
-    lines: list[str] = []
-    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
-    log = "\n".join(lines)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
     study = optuna.load_study(study_name="srch", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED], log
     for t in study.trials[:2]:
-        assert sorted(t.intermediate_values) == [10, 20, 30, 40]
+        assert sorted(t.intermediate_values) == [10, 20, 30, 40]  # while training only
     assert sorted(study.trials[2].intermediate_values) == [10]  # pruned at its first validation
 
     c = MlflowClient(store)
@@ -243,9 +271,9 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
     for number in (0, 1):
         assert runs[number].data.metrics["final/val_loss"] == pytest.approx(study.trials[number].value)
         history = c.get_metric_history(runs[number].info.run_id, "val/loss")
-        assert [m.step for m in history] == [10, 20, 30, 40]
+        assert [m.step for m in history] == [10, 20, 30, 40, 45]  # each point once, the final evaluation last
         reported = study.trials[number].intermediate_values  # rank 0 reported what MLflow holds
-        assert [reported[m.step] for m in history] == pytest.approx([m.value for m in history])
+        assert [reported[m.step] for m in history[:4]] == pytest.approx([m.value for m in history[:4]])
     pruned = runs[2]
     assert pruned.data.tags["status_detail"].startswith("pruned") and pruned.data.metrics["stopped_step"] == 10
 
@@ -271,8 +299,8 @@ def test_journal_storage_resuming_and_two_objectives(tmp_path, store):
         {"metric": "final/val_loss", "direction": "minimize"},
         {"metric": "cost/tokens_per_s", "direction": "maximize"},
     ]
-    spec = load_search(write_spec(tmp_path, n_trials=2, pruner="none", objectives=objectives))
-    assert spec.sampler == "random"
+    spec = load_search(write_spec(tmp_path, n_trials=2, sampler=None, pruner=None, objectives=objectives))
+    assert (spec.sampler, spec.pruner) == ("nsga2", "none")  # the defaults for several objectives
     run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
     spec.n_trials = 4  # the same command again with a larger total: two more
     result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
@@ -359,6 +387,38 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
     assert len(retried) == 1 and retried[0].params == lost.params and retried[0].state == TrialState.COMPLETE
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 400})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(
+            cli(spec_path, storage, store), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not runs_of_kind(store, "srch", KIND_TRIAL):
+            time.sleep(0.5)  # the first trial is training
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert study.trials[1].user_attrs["retry_of"] == 0 and study.trials[1].params == study.trials[0].params
+    parent = runs_of_kind(store, "srch", KIND_SEARCH)[0]
+    assert parent.info.status == "KILLED"
+    again = subprocess.run(
+        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]  # 2 trials
 
 
 @pytest.mark.slow
