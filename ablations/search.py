@@ -401,9 +401,10 @@ class TrialTask:
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
 
 
-def pruning_hooks(task: TrialTask, storage=None) -> list[Hook]:
-    """Report ``prune_on`` to the trial at every validation and stop training when the pruner says so. Optuna
-    takes intermediate values from single-objective studies only: a multi-objective trial reports nothing."""
+def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -> list[Hook]:
+    """Report ``prune_on`` to the trial at every validation and stop training when the pruner says so, except at
+    ``last_step`` (pruning there saves nothing and loses a finished result). Optuna takes intermediate values
+    from single-objective studies only: a multi-objective trial reports nothing."""
     import optuna
 
     from ablations.train import StopTraining
@@ -420,7 +421,7 @@ def pruning_hooks(task: TrialTask, storage=None) -> list[Hook]:
         if value is None or not math.isfinite(value):
             return
         trial.report(value, step)
-        if task.pruner != "none" and trial.should_prune():
+        if task.pruner != "none" and (last_step is None or step < last_step) and trial.should_prune():
             raise StopTraining(
                 tracking.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
             )
@@ -463,11 +464,13 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
 
             from ablations.parallel import ParallelJob, run_data_parallel
 
-            job = ParallelJob(run, where, task.resources, rank0_hooks=partial(pruning_hooks, task))
+            job = ParallelJob(
+                run, where, task.resources, rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps)
+            )
             name = f"{task.spec_name}-trial-{task.number}-{int(time.time())}"
             result = run_data_parallel(job, name=name, storage_path=task.ray_storage)
         else:
-            result = train(run, where, hooks=pruning_hooks(task, storage))
+            result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:

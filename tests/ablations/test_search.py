@@ -177,14 +177,15 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
         "p", url, trial._trial_id, trial.number, {}, {}, "", "", "", [("final/val_loss", "minimize")], "val/loss",
         pruner, {}, Resources(), str(tmp_path)
     )  # fmt: skip
-    (hook,) = pruning_hooks(task)
+    (hook,) = pruning_hooks(task, last_step=20)
     hook(5, {"train/loss": 9.0})  # not the metric it prunes on: ignored
     if stops:
         with pytest.raises(StopTraining, match="median pruner at val/loss=3"):
             hook(10, {"val/loss": 3.0})
     else:
         hook(10, {"val/loss": 3.0})
-    assert optuna.load_study(study_name="p", storage=url).trials[2].intermediate_values == {10: 3.0}
+    hook(20, {"val/loss": 3.0})  # the last step: reported, never pruned (a finished result is not thrown away)
+    assert optuna.load_study(study_name="p", storage=url).trials[2].intermediate_values == {10: 3.0, 20: 3.0}
 
 
 @pytest.mark.slow
