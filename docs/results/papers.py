@@ -63,6 +63,12 @@ def table(study: str) -> dict[str, dict]:
     return {r["variant"]: r for r in json.loads(path.read_text())} if path.exists() else {}
 
 
+def seeds(*tables: dict[str, dict]) -> str:
+    """The seeds behind the tables' means, for a title."""
+    ns = sorted({r["n"] for t in tables for r in t.values()})
+    return f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+
+
 def point(ax, x, rec: dict, **kw) -> None:
     """A variant's mean with its 95% t interval."""
     lo, hi = rec["ci_low"], rec["ci_high"]
@@ -94,7 +100,11 @@ def heads() -> None:
         ax.set_xticks(range(len(hs)), [f"{h}\n(d_k {64 // h})" for h in hs])
         ax.set(xlabel="heads (d_model 64)")
         ax.set_title(("ours, byte-level LM: " if recs is text else "ours, reversal: ") + metric)
-    finish(fig, "heads_text", "Number of heads at fixed width: the paper (translation) and ours (3 seeds, 95% CI)")
+    finish(
+        fig,
+        "heads_text",
+        f"Number of heads at fixed width: the paper (translation) and ours ({seeds(text, rev)} seeds, 95% CI)",
+    )
 
 
 def positions() -> None:
@@ -119,7 +129,7 @@ def positions() -> None:
     ax.set_xticks(range(len(kinds)), kinds)
     ax.set(title="ours, reversal (lengths seen in training): test/exact_match ↑", ylim=(0, 1.05))
     ax.legend(loc="lower left", fontsize=8)
-    finish(fig, "positions", "Learned against sinusoidal positions: the paper and ours (3 seeds, 95% CI)")
+    finish(fig, "positions", f"Learned against sinusoidal positions: the paper and ours ({seeds(ours)} seeds, 95% CI)")
 
 
 def attention_score() -> None:
@@ -148,7 +158,11 @@ def attention_score() -> None:
     ax.set_xticks([0, 1], ["d_k 16", "d_k 64"])
     ax.set(title="ours, reversal: final/val_loss ↓ (log)")
     ax.legend(fontsize=8)
-    finish(fig, "attention_score", "Attention scores as the key dimension grows: the paper and ours (3 seeds, 95% CI)")
+    finish(
+        fig,
+        "attention_score",
+        f"Attention scores as the key dimension grows: the paper and ours ({seeds(ours)} seeds, 95% CI)",
+    )
 
 
 def norm_placement() -> None:
@@ -187,7 +201,7 @@ def norm_placement() -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(2), labels)
     ax.set(title="ours, 4 layers, each at its tuned lr ↓ (log)")
-    finish(fig, "norm_placement", "Pre-LN against Post-LN: the paper and ours (3 seeds, 95% CI)")
+    finish(fig, "norm_placement", f"Pre-LN against Post-LN: the paper and ours ({seeds(grid, tuned)} seeds, 95% CI)")
 
 
 def locality() -> None:
@@ -207,7 +221,7 @@ def locality() -> None:
     ):
         for i, rec in enumerate(recs.values()):
             point(ax, i, rec, color=OURS)
-        ax.set_xticks(range(len(recs)), [n.replace(", ", "\n").replace(" below", "\nbelow") for n in recs], fontsize=7)
+        ax.set_xticks(range(len(recs)), list(recs), rotation=30, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
     ax = axes[3]
     ns = sorted(LRA_SPEEDUP)
@@ -217,7 +231,11 @@ def locality() -> None:
     ax.set_xscale("log", base=2)
     ax.set(title="local over full attention: speed-up ↑", xlabel="sequence length")
     ax.legend(fontsize=7)
-    finish(fig, "locality", "Local and dilated against full attention: the papers and ours (3 seeds, 95% CI)")
+    finish(
+        fig,
+        "locality",
+        f"Local and dilated against full attention: the papers and ours ({seeds(retrieval, text)} seeds, 95% CI)",
+    )
 
 
 def michel() -> None:
@@ -234,17 +252,20 @@ def michel() -> None:
            xlabel="layer")  # fmt: skip
     ax = axes[1]
     modules = list(dict.fromkeys(h["module"] for h in models[0]["heads"]))
+    variants = list(dict.fromkeys(m["variant"] for m in models))
+    colors = dict(zip(variants, (OURS, "#ff7f0e", "#2ca02c")))
     for i, module in enumerate(modules):
         for k, m in enumerate(models):
             changes = [h["change"] for h in m["heads"] if h["module"] == module]
-            x = i + (k - (len(models) - 1) / 2) * 0.15
-            ax.plot([x, x], [min(changes), max(changes)], "-", color=OURS, lw=3, solid_capstyle="butt",
-                    label="one seed's heads" if i == 0 and k == 0 else None)  # fmt: skip
+            x = i + (k - (len(models) - 1) / 2) * 0.12
+            label = m["variant"] if i == 0 and m is next(n for n in models if n["variant"] == m["variant"]) else None
+            ax.plot([x, x], [min(changes), max(changes)], "-", color=colors[m["variant"]], lw=3, solid_capstyle="butt",
+                    label=label)  # fmt: skip
     ax.axhline(0, color="black", lw=0.5)
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xticks(range(len(modules)), modules, rotation=30, ha="right", fontsize=7)
-    ax.set(title="ours: Δ val/loss per head removed, range per module and seed (↑ = harm)")
-    ax.legend(fontsize=8)
+    ax.set_title("ours: Δ val/loss per head removed\n(range per module, one bar per seed; ↑ = harm)")
+    ax.legend(fontsize=8, title="variant (3 seeds each)", title_fontsize=8)
     finish(fig, "michel_heads", "Removing single heads at evaluation time: the paper and ours")
 
 

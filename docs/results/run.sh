@@ -24,3 +24,4 @@ if [ $# -eq 0 ]; then  # the companion tables, and Michel et al.'s head removal
   .venv/bin/ablate heads michel_heads --tracking-uri "$STORE" --metric val/loss --out docs/results/michel_heads
   echo "michel_heads: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 fi
+.venv/bin/python docs/results/papers.py   # the papers' numbers beside ours: STUDY/paper_vs_ours.png
