@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -253,14 +254,9 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
     study = optuna.create_study(study_name="srch", storage=open_storage(storage))
     for lr in (3.0e-3, 3.0e-3, 1.0e-5):  # two sound trials, then one the median pruner stops at once
         study.enqueue_trial({"training.lr": lr})
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log
+    out = run_cli_search(tmp_path, spec_path, storage, store)  # the CLI, with a time limit
     study = optuna.load_study(study_name="srch", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED], log
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED], out.stdout
     for t in study.trials[:2]:
         assert sorted(t.intermediate_values) == [10, 20, 30, 40]  # while training only
     assert sorted(study.trials[2].intermediate_values) == [10]  # pruned at its first validation
@@ -346,10 +342,8 @@ def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow
-def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
+def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, store: str):
+    """``ablate search`` in its own process group; returns it and its first trial once that trial is training."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(
@@ -360,28 +354,41 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
             cwd=tmp_path,
             start_new_session=True,
         )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()
+        with contextlib.suppress(Exception):
+            study = optuna.load_study(study_name="srch", storage=storage)
+            running = [t for t in study.trials if t.state == TrialState.RUNNING]
+            if running and runs_of_kind(store, "srch", KIND_TRIAL):
+                return proc, running[0]
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("no trial started:\n" + (tmp_path / "first.log").read_text())
+
+
+def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
+    proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
-        deadline = time.monotonic() + 240
-        lost = None
-        while time.monotonic() < deadline and lost is None:
-            time.sleep(0.5)
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()
-            with __import__("contextlib").suppress(Exception):
-                study = optuna.load_study(study_name="srch", storage=storage)
-                running = [t for t in study.trials if t.state == TrialState.RUNNING]
-                if running and runs_of_kind(store, "srch", KIND_TRIAL):
-                    lost = running[0]
-        assert lost is not None, (tmp_path / "first.log").read_text()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
-        with __import__("contextlib").suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
-    again = subprocess.run(
-        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
+    again = run_cli_search(tmp_path, spec_path, storage, store)
     assert f"trial {lost.number} was left running" in again.stdout
     study = optuna.load_study(study_name="srch", storage=storage)
     assert study.trials[lost.number].state == TrialState.FAIL
@@ -394,32 +401,21 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 400})
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(
-            cli(spec_path, storage, store), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path
-        )
+    proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not runs_of_kind(store, "srch", KIND_TRIAL):
-            time.sleep(0.5)  # the first trial is training
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     study = optuna.load_study(study_name="srch", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
-    assert study.trials[1].user_attrs["retry_of"] == 0 and study.trials[1].params == study.trials[0].params
-    parent = runs_of_kind(store, "srch", KIND_SEARCH)[0]
-    assert parent.info.status == "KILLED"
-    again = subprocess.run(
-        cli(spec_path, storage, store), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # failed, and queued again
+    assert study.trials[1].user_attrs["retry_of"] == lost.number == 0
+    assert runs_of_kind(store, "srch", KIND_SEARCH)[0].info.status == "KILLED"
+    run_cli_search(tmp_path, spec_path, storage, store)
     study = optuna.load_study(study_name="srch", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]  # 2 trials
+    assert study.trials[1].params == lost.params  # the interrupted trial, asked again
 
 
 @pytest.mark.slow
