@@ -139,9 +139,8 @@ def _report(args: argparse.Namespace) -> int:
     except (NoResults, ValueError) as err:
         return error(str(err))
     print(RENDERERS[args.format](report.table))
-    print(
-        f"report: {report.files['html'].resolve()}  (beside it: table.md, .tex, .csv, .json; curves.png, differences.png)"
-    )
+    beside = ", ".join(sorted(p.name for k, p in report.files.items() if k != "html"))
+    print(f"report: {report.files['html'].resolve()}  (beside it: {beside})")
     if report.parent_run_id:
         runs = report.runs
         where = (
