@@ -467,8 +467,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
             job = ParallelJob(
                 run, where, task.resources, rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps)
             )
-            name = f"{task.spec_name}-trial-{task.number}-{int(time.time())}"
-            result = run_data_parallel(job, name=name, storage_path=task.ray_storage)
+            result = run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
         else:
             result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
     except Exception as err:

@@ -95,7 +95,6 @@ class Drain(L.Callback):
         self.run_logger, self.hooks = run_logger, hooks
         self.stopped: tuple[str, str, int] | None = None  # (status, reason, step) when a hook stopped training
         self.fitting = False  # hooks run while training only: what is drained after it is logged, not judged
-        self.world_size = 1
 
     def drain(self, module) -> None:
         while module.pending:
@@ -110,11 +109,11 @@ class Drain(L.Callback):
                 except StopTraining as stop:
                     if self.stopped is None:
                         self.stopped = (stop.status, f"{stop.reason} (step {step})", step)
-                    if self.world_size == 1:  # data-parallel: every rank stops at the next validation together
+                    if module.trainer.world_size == 1:  # data-parallel: all ranks stop at the next validation
                         module.trainer.should_stop = True
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.fitting, self.world_size = True, trainer.world_size
+        self.fitting = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.drain(pl_module)
