@@ -6,11 +6,14 @@ MLflow; the model is evaluated on a split with all heads, then with each single 
 (``Transformer.set_head_mask``).
 
 As in the paper, a head's effect is judged within its own trained model: for a loss metric, the per-sequence
-losses with and without the head are compared by a paired t-test over the split's sequences (p < 0.01, as the
-paper; Holm-corrected within the model as well). Heads are not the same from seed to seed (head 2 of one
-model has no counterpart in another), so seeds are summarised per module: its least and its most important
-head, and how many of its heads matter. The tables are logged to the study's latest parent run as
-``heads/heads.md`` and ``heads/heads.json``.
+losses with and without the head are compared by the study's paired test over the split's sequences, with the
+rules of every table (dashboards/stats.py): the sign-flip permutation test by default (Monte Carlo over
+hundreds of sequences, with enough resamples to reach the corrected level) or the paired t-test
+(``analysis.test``), a head with no spread in its differences tested exactly rather than given p = 0, and
+Holm's correction over the model's heads before anything is counted (at p <= 0.01, the paper's level). Heads
+are not the same from seed to seed (head 2 of one model has no counterpart in another), so seeds are
+summarised per module: its least and its most important head, and how many of its heads matter. The tables
+are logged to the study's latest parent run as ``heads/heads.md`` and ``heads/heads.json``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from typing import Any
 
 import yaml
 
-from ablations import tracking
+from ablations import records
 from ablations.spec import resolve_run
 from dashboards import stats
+from dashboards.analysis import from_design
 from dashboards.load import load_study
 
 ALPHA = 0.01  # Michel et al.'s significance level
@@ -40,8 +44,10 @@ class HeadEffect:
     module: str
     head: int
     change: float  # the metric without this head minus with every head
-    p: float  # paired t-test over the split's sequences (loss metrics), else nan
+    p: float  # the study's paired test over the split's sequences (loss metrics), else nan
     p_holm: float = math.nan  # Holm-corrected over the model's heads
+    method: str = ""  # how p was computed
+    verdict: str = ""  # from the corrected test: different (worse|better) without the head, or not resolved
 
 
 @dataclass
@@ -60,7 +66,7 @@ def _load(run_id: str, uri: str):
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
 
-    c = tracking.client(uri)
+    c = records.client(uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             config = yaml.safe_load(Path(c.download_artifacts(run_id, "config.yaml", tmp)).read_text())
@@ -127,10 +133,47 @@ def _each_head(module, score) -> tuple[Any, dict[tuple[str, int], Any]]:
     return full, out
 
 
-def model_heads(run_id: str, seed: int, uri: str, metric: str, variant: str = "") -> ModelHeads:
-    """Every head of one trained model: its effect on ``metric`` and, for a loss, its paired p-value."""
-    from scipy import stats as sps
+def judge_heads(
+    nll: Any,
+    weight: Any,
+    without: dict[tuple[str, int], Any],
+    seed: int,
+    *,
+    test: str = "permutation",
+    alpha: float = ALPHA,
+) -> tuple[float, int, list[HeadEffect]]:
+    """(the loss with every head, scored sequences, each head's effect) from per-sequence summed losses ``nll``
+    and scored tokens ``weight`` with every head, and ``without[(module, head)]``: the per-sequence losses
+    without that head. Each head: the paired test of the per-sequence differences (dashboards.stats.paired_p,
+    every table's test), Holm over the model's heads, and the verdict at ``alpha``."""
+    import numpy as np
 
+    nll, weight = np.asarray(nll, dtype=float), np.asarray(weight, dtype=float)
+    full = float(nll.sum() / weight.sum())
+    scored = weight > 0  # sequences with something scored (the others would enter the test as zeros)
+    keys = list(without)
+    level = alpha / max(1, len(keys))  # Holm's strictest step: the Monte Carlo test must be able to reach it
+    resamples = stats.resamples_for(level)
+    diffs = [np.asarray(without[k], dtype=float)[scored] - nll[scored] for k in keys]
+    heads = []
+    for (m, h), (p, method) in zip(keys, stats.paired_p_many(diffs, test, n_resamples=resamples)):
+        change = float(np.asarray(without[(m, h)], dtype=float).sum() / weight.sum()) - full
+        heads.append(HeadEffect(seed, m, h, change, p, method=method))
+    for e, q in zip(heads, stats.holm([e.p for e in heads])):
+        e.p_holm = q
+        e.verdict = (
+            "not resolved"
+            if q > alpha
+            else ("different (worse without)" if e.change > 0 else "different (better without)")
+        )
+    return full, int(scored.sum()), heads
+
+
+def model_heads(
+    run_id: str, seed: int, uri: str, metric: str, variant: str = "", *, test: str = "permutation", alpha: float = ALPHA
+) -> ModelHeads:
+    """Every head of one trained model: its effect on ``metric`` and, for a loss, its paired test (``test``: the
+    study's analysis.test) with Holm's correction over the model's heads."""
     split, key = metric.split("/", 1)
     if key != "loss":
         full, without = evaluate_heads(run_id, uri, metric)
@@ -139,28 +182,31 @@ def model_heads(run_id: str, seed: int, uri: str, metric: str, variant: str = ""
     _, data, module = _load(run_id, uri)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
     (nll, w), without = _each_head(module, lambda: sequence_losses(module, loader))
-    full = float(nll.sum() / w.sum())
-    scored = w > 0  # sequences with something scored (the others would enter the test as zeros)
-    heads = []
-    for (m, h), (nll_h, _) in without.items():
-        d = (nll_h - nll)[scored]  # per sequence, paired
-        p = float(sps.ttest_1samp(d, 0.0).pvalue) if d.std() > 0 else (1.0 if not d.any() else 0.0)
-        heads.append(HeadEffect(seed, m, h, float(nll_h.sum() / w.sum()) - full, p))
-    for e, q in zip(heads, stats.holm([e.p for e in heads])):
-        e.p_holm = q
-    return ModelHeads(variant, seed, run_id, full, int(scored.sum()), heads)
+    full, sequences, heads = judge_heads(nll, w, {k: v[0] for k, v in without.items()}, seed, test=test, alpha=alpha)
+    return ModelHeads(variant, seed, run_id, full, sequences, heads)
 
 
-def head_ablation(uri: str, study: str, metric: str = "val/loss") -> tuple[list[ModelHeads], dict[str, Any]]:
-    """Every head of every finished cell's model, by variant then seed."""
+def head_ablation(
+    uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
+) -> tuple[list[ModelHeads], dict[str, Any]]:
+    """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
     runs = load_study(uri, study)
+    test = from_design(runs.design).test
     done = runs.cells[runs.cells["state"] == "finished"]
     if not len(done):
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
     order = {v: i for i, v in enumerate(runs.variants)}
     cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
-    models = [model_heads(run_id, int(seed), uri, metric, variant) for variant, seed, run_id in cells]
-    return models, {"study": study, "metric": metric, "seeds": len({m.seed for m in models})}
+    models = [
+        model_heads(run_id, int(seed), uri, metric, variant, test=test, alpha=alpha) for variant, seed, run_id in cells
+    ]
+    return models, {
+        "study": study,
+        "metric": metric,
+        "seeds": len({m.seed for m in models}),
+        "test": test,
+        "alpha": alpha,
+    }
 
 
 def _worse(metric: str) -> int:
@@ -169,18 +215,18 @@ def _worse(metric: str) -> int:
 
 
 def format_heads(models: list[ModelHeads], info: dict[str, Any]) -> str:
-    """Markdown: per model, the significant heads; per module, the least and most important head over seeds.
-    Models of different variants (other architectures, say) are reported apart."""
+    """Markdown: per model, the heads that matter after Holm's correction; per module, the least and most
+    important head over seeds. Models of different variants (other architectures, say) are reported apart."""
     variants = list(dict.fromkeys(m.variant for m in models))
     parts = []
     for variant in variants:
         mine = [m for m in models if m.variant == variant]
         title = f"{info['study']}" + (f", variant {variant}" if len(variants) > 1 else "")
-        parts.append(_format_variant(title, mine, info["metric"]))
+        parts.append(_format_variant(title, mine, info["metric"], info.get("alpha", ALPHA)))
     return "\n".join(parts)
 
 
-def _format_variant(title: str, models: list[ModelHeads], metric: str) -> str:
+def _format_variant(title: str, models: list[ModelHeads], metric: str, alpha: float = ALPHA) -> str:
     sign = _worse(metric)
     tested = any(math.isfinite(e.p) for m in models for e in m.heads)
     lines = [
@@ -189,34 +235,35 @@ def _format_variant(title: str, models: list[ModelHeads], metric: str) -> str:
         "",
     ]
     if tested:
+        methods = sorted({e.method for m in models for e in m.heads if e.method})
         lines += [
-            f"Per model: the heads whose removal changes {metric} significantly (paired t-test over the "
-            f"{models[0].sequences} scored sequences of the split, p < {ALPHA} as in Michel et al., and after Holm's "
-            "correction over the model's heads), and how many of those help when removed.",
+            f"Per model: the heads whose removal changes {metric} (the paired test over the {models[0].sequences} "
+            f"scored sequences of the split: {'; '.join(methods)}; Holm-corrected over the model's "
+            f"{len(models[0].heads)} heads, p ≤ {alpha:g} as in Michel et al.), and how many of those help when "
+            "removed. Counts are after the correction only.",
             "",
-            f"| seed | {metric} with every head | significant (p < {ALPHA}) | after Holm | of which better without |"
+            f"| seed | {metric} with every head | matter (Holm p ≤ {alpha:g}) | of which better without |"
             " largest harm | largest gain |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "|---:|---:|---:|---:|---:|---:|",
         ]
         for m in models:
-            sig = [e for e in m.heads if e.p < ALPHA]
-            holm = [e for e in m.heads if e.p_holm < ALPHA]
-            better = [e for e in sig if sign * e.change < 0]
+            matter = [e for e in m.heads if e.p_holm <= alpha]
+            better = [e for e in matter if sign * e.change < 0]
             harm = max(m.heads, key=lambda e: sign * e.change)
             gain = min(m.heads, key=lambda e: sign * e.change)
             gained = f"{gain.change:+.3g} ({gain.module}[{gain.head}])" if sign * gain.change < 0 else "none"
             lines.append(
-                f"| {m.seed} | {m.full:.4g} | {len(sig)}/{len(m.heads)} | {len(holm)} | {len(better)} | "
+                f"| {m.seed} | {m.full:.4g} | {len(matter)}/{len(m.heads)} | {len(better)} | "
                 f"{harm.change:+.3g} ({harm.module}[{harm.head}]) | {gained} |"
             )
         lines.append("")
     lines += [
         "Per module, over seeds (a module's heads differ from seed to seed, so each seed's least and most "
         "important head of the module are taken): mean over seeds with the 95% t interval"
-        + (f", and the module's heads with p < {ALPHA} in each seed." if tested else "."),
+        + (f", and the module's heads that matter (Holm p ≤ {alpha:g}) in each seed." if tested else "."),
         "",
         "| module | least important head | most important head |"
-        + (f" heads with p < {ALPHA}, per seed |" if tested else ""),
+        + (f" heads that matter (Holm p ≤ {alpha:g}), per seed |" if tested else ""),
         "|---|---:|---:|" + ("---|" if tested else ""),
     ]
     rows = []
@@ -226,7 +273,7 @@ def _format_variant(title: str, models: list[ModelHeads], metric: str) -> str:
             harms = [sign * e.change for e in m.heads if e.module == module]
             least.append(sign * min(harms))
             most.append(sign * max(harms))
-            sig.append(f"{sum(e.p < ALPHA for e in m.heads if e.module == module)}/{len(harms)}")
+            sig.append(f"{sum(e.p_holm <= alpha for e in m.heads if e.module == module)}/{len(harms)}")
         rows.append((module, stats.describe(least), stats.describe(most), sig))
     rows.sort(key=lambda r: -sign * r[2].mean)
     for module, least, most, sig in rows:
@@ -252,7 +299,7 @@ def log_heads(uri: str, study: str, text: str, models: list[ModelHeads]) -> str 
     parent = runs.latest_parent
     if parent is None:
         return None
-    c = tracking.client(uri)
+    c = records.client(uri)
     c.log_text(parent.info.run_id, text, "heads/heads.md")
     c.log_text(parent.info.run_id, heads_json(models), "heads/heads.json")
     return parent.info.run_id

@@ -1,6 +1,8 @@
 """``ablate compare A B``: which conclusions changed between two studies, or two submissions of one study
-(``name@2``), for example before and after a code change. A conclusion is the verdict on a variant against
-the baseline: better, worse (significant after Holm's correction) or no significant difference."""
+(``name@2``), for example before and after a code change. A conclusion is the verdict of a contrast, from
+the same tests and corrections as the tables (dashboards/stats.py): "different (better|worse)", "equivalent
+within ±m", "not resolved", "untestable" or, for a contrast outside the declared family, "not in the family".
+"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dashboards.table import Table, build
 
 @dataclass
 class Change:
-    variant: str
+    variant: str  # the contrast's label for contrasts that are not a row ("a vs b", an effect)
     a: str
     b: str
     diff_a: float
@@ -24,15 +26,12 @@ class Change:
         return self.a != self.b
 
 
-def verdict(table: Table, variant: str, alpha: float = 0.05) -> tuple[str, float]:
+def verdict(table: Table, variant: str) -> tuple[str, float]:
+    """(verdict, Δ) of a variant against the table's baseline."""
     row = next((r for r in table.rows if r.variant == variant), None)
-    if row is None or row.paired is None or row.paired.n < 2 or not math.isfinite(row.paired.p_holm):
-        return "not enough seeds", math.nan if row is None or row.paired is None else row.paired.mean_diff
-    d, p = row.paired.mean_diff, row.paired.p_holm
-    if p >= alpha:
-        return "no significant difference", d
-    good = d > 0 if table.direction == "maximize" else d < 0
-    return ("better" if good else "worse") + " than the baseline", d
+    if row is None or row.contrast is None:
+        return "absent", math.nan
+    return row.contrast.verdict, row.contrast.estimate
 
 
 def parse(ref: str) -> tuple[str, int | None]:
@@ -43,6 +42,8 @@ def parse(ref: str) -> tuple[str, int | None]:
 
 
 def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tuple[Table, Table, list[Change]]:
+    """Both tables (each with its own submission's analysis settings) and the verdict of every contrast they
+    share: each variant against the baseline, then the other declared contrasts and effects."""
     (name_a, sub_a), (name_b, sub_b) = parse(ref_a), parse(ref_b)
     runs_a, runs_b = load_study(uri, name_a, submission=sub_a), load_study(uri, name_b, submission=sub_b)
     metric = metric or runs_a.design.get("metric")
@@ -52,19 +53,30 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
         if variant in (ta.baseline, tb.baseline):
             continue
         (va, da), (vb, db) = verdict(ta, variant), verdict(tb, variant)
+        if va == "absent" or vb == "absent":
+            continue
         changes.append(Change(variant, va, vb, da, db))
+    rows = {f"{r.variant} vs {ta.baseline}" for r in ta.rows}
+    others_b = {c.label: c for c in tb.contrasts if c.in_family}
+    for c in ta.contrasts:
+        if c.in_family and c.label not in rows and c.label in others_b:
+            o = others_b[c.label]
+            changes.append(Change(c.label, c.verdict, o.verdict, c.estimate, o.estimate))
     return ta, tb, changes
 
 
 def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -> str:
     if not changes:
-        return f"{ref_a} and {ref_b} share no variant besides the baseline: nothing to compare"
+        return f"{ref_a} and {ref_b} share no contrast besides the baseline: nothing to compare"
     w = max(len(c.variant) for c in changes)
     wa = max(len(c.a) for c in changes) + 12
-    lines = [f"{'variant':<{w}}  {ref_a + ' (Δ ' + metric + ')':<{wa}}  {ref_b + ' (Δ)':<{wa}}  changed"]
+    lines = [f"{'contrast':<{w}}  {ref_a + ' (Δ ' + metric + ')':<{wa}}  {ref_b + ' (Δ)':<{wa}}  changed"]
     for c in changes:
         a, b = f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})"
         lines.append(f"{c.variant:<{w}}  {a:<{wa}}  {b:<{wa}}  {'YES' if c.changed else 'no'}")
     n = sum(c.changed for c in changes)
-    lines.append(f"\n{n} of {len(changes)} conclusion(s) changed between {ref_a} and {ref_b}")
+    lines.append(
+        f"\n{n} of {len(changes)} conclusion(s) changed between {ref_a} and {ref_b} (verdicts from each table's "
+        "tests after Holm's correction; 'not resolved' is not 'no difference')"
+    )
     return "\n".join(lines)

@@ -85,14 +85,15 @@ def learning_curves(runs: StudyRuns, key: str = "val/loss", by: str = "step"):
 
 
 def forest(table: Table):
-    """Each variant's difference from the baseline with its 95% interval (paired over seeds)."""
+    """Each variant's difference from the baseline with its t interval (paired over seeds, failed seeds under the
+    failure rule); a difference without spread has no interval and says so in its label."""
     import plotly.graph_objects as go
 
-    rows = [r for r in table.rows if r.paired is not None and r.paired.n > 0]
-    names = [f"{r.variant} {r.marks}".strip() for r in rows]
-    diffs = [r.paired.mean_diff for r in rows]
-    lo = [r.paired.mean_diff - r.paired.ci_t[0] if math.isfinite(r.paired.ci_t[0]) else 0 for r in rows]
-    hi = [r.paired.ci_t[1] - r.paired.mean_diff if math.isfinite(r.paired.ci_t[1]) else 0 for r in rows]
+    rows = [r for r in table.rows if r.contrast is not None and r.contrast.n > 0]
+    names = [forest_label(r) for r in rows]
+    diffs = [r.contrast.estimate for r in rows]
+    lo = [r.contrast.estimate - r.contrast.ci_t[0] if math.isfinite(r.contrast.ci_t[0]) else 0 for r in rows]
+    hi = [r.contrast.ci_t[1] - r.contrast.estimate if math.isfinite(r.contrast.ci_t[1]) else 0 for r in rows]
     fig = go.Figure(
         go.Scatter(
             x=diffs,
@@ -106,13 +107,20 @@ def forest(table: Table):
     fig.add_vline(x=0, line_dash="dash", line_color="grey")
     better = "right" if table.direction == "maximize" else "left"
     fig.update_layout(
-        title=f"Δ {table.metric} against {table.baseline} (95% CI; better to the {better})",
+        title=f"Δ {table.metric} against {table.baseline} ({table.analysis.confidence:.0%} CI; better to the {better})",
         xaxis_title=f"Δ {table.metric}",
         template="plotly_white",
         height=160 + 40 * max(1, len(rows)),
         yaxis={"autorange": "reversed"},
     )
     return fig
+
+
+def forest_label(r) -> str:
+    """A row's label in the forest plots: the variant, its marks, and why it has no interval bar."""
+    c = r.contrast
+    why = " (n=1)" if c.n == 1 else " (no spread)" if not c.spread else ""
+    return f"{r.variant} {r.marks}".strip() + why
 
 
 def pareto_front(points: list[tuple[float, float]], maximize_quality: bool, cost_lower_is_better: bool) -> list[int]:
@@ -180,7 +188,7 @@ def all_figures(runs: StudyRuns, table: Table, curve_keys: list[str] | None = No
             fig = learning_curves(runs, key, by)
             if fig.data:
                 figs.append((f"{key} by {by}", fig))
-    if any(r.paired is not None for r in table.rows):
+    if any(r.contrast is not None for r in table.rows):
         figs.append(("differences", forest(table)))
     for cost in ("cost/wall_time_s", "cost/n_params"):
         if any(math.isfinite(r.costs.get(cost, math.nan)) for r in table.rows):

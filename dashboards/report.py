@@ -15,7 +15,20 @@ from pathlib import Path
 from dashboards import stats
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
-from dashboards.table import Table, build, to_csv, to_html, to_latex, to_markdown, to_terminal
+from dashboards.table import (
+    Table,
+    build,
+    mde_text,
+    number_text,
+    p_text,
+    records_csv,
+    signed_text,
+    to_csv,
+    to_html,
+    to_latex,
+    to_markdown,
+    to_terminal,
+)
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -23,7 +36,7 @@ h1{font-size:1.6em;margin-bottom:0} .sub{color:#666;margin-top:4px}
 table{border-collapse:collapse;font-size:0.9em;margin:12px 0} th,td{padding:4px 10px;text-align:right}
 th{border-bottom:2px solid #333;border-top:2px solid #333} td:first-child,td:nth-child(2),th:first-child,
 th:nth-child(2){text-align:left} tr.baseline td{border-bottom:1px solid #999} tbody tr:last-child td{border-bottom:2px solid #333}
-.legend,.notes{color:#555;font-size:0.85em} pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:0.85em}
+.legend,.notes{color:#555;font-size:0.85em} ul.legend{padding-left:18px} pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:0.85em}
 .cells td{font-size:0.85em} a{color:#1f5fa8}
 """
 
@@ -45,47 +58,108 @@ def run_link(runs: StudyRuns, run_id: str) -> str:
     return f"/{path}"
 
 
-def factorial_effects(runs: StudyRuns, metric: str) -> list[stats.Effect]:
-    """Main effects and two-way interactions of a full factorial design (grid studies with 2+ axes)."""
-    axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in runs.cells.columns]
-    if runs.design.get("kind") != "grid" or len(axes) < 1:
-        return []
-    df = runs.cells[runs.cells["state"] == "finished"].rename(columns={f"axis.{a}": a for a in axes})
-    if metric not in df.columns or not len(df):
-        return []
-    effects = stats.main_effects(df, axes, metric)
-    if len(axes) > 1:
-        effects += stats.interactions(df, axes, metric)
-    return effects
-
-
 EFFECTS_LEGEND = (
-    "Main effects: the mean of the metric at a level minus at the reference level, averaged over the other "
-    "axes, per seed; interactions: the difference of differences. Means over seeds with 95% Student-t intervals."
+    "Main effects: the metric at a level minus at the reference level, averaged over the other axes' combinations; "
+    "interactions: the difference of differences. Both are contrasts of the cell means of an OLS fit with the seed "
+    "as a block (statsmodels), which keeps every seed in every cell mean when cells are missing; failed seeds enter "
+    "under the failure rule. p: OLS t-test, Holm-corrected with the declared family when the effect is declared in "
+    "analysis.contrasts (otherwise '–': not in the family, no verdict)."
 )
 
 
-def _effect_cells(e: stats.Effect) -> list[str]:
-    lo, hi = e.ci_t
+def _effect_cells(t: Table, c: stats.Contrast) -> list[str]:
+    lo, hi = c.ci_t
     ci = "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
-    return [e.factor, f"{e.level} vs {e.reference}", f"{e.estimate:+.4g}", ci, str(e.n)]
+    factor, _, levels = c.label.partition(": ")
+    return [factor, levels, signed_text(c.estimate), ci, p_text(c), c.verdict, mde_text(c), str(c.n), c.note]
 
 
-def effects_html(effects: list[stats.Effect], metric: str) -> str:
-    if not effects:
+EFFECT_HEAD = ["factor", "levels", "effect", "CI", "p (Holm)", "verdict", "detectable Δ", "seeds", "note"]
+
+
+def effects_html(t: Table) -> str:
+    if not t.effects:
         return ""
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _effect_cells(e)) + "</tr>" for e in effects)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in EFFECT_HEAD)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _effect_cells(t, e)) + "</tr>" for e in t.effects
+    )
     return (
-        f"<h2>Factorial effects</h2><p class='legend'>{EFFECTS_LEGEND}</p><table><thead><tr><th>factor</th>"
-        f"<th>levels</th><th>effect on {html.escape(metric)}</th><th>95% CI</th><th>seeds</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
+        f"<h2>Factorial effects on {html.escape(t.metric)}</h2><p class='legend'>{html.escape(EFFECTS_LEGEND)}</p>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
     )
 
 
-def effects_markdown(effects: list[stats.Effect], metric: str) -> str:
-    head = f"| factor | levels | effect on {metric} | 95% CI | seeds |\n|---|---|---:|---:|---:|\n"
-    body = "".join("| " + " | ".join(c.replace("|", "\\|") for c in _effect_cells(e)) + " |\n" for e in effects)
+def effects_markdown(t: Table) -> str:
+    head = f"Effects on {t.metric}\n\n| " + " | ".join(EFFECT_HEAD) + " |\n|---|---|" + "---:|" * 6 + "---|\n"
+    body = "".join("| " + " | ".join(c.replace("|", "\\|") for c in _effect_cells(t, e)) + " |\n" for e in t.effects)
     return head + body + "\n" + EFFECTS_LEGEND + "\n"
+
+
+PAIRING_LEGEND = (
+    "What pairing by seed bought: r is the correlation between the two variants' values across the seeds both "
+    "have (the same seed gives both the same initialisation draw and data order, and the same data when the study "
+    "varies its data by seed); sd of Δ is the spread of the paired differences, sd unpaired the spread the "
+    "difference would have had from independent runs (sqrt(var a + var b)). A ratio well below 1 means pairing "
+    "removed that share of the noise; near or above 1, pairing bought nothing."
+)
+
+
+def pairing_rows(t: Table) -> list[list[str]]:
+    rows = []
+    for c in t.contrasts:
+        if c.kind != "pair" or not (c.in_family or c.b == t.baseline):
+            continue
+        ratio = c.sd / c.sd_unpaired if c.sd_unpaired and math.isfinite(c.sd) and c.sd_unpaired > 0 else math.nan
+        r = "–" if not math.isfinite(c.correlation) else f"{c.correlation:+.2f}"
+        rows.append([c.label, str(c.n), r, number_text(c.sd, 3), number_text(c.sd_unpaired, 3), number_text(ratio, 2)])
+    return rows
+
+
+PAIRING_HEAD = ["contrast", "seeds", "r", "sd of Δ", "sd unpaired", "ratio"]
+
+
+def pairing_html(t: Table) -> str:
+    rows = pairing_rows(t)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in PAIRING_HEAD)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return (
+        f"<h2>Pairing</h2><p class='legend'>{html.escape(PAIRING_LEGEND)}</p>"
+        f"<table class='pairing'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def seeds_html(t: Table) -> str:
+    """How many seeds a stated difference needs, per declared contrast (analysis.detect)."""
+    if not t.detect:
+        return (
+            "<h2>Seeds needed</h2><p class='legend'>Declare the difference that matters in the study file "
+            f"(analysis: {{detect: {{{html.escape(t.metric)}: 0.01}}}}) to see how many seeds each contrast "
+            "needs to detect it.</p>"
+        )
+    rows = [
+        [c.label, str(c.n), number_text(c.sd, 3), "–" if c.seeds_needed is None else str(c.seeds_needed)]
+        for c in t.contrasts
+        if c.kind == "pair" and (c.in_family or c.b == t.baseline)
+    ]
+    a = t.analysis
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return (
+        f"<h2>Seeds needed</h2><p class='legend'>Seeds each contrast needs to detect Δ = {number_text(t.detect, 3)} "
+        f"with {a.power:.0%} power at Holm's strictest level {a.alpha:g}/{max(1, len(t.family))}, from the spread of "
+        "its paired differences here (statsmodels TTestPower; at least the seeds at which the "
+        f"{html.escape(stats.TESTS[a.test])} can reach that level).</p><table><thead><tr><th>contrast</th>"
+        f"<th>seeds now</th><th>sd of Δ</th><th>seeds needed</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def analysis_html(t: Table) -> str:
+    import yaml
+
+    text = yaml.safe_dump({"analysis": t.analysis.model_dump(mode="json")}, sort_keys=False)
+    return f"<h2>Analysis</h2><p class='legend'>The settings these statistics used (docs/statistics.md).</p><pre>{html.escape(text)}</pre>"
 
 
 def cells_html(runs: StudyRuns, metric: str) -> str:
@@ -107,7 +181,7 @@ def cells_html(runs: StudyRuns, metric: str) -> str:
     )
 
 
-def render_html(runs: StudyRuns, table: Table, study_text: str, description: str, effects: list[stats.Effect]) -> str:
+def render_html(runs: StudyRuns, table: Table, study_text: str, description: str) -> str:
     figs = all_figures(runs, table)
     parts, first = [], True
     for title, fig in figs:
@@ -132,7 +206,10 @@ def render_html(runs: StudyRuns, table: Table, study_text: str, description: str
 generated {stamp} from {html.escape(runs.uri)}.</p>
 <h2>Ablation table</h2>
 {to_html(table, links)}
-{effects_html(effects, table.metric)}
+{effects_html(table)}
+{pairing_html(table)}
+{seeds_html(table)}
+{analysis_html(table)}
 <h2>Plots</h2>
 {"".join(parts) or "<p>No metric histories to plot.</p>"}
 {cells_html(runs, table.metric)}
@@ -165,8 +242,7 @@ def make_report(
     table = build(runs, metric, baseline=baseline)
     parent = runs.latest_parent
     description = parent.data.tags.get("mlflow.note.content", "") if parent is not None else ""
-    effects = factorial_effects(runs, table.metric)
-    page = render_html(runs, table, _study_text(runs), description, effects)
+    page = render_html(runs, table, _study_text(runs), description)
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -175,15 +251,17 @@ def make_report(
         "latex": out_dir / "table.tex",
         "csv": out_dir / "table.csv",
         "json": out_dir / "table.json",
+        "contrasts": out_dir / "contrasts.csv",
     }
     files["html"].write_text(page)
     files["markdown"].write_text(to_markdown(table))
     files["latex"].write_text(to_latex(table))
     files["csv"].write_text(to_csv(table))
     files["json"].write_text(json.dumps(table.as_records(), indent=1, default=str))
-    if effects:
+    files["contrasts"].write_text(records_csv(table.contrast_records()))
+    if table.effects:
         files["effects"] = out_dir / "effects.md"
-        files["effects"].write_text(effects_markdown(effects, table.metric))
+        files["effects"].write_text(effects_markdown(table))
     else:  # an earlier report's, in a reused folder
         (out_dir / "effects.md").unlink(missing_ok=True)
     from dashboards.static import save_pngs

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from dashboards.load import StudyRuns
-from dashboards.plots import PALETTE, curves
+from dashboards.plots import PALETTE, curves, forest_label
 from dashboards.table import Table
 
 
@@ -42,18 +42,19 @@ def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "va
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
-    rows = [r for r in table.rows if r.paired is not None and r.paired.n > 0]
+    rows = [r for r in table.rows if r.contrast is not None and r.contrast.n > 0]
     if rows:
         fig, ax = plt.subplots(figsize=(7, 0.8 + 0.45 * len(rows)), dpi=120)
         y = np.arange(len(rows))[::-1]
-        d = np.array([r.paired.mean_diff for r in rows])
-        lo = np.array([r.paired.ci_t[0] if math.isfinite(r.paired.ci_t[0]) else r.paired.mean_diff for r in rows])
-        hi = np.array([r.paired.ci_t[1] if math.isfinite(r.paired.ci_t[1]) else r.paired.mean_diff for r in rows])
+        d = np.array([r.contrast.estimate for r in rows])
+        lo = np.array([r.contrast.ci_t[0] if math.isfinite(r.contrast.ci_t[0]) else r.contrast.estimate for r in rows])
+        hi = np.array([r.contrast.ci_t[1] if math.isfinite(r.contrast.ci_t[1]) else r.contrast.estimate for r in rows])
         ax.errorbar(d, y, xerr=[d - lo, hi - d], fmt="o", color=PALETTE[0], capsize=3)
         ax.axvline(0, color="grey", ls="--", lw=1)
-        ax.set_yticks(y, [f"{r.variant} {r.marks}".strip() for r in rows], fontsize=8)
+        ax.set_yticks(y, [forest_label(r) for r in rows], fontsize=8)
         better = "right" if table.direction == "maximize" else "left"
-        ax.set_xlabel(f"Δ {table.metric} vs {table.baseline} (95% CI; better to the {better})")
+        pct = f"{table.analysis.confidence:.0%}"
+        ax.set_xlabel(f"Δ {table.metric} vs {table.baseline} ({pct} t interval; better to the {better})")
         ax.grid(alpha=0.3, axis="x")
         fig.tight_layout()
         path = out_dir / "differences.png"

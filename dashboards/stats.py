@@ -1,20 +1,23 @@
-"""Seed statistics for ablation tables.
+"""Statistics for ablation tables, ``ablate compare``, ``ablate heads`` and the HTML report: one module, so
+the same rules hold everywhere. docs/statistics.md explains every number.
 
-- ``describe``: a variant's metric over its seeds: mean, sample standard deviation, and two 95% intervals
-  of the mean, Student's t (exact for normal data) and the percentile bootstrap (Efron and Tibshirani 1993;
-  no normality assumed, but optimistic for very few seeds).
-- ``paired``: a variant against the baseline over the seeds both have (the same seed gives both the same
-  data order and initialisation draw, so pairing removes that variance): mean difference with its t and
-  bootstrap intervals, the paired t-test and the Wilcoxon signed-rank test (two-sided), and Cohen's d_z.
-- ``holm``: Holm's step-down correction (Holm 1979) of the p-values of several variants against one
-  baseline; it controls the family-wise error rate without assuming independence.
-- ``main_effects`` / ``interactions``: for full factorial designs, each level against the reference level
-  averaged over the other axes, and the difference of differences of two axes, estimated per seed and
-  summarised over seeds with a t interval.
-- ``rates``: failure and divergence rates of a variant's cells.
+- Successes: a variant's cells that finished and learned, out of its cells, with the exact (Clopper-Pearson)
+  interval (``scipy.stats.binomtest``); a success rate against its comparator by Fisher's exact test.
+- Paired contrasts (a variant against a comparator over the seeds both have): the mean difference; the exact
+  paired sign-flip permutation test (``scipy.stats.permutation_test``, every one of the 2^n sign flips for
+  n <= 16 seeds, Monte Carlo beyond), or the paired t-test; the Student-t and BCa bootstrap intervals;
+  Hedges' g; equivalence by two one-sided tests (TOST) against a margin; the smallest difference the seeds
+  could detect (``statsmodels`` TTestPower) and the seeds a stated difference needs; the correlation between
+  the paired runs (what pairing bought).
+- Factorial effects of a grid: main effects and interactions as contrasts of cell means from an OLS fit with
+  the seed as a block (``statsmodels``), which handles missing cells without letting each seed average a
+  different subset.
+- Holm's correction (``statsmodels.stats.multitest``) over exactly the declared family; a contrast with no
+  data counts in it with p = 1 (it never silently leaves the family).
+- Verdicts: the words "different (better|worse)", "equivalent within ±m", "not resolved" and "untestable"
+  come from the tests only.
 
-Non-finite values (a diverged run's nan) are dropped before anything is computed; an estimate that needs
-two values and has fewer is nan, never zero.
+statsmodels is imported inside the functions that need it (its import costs about a second).
 """
 
 from __future__ import annotations
@@ -27,10 +30,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import special
 from scipy import stats as sps
 
 NAN = math.nan
 NAN2 = (NAN, NAN)
+EXACT_MAX_N = 16  # up to 2^16 = 65,536 sign flips are enumerated: the permutation p-value is exact
+MC_RESAMPLES = 99_999  # beyond, a Monte Carlo permutation test with at least this many resamples
+BOOT_RESAMPLES = 9_999
+BOOT_UNDER_COVERS_BELOW = 20  # BCa covered 72% / 80% / 91% / 92% at 3 / 5 / 10 / 20 seeds (docs/statistics.md)
+TESTS = {"permutation": "exact paired sign-flip permutation test", "t": "paired t-test"}
+
+
+def finite(values: Iterable[float | None]) -> np.ndarray:
+    x = np.asarray([float(v) for v in values if v is not None], dtype=float)
+    return x[np.isfinite(x)]
+
+
+def _spread(x: np.ndarray) -> bool:
+    """Whether values differ at all (a ceiling or a constant difference has no spread)."""
+    return len(x) > 1 and float(np.ptp(x)) > 1e-12 * max(1.0, float(np.max(np.abs(x))))
+
+
+# --- one variant's values -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -39,181 +61,593 @@ class Summary:
     mean: float
     std: float
     sem: float
-    ci_t: tuple[float, float]
-    ci_boot: tuple[float, float]
+    ci_t: tuple[float, float]  # nan without spread: zero width would claim certainty
+    ci_boot: tuple[float, float]  # BCa bootstrap (under-covers below BOOT_UNDER_COVERS_BELOW values)
+
+    @property
+    def spread(self) -> bool:
+        return self.n > 1 and math.isfinite(self.std) and self.std > 0
 
 
-def _finite(values: Iterable[float]) -> np.ndarray:
-    x = np.asarray([float(v) for v in values if v is not None], dtype=float)
-    return x[np.isfinite(x)]
-
-
-def _t_interval(x: np.ndarray, confidence: float) -> tuple[float, float]:
-    if len(x) < 2:
+def t_interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean; nan with fewer than two values or no spread."""
+    if len(x) < 2 or not _spread(x):
         return NAN2
-    sem = float(np.std(x, ddof=1) / math.sqrt(len(x)))
-    if sem == 0:
-        return float(x.mean()), float(x.mean())
-    lo, hi = sps.t.interval(confidence, len(x) - 1, loc=float(x.mean()), scale=sem)
+    lo, hi = sps.t.interval(confidence, len(x) - 1, loc=float(x.mean()), scale=float(sps.sem(x)))
     return float(lo), float(hi)
 
 
-def _boot_interval(x: np.ndarray, confidence: float, n_boot: int, seed: int) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean."""
-    if len(x) < 2:
+def bca_interval(
+    x: np.ndarray, confidence: float = 0.95, n_resamples: int = BOOT_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """BCa bootstrap interval of the mean (scipy.stats.bootstrap); nan below three values or without spread."""
+    if len(x) < 3 or not _spread(x):
         return NAN2
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
-    a = (1 - confidence) / 2
-    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate resamples: the interval is then nan, which we keep
+        ci = sps.bootstrap(
+            (x,), np.mean, method="BCa", confidence_level=confidence, n_resamples=n_resamples, rng=seed
+        ).confidence_interval
+    return float(ci.low), float(ci.high)
 
 
-def describe(values: Iterable[float], *, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Summary:
-    x = _finite(values)
+def describe(
+    values: Iterable[float], *, confidence: float = 0.95, n_boot: int = BOOT_RESAMPLES, seed: int = 0
+) -> Summary:
+    x = finite(values)
     if len(x) == 0:
         return Summary(0, NAN, NAN, NAN, NAN2, NAN2)
     std = float(np.std(x, ddof=1)) if len(x) > 1 else NAN
     sem = std / math.sqrt(len(x)) if len(x) > 1 else NAN
+    if len(x) > 1 and not _spread(x):
+        std = sem = 0.0
     return Summary(
-        len(x), float(x.mean()), std, sem, _t_interval(x, confidence), _boot_interval(x, confidence, n_boot, seed)
+        len(x), float(x.mean()), std, sem, t_interval(x, confidence), bca_interval(x, confidence, n_boot, seed)
     )
+
+
+# --- successes ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Paired:
-    n: int
-    seeds: tuple[int, ...]
-    mean_diff: float
-    ci_t: tuple[float, float]
-    ci_boot: tuple[float, float]
-    p_t: float
-    p_wilcoxon: float
-    effect_size: float
-    p_holm: float = NAN
+class Successes:
+    """A variant's outcomes: successes out of the cells that have an outcome."""
+
+    successes: int
+    cells: int
+    ci: tuple[float, float]  # exact Clopper-Pearson interval of the success rate
+    diverged: int = 0
+    failed: int = 0  # failed or killed
+    not_learned: int = 0  # finished, but not better than the never_learned threshold
+    pending: int = 0  # running, or finished without the metric: no outcome yet (not in ``cells``)
+
+    @property
+    def failures(self) -> int:
+        return self.cells - self.successes
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.cells if self.cells else NAN
 
 
-def paired(
-    baseline: dict[int, float],
-    variant: dict[int, float],
-    *,
-    confidence: float = 0.95,
-    n_boot: int = 10_000,
-    seed: int = 0,
-) -> Paired:
-    """variant - baseline over the seeds where both have a finite value."""
-    seeds = tuple(
-        sorted(s for s in set(baseline) & set(variant) if _finite([baseline[s]]).size and _finite([variant[s]]).size)
+def success_interval(successes: int, cells: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a success rate."""
+    if cells == 0:
+        return NAN2
+    ci = sps.binomtest(successes, cells).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def successes(outcomes: Iterable[str], confidence: float = 0.95, *, pending: int = 0) -> Successes:
+    """From each cell's outcome: success | diverged | failed | killed | not_learned."""
+    outcomes = list(outcomes)
+    k, n = sum(o == "success" for o in outcomes), len(outcomes)
+    return Successes(
+        k,
+        n,
+        success_interval(k, n, confidence),
+        diverged=sum(o == "diverged" for o in outcomes),
+        failed=sum(o in ("failed", "killed") for o in outcomes),
+        not_learned=sum(o == "not_learned" for o in outcomes),
+        pending=pending,
     )
-    d = np.array([float(variant[s]) - float(baseline[s]) for s in seeds])
-    if len(d) == 0:
-        return Paired(0, (), NAN, NAN2, NAN2, NAN, NAN, NAN)
-    mean = float(d.mean())
+
+
+def rate_test(a: Successes, b: Successes) -> float:
+    """Fisher's exact test (two-sided) of two success rates; 1 when either has no cell."""
+    if a.cells == 0 or b.cells == 0:
+        return 1.0
+    table = [[a.successes, a.failures], [b.successes, b.failures]]
+    return float(sps.fisher_exact(table).pvalue)
+
+
+# --- paired tests -------------------------------------------------------------------------------------------
+
+
+def _mean_stat(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def resamples_for(level: float) -> int:
+    """Monte Carlo resamples whose smallest attainable p (2 / (R + 1)) is a fifth of ``level`` or less."""
+    return max(MC_RESAMPLES, math.ceil(10 / level))
+
+
+def sign_flip_p(
+    d: Sequence[float] | np.ndarray,
+    alternative: str = "two-sided",
+    *,
+    n_resamples: int = MC_RESAMPLES,
+    seed: int = 0,
+) -> float | np.ndarray:
+    """The paired sign-flip permutation test of mean(d) = 0 (scipy.stats.permutation_test, one sample,
+    permutation_type='samples'): exact (all 2^n flips) for n <= EXACT_MAX_N, Monte Carlo beyond. ``d`` may be
+    2-D (one row per contrast, the same flips for every row). No difference: nan."""
+    d = np.asarray(d, dtype=float)
+    n = d.shape[-1]
+    if n == 0:
+        return NAN if d.ndim == 1 else np.full(d.shape[:-1], NAN)
+    if n == 1:  # scipy refuses one observation; its two flips (x, -x) give these p-values
+        x = d[..., 0]
+        p = np.where(x == 0, 1.0, 1.0 if alternative == "two-sided" else 0.5)
+        if alternative == "greater":
+            p = np.where(x < 0, 1.0, p)
+        elif alternative == "less":
+            p = np.where(x > 0, 1.0, p)
+        return float(p) if d.ndim == 1 else p
+    resamples = max(n_resamples, 2**n) if n <= EXACT_MAX_N else n_resamples
+    rows = int(np.prod(d.shape[:-1])) if d.ndim > 1 else 1
+    batch = max(1, min(resamples, 4_000_000 // max(1, n * rows)))  # bounded memory (batch=None holds them all)
+    res = sps.permutation_test(
+        (d,),
+        _mean_stat,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        batch=batch,
+        alternative=alternative,
+        axis=-1,
+        rng=seed,
+    )
+    p = np.minimum(np.asarray(res.pvalue, dtype=float), 1.0)
+    return float(p) if d.ndim == 1 else p
+
+
+def min_p(n: int, test: str = "permutation", n_resamples: int = MC_RESAMPLES) -> float:
+    """The smallest two-sided p-value a test can give with n paired seeds: 2 / 2^n for the exact sign-flip
+    test, 2 / (R + 1) for its Monte Carlo form, 0 for the t-test (n >= 2)."""
+    if n < 1:
+        return 1.0
+    if test == "t" and n >= 2:
+        return 0.0
+    if n <= EXACT_MAX_N:
+        return min(1.0, 2.0 / 2**n)
+    return 2.0 / (n_resamples + 1)
+
+
+def paired_p(d: np.ndarray, test: str = "permutation", *, n_resamples: int = MC_RESAMPLES) -> tuple[float, str]:
+    """(two-sided p, how it was computed) for mean(d) = 0. The t-test is undefined without spread (a constant
+    difference, a ceiling): there the exact sign-flip p is used, and the label says so."""
+    n = len(d)
+    if n == 0:
+        return 1.0, "untestable: no paired seed"
+    if test == "t":
+        if n >= 2 and _spread(d):
+            return float(sps.ttest_1samp(d, 0.0).pvalue), "paired t-test"
+        return float(sign_flip_p(d, n_resamples=n_resamples)), "sign-flip (t undefined without spread)"
+    exact = "exact" if n <= EXACT_MAX_N else f"Monte Carlo, {n_resamples:,} resamples"
+    return float(sign_flip_p(d, n_resamples=n_resamples)), f"sign-flip ({exact})"
+
+
+def paired_p_many(
+    rows: Sequence[np.ndarray], test: str = "permutation", *, n_resamples: int = MC_RESAMPLES
+) -> list[tuple[float, str]]:
+    """``paired_p`` for many contrasts over the same n (``ablate heads``: one row of per-sequence differences
+    per head). The Monte Carlo sign-flip test runs once for all rows, with the same flips; every other case is
+    ``paired_p`` row by row."""
+    rows = [np.asarray(r, dtype=float) for r in rows]
+    n = {len(r) for r in rows}
+    if test == "permutation" and len(n) == 1 and n.pop() > EXACT_MAX_N:
+        p = sign_flip_p(np.vstack(rows), n_resamples=n_resamples)
+        label = f"sign-flip (Monte Carlo, {n_resamples:,} resamples)"
+        return [(float(x), label) for x in p]
+    return [paired_p(r, test, n_resamples=n_resamples) for r in rows]
+
+
+def tost_p(d: np.ndarray, margin: float, test: str = "permutation", *, n_resamples: int = MC_RESAMPLES) -> float:
+    """Two one-sided tests of |mean(d)| < margin: the larger of the p-values of H0: mean <= -m and H0: mean >= m.
+    The t form is statsmodels' ttost_paired; the permutation form runs the sign-flip test on d + m
+    (alternative greater) and d - m (less). 1 with no paired seed."""
+    n = len(d)
+    if n == 0 or not margin > 0:
+        return 1.0
+    if test == "t" and n >= 2 and _spread(d):
+        from statsmodels.stats.weightstats import ttost_paired
+
+        return float(ttost_paired(d, np.zeros_like(d), -margin, margin)[0])
+    low = sign_flip_p(d + margin, "greater", n_resamples=n_resamples)
+    high = sign_flip_p(d - margin, "less", n_resamples=n_resamples)
+    return float(max(low, high))
+
+
+def hedges_correction(df: int) -> float:
+    """Hedges' small-sample correction J(df) = Γ(df/2) / (√(df/2) Γ((df-1)/2)) (Hedges 1981), exact form."""
+    if df < 2:
+        return NAN
+    return float(math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2))
+
+
+def hedges_g(d: np.ndarray) -> float:
+    """Hedges' g of paired differences: mean / sd, times J(n - 1). nan below three pairs or without spread.
+    (No scipy or statsmodels function computes it for paired data; the formula is one line.)"""
+    if len(d) < 3 or not _spread(d):
+        return NAN
+    return float(d.mean() / np.std(d, ddof=1) * hedges_correction(len(d) - 1))
+
+
+def _t_power(effect_size: float, n: int, level: float) -> float:
+    """The power of the two-sided paired t-test (statsmodels TTestPower). scipy's noncentral t (which
+    statsmodels uses) returns nan over wide ranges of large noncentrality at few degrees of freedom (scipy
+    1.17: from an effect size of about 5 at 2 seeds), so there the same power is integrated directly:
+    P(|T| > c) with T = (Z + δ) / sqrt(V / df), V ~ chi2(df), δ = effect_size sqrt(n)."""
+    from statsmodels.stats.power import TTestPower
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = float(TTestPower().power(effect_size=effect_size, nobs=n, alpha=level, alternative="two-sided"))
+    return p if math.isfinite(p) else t_power_integral(effect_size, n, level)
+
+
+def t_power_integral(effect_size: float, n: int, level: float) -> float:
+    """The two-sided paired t-test's power by integration over the chi-distributed spread (see _t_power)."""
+    from scipy.integrate import quad
+
+    df, nc = n - 1, effect_size * math.sqrt(n)
+    c = float(sps.t.ppf(1 - level / 2, df))
+
+    def given(u: float) -> float:  # u = sqrt(V), chi-distributed; the rejection edge is at u = nc sqrt(df) / c
+        s = c * u / math.sqrt(df)
+        return float((sps.norm.sf(s - nc) + sps.norm.cdf(-s - nc)) * sps.chi.pdf(u, df))
+
+    scale = math.sqrt(df) / c  # where the rejection edge moves: u around (nc +- a few) * scale
+    top = float(sps.chi.ppf(1 - 1e-15, df)) + (nc + 10) * scale
+    points = sorted({min(max(0.0, nc + k) * scale, top) for k in (-5, -1, 0, 1, 5, 10)} - {0.0, top})
+    return float(quad(given, 0, top, points=points, limit=400)[0])
+
+
+def detectable(sd: float, n: int, level: float, power: float = 0.8, test: str = "permutation") -> float:
+    """The smallest |mean difference| a two-sided test at ``level`` detects with ``power`` from n paired seeds
+    whose differences have standard deviation ``sd`` (the power of statsmodels' TTestPower, solved for the
+    effect size with scipy's brentq; the permutation test has the t-test's power asymptotically). inf when no
+    difference can be detected: one seed, or the exact test's smallest p is above the level. nan when the
+    spread is unknown (no spread observed)."""
+    from scipy.optimize import brentq
+
+    if n < 2 or min_p(n, test) > level:
+        return math.inf
+    if not (math.isfinite(sd) and sd > 0):
+        return NAN
+    hi = 1.0
+    while _t_power(hi, n, level) < power and hi < 1e6:
+        hi *= 2
+    if not _t_power(hi, n, level) >= power:
+        return math.inf
+    return float(brentq(lambda es: _t_power(es, n, level) - power, 1e-9, hi) * sd)
+
+
+def smallest_exact_n(level: float, test: str = "permutation") -> int:
+    """The fewest seeds at which the test can reach ``level`` at all (2 / 2^n <= level for the sign-flip test)."""
+    if test == "t":
+        return 2
+    return max(2, math.ceil(math.log2(2 / level) - 1e-12))
+
+
+def seeds_needed(
+    pilot_differences: Sequence[float],
+    difference: float,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    test: str = "permutation",
+    family_size: int = 1,
+) -> int | None:
+    """How many seeds detect a true mean paired difference of ``difference`` with ``power``, at Holm's strictest
+    level alpha / family_size, from the spread of a pilot's paired differences (an earlier submission):
+    statsmodels TTestPower, and at least the seeds at which the test can reach that level at all.
+    None when the pilot has fewer than two finite differences (no spread to go on)."""
+    if not difference > 0:
+        raise ValueError(f"difference: must be positive (got {difference})")
+    d = finite(pilot_differences)
     if len(d) < 2:
-        return Paired(1, seeds, mean, NAN2, NAN2, NAN, NAN, NAN)
-    sd = float(np.std(d, ddof=1))
-    if np.all(d == 0):
-        p_t, p_w, effect = NAN, 1.0, 0.0
-    else:
-        a = np.array([float(baseline[s]) for s in seeds])
-        b = np.array([float(variant[s]) for s in seeds])
-        with warnings.catch_warnings():  # scipy warns about precision when differences are nearly equal
-            warnings.simplefilter("ignore", RuntimeWarning)
-            p_t = float(sps.ttest_rel(b, a).pvalue) if sd > 0 else NAN
-            p_w = float(sps.wilcoxon(b, a).pvalue)
-        effect = mean / sd if sd > 0 else NAN
-    return Paired(
-        len(d), seeds, mean, _t_interval(d, confidence), _boot_interval(d, confidence, n_boot, seed), p_t, p_w, effect
+        return None
+    level = alpha / max(1, family_size)
+    floor = smallest_exact_n(level, test)
+    if not _spread(d):
+        return floor
+    es = difference / float(np.std(d, ddof=1))
+    from statsmodels.stats.power import TTestPower
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        guess = TTestPower().solve_power(effect_size=es, nobs=None, alpha=level, power=power, alternative="two-sided")
+    guess = float(np.atleast_1d(guess)[0])
+    n = max(2, math.ceil(guess) - 1) if math.isfinite(guess) else 2  # nan: a huge effect, the solver gave up
+    while not _t_power(es, n, level) >= power:  # the smallest whole number of seeds that reaches the power
+        n += 1
+    return max(floor, n)
+
+
+# --- contrasts ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One comparison: a pair of variants (Δ = a − b over the seeds both have) or a factorial effect."""
+
+    label: str
+    kind: str  # pair | main | interaction
+    a: str
+    b: str
+    n: int  # paired seeds (pairs) or seeds with data (effects)
+    estimate: float
+    ci_t: tuple[float, float]
+    p: float  # two-sided, uncorrected; 1 when untestable
+    method: str  # how p was computed
+    seeds: tuple[Any, ...] = ()
+    differences: tuple[float, ...] = ()  # per seed, pairs only
+    ci_boot: tuple[float, float] = NAN2
+    spread: bool = True  # False: every seed gave the same difference (no interval can be estimated)
+    sd: float = NAN  # of the paired differences (pairs) or the residuals (effects)
+    min_p: float = NAN  # the smallest p the test can give here
+    hedges_g: float = NAN
+    correlation: float = NAN  # between the paired runs' values, across seeds
+    sd_unpaired: float = NAN  # sqrt(var(a) + var(b)): the spread of Δ had the runs not been paired
+    margin: float = NAN
+    p_tost: float = NAN
+    mde: float = NAN  # the smallest |Δ| detectable at the family's strictest level with the stated power
+    seeds_needed: int | None = None  # for the analysis' detect difference
+    p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
+    in_family: bool = True
+    p_holm: float = NAN
+    p_tost_holm: float = NAN
+    p_rate_holm: float = NAN
+    verdict: str = ""
+    note: str = ""
+
+    @property
+    def testable(self) -> bool:
+        return self.n > 0 and not self.method.startswith("untestable")
+
+
+def paired_contrast(
+    comparator: dict[Any, float],
+    variant: dict[Any, float],
+    *,
+    label: str = "",
+    a: str = "",
+    b: str = "",
+    test: str = "permutation",
+    confidence: float = 0.95,
+    margin: float | None = None,
+    power: float = 0.8,
+    level: float | None = None,
+    detect: float | None = None,
+    family_size: int = 1,
+    n_boot: int = BOOT_RESAMPLES,
+    seed: int = 0,
+) -> Contrast:
+    """variant − comparator over the seeds where both have a finite value. ``level``: where the detectable
+    difference is stated (default (1 - confidence) / family_size, Holm's strictest step)."""
+    alpha = 1 - confidence
+    level = alpha / max(1, family_size) if level is None else level
+    seeds = tuple(
+        sorted(
+            (s for s in set(comparator) & set(variant) if finite([comparator[s]]).size and finite([variant[s]]).size),
+            key=lambda s: (str(type(s)), s),
+        )
+    )
+    x = np.array([float(variant[s]) for s in seeds])
+    y = np.array([float(comparator[s]) for s in seeds])
+    d = x - y
+    n = len(d)
+    margin = NAN if margin is None else float(margin)
+    if n == 0:
+        return Contrast(
+            label or f"{a} vs {b}", "pair", a, b, 0, NAN, NAN2, 1.0, "untestable: no seed has both", margin=margin,
+            p_tost=1.0 if math.isfinite(margin) else NAN, min_p=1.0, mde=math.inf,
+            note="no seed has a value for both",
+        )  # fmt: skip
+    resamples = resamples_for(level) if n > EXACT_MAX_N else MC_RESAMPLES
+    p, method = paired_p(d, test, n_resamples=resamples)
+    spread = _spread(d)
+    sd = float(np.std(d, ddof=1)) if n > 1 and spread else (0.0 if n > 1 else NAN)
+    corr = NAN
+    if n >= 3 and _spread(x) and _spread(y):
+        corr = float(sps.pearsonr(x, y).statistic)
+    sd_unpaired = float(math.sqrt(np.var(x, ddof=1) + np.var(y, ddof=1))) if n > 1 else NAN
+    notes = []
+    if n > 1 and not spread:
+        notes.append(
+            f"the same difference in all {n} seeds: no interval; smallest attainable p {min_p(n, 'permutation'):.3g}"
+        )
+    if n == 1:
+        notes.append("one paired seed")
+    needed = None
+    if detect is not None and n >= 2:
+        needed = seeds_needed(d, detect, alpha=alpha, power=power, test=test, family_size=family_size)
+    return Contrast(
+        label or f"{a} vs {b}",
+        "pair",
+        a,
+        b,
+        n,
+        float(d.mean()),
+        t_interval(d, confidence),
+        p,
+        method,
+        seeds=seeds,
+        differences=tuple(float(v) for v in d),
+        ci_boot=bca_interval(d, confidence, n_boot, seed),
+        spread=spread or n < 2,
+        sd=sd,
+        min_p=min_p(n, test if spread else "permutation", resamples),
+        hedges_g=hedges_g(d),
+        correlation=corr,
+        sd_unpaired=sd_unpaired,
+        margin=margin,
+        p_tost=tost_p(d, margin, test, n_resamples=resamples) if math.isfinite(margin) else NAN,
+        mde=detectable(sd, n, level, power, test if spread else "permutation"),
+        seeds_needed=needed,
+        note="; ".join(notes),
     )
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values, in the order given; nan stays nan and does not count."""
-    idx = [i for i, p in enumerate(pvalues) if isinstance(p, (int, float)) and math.isfinite(p)]
-    m = len(idx)
-    out = [NAN] * len(pvalues)
-    running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        out[i] = running
+    """Holm-adjusted p-values, in the order given (statsmodels multipletests, method='holm'). A nan counts as
+    p = 1: a contrast without an answer stays in the family, which therefore never shrinks."""
+    if not len(pvalues):
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.array([float(x) if x is not None and math.isfinite(float(x)) else 1.0 for x in pvalues])
+    return [float(v) for v in multipletests(p, method="holm")[1]]
+
+
+def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
+    """The verdict words, from the corrected tests only."""
+    if not c.in_family:
+        return "not in the family"
+    if not c.testable:
+        return "untestable"
+    m = c.margin
+    equivalent = math.isfinite(m) and math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha
+    within = f"equivalent within ±{m:.3g}"
+    if c.p_holm <= alpha:
+        if c.kind == "interaction":
+            word = "different"
+        else:
+            better = c.estimate < 0 if direction == "minimize" else c.estimate > 0
+            word = f"different ({'better' if better else 'worse'})"
+        return word + (f", {within}" if equivalent else "")
+    return within if equivalent else "not resolved"
+
+
+def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize") -> list[Contrast]:
+    """Holm over the contrasts in the family: the difference tests; apart, the equivalence tests of those with a
+    margin and the success-rate tests of the pairs. The verdict of each. Contrasts outside the family keep nan."""
+    fam = [i for i, c in enumerate(contrasts) if c.in_family]
+    p_holm = dict(zip(fam, holm([contrasts[i].p for i in fam])))
+    with_margin = [i for i in fam if math.isfinite(contrasts[i].margin)]
+    p_tost = dict(zip(with_margin, holm([contrasts[i].p_tost for i in with_margin])))
+    with_rate = [i for i in fam if math.isfinite(contrasts[i].p_rate)]
+    p_rate = dict(zip(with_rate, holm([contrasts[i].p_rate for i in with_rate])))
+    out = []
+    for i, c in enumerate(contrasts):
+        c = dataclasses.replace(
+            c, p_holm=p_holm.get(i, NAN), p_tost_holm=p_tost.get(i, NAN), p_rate_holm=p_rate.get(i, NAN)
+        )
+        out.append(dataclasses.replace(c, verdict=verdict(c, alpha, direction)))
     return out
 
 
-def holm_adjust(comparisons: dict[str, Paired], use: str = "p_t") -> dict[str, Paired]:
-    names = list(comparisons)
-    adjusted = holm([getattr(comparisons[n], use) for n in names])
-    return {n: dataclasses.replace(comparisons[n], p_holm=p) for n, p in zip(names, adjusted)}
-
-
-@dataclass(frozen=True)
-class Rates:
-    n: int
-    finished: int
-    diverged: int
-    failed: int
-    divergence_rate: float
-    failure_rate: float
-
-
-def rates(states: Iterable[str]) -> Rates:
-    states = list(states)
-    n = len(states)
-    f, d, x = (sum(s == k for s in states) for k in ("finished", "diverged", "failed"))
-    return Rates(n, f, d, x, d / n if n else NAN, x / n if n else NAN)
-
-
-@dataclass(frozen=True)
-class Effect:
-    factor: str
-    level: str
-    reference: str
-    n: int
-    estimate: float
-    ci_t: tuple[float, float]
+# --- factorial effects --------------------------------------------------------------------------------------
 
 
 def _levels(df: Any, factor: str) -> list[str]:
     return list(dict.fromkeys(str(x) for x in df[factor]))
 
 
-def _effect(factor: str, level: str, reference: str, per_seed: list[float], confidence: float) -> Effect:
-    x = _finite(per_seed)
-    return Effect(factor, level, reference, len(x), float(x.mean()) if len(x) else NAN, _t_interval(x, confidence))
+def factorial_effects(
+    df: Any,
+    factors: list[str],
+    metric: str,
+    seed_col: str = "seed",
+    *,
+    confidence: float = 0.95,
+    declared_main: Sequence[str] | None = None,
+    declared_interactions: Sequence[tuple[str, str]] | None = None,
+    margin: float | None = None,
+    power: float = 0.8,
+    family_size: int = 1,
+) -> list[Contrast]:
+    """Main effects (each level against the first, averaged over the other axes' combinations) and two-way
+    interactions (the difference of differences, averaged over the remaining axes), as contrasts of the cell
+    means of an OLS fit ``y ~ 0 + C(cell) + C(seed)``: the seed is a block, so every seed's values inform every
+    cell mean and a missing cell is not averaged away seed by seed. An effect averages only over the other axes'
+    combinations where all of its cells were run (the note says how many). ``declared_*``: those in the family
+    (None: none). Without residual spread (deterministic values), the p-value is the exact sign-flip test on
+    the per-seed contrasts."""
+    import pandas as pd
 
-
-def _cell_means(df: Any, factors: list[str], metric: str, seed_col: str) -> dict:
-    """seed -> {(level of each factor): value} over finite values."""
-    out: dict = {}
-    for _, row in df.iterrows():
-        v = row[metric]
-        if v is None or not np.isfinite(float(v)):
-            continue
-        key = tuple(str(row[f]) for f in factors)
-        out.setdefault(row[seed_col], {})[key] = float(v)
+    rows = df[[*factors, seed_col, metric]].copy()
+    rows = rows[np.isfinite(pd.to_numeric(rows[metric], errors="coerce").astype(float))]
+    if not len(rows):
+        return []
+    rows[metric] = rows[metric].astype(float)
+    for f in factors:
+        rows[f] = rows[f].map(str)
+    cells = list(dict.fromkeys(zip(*(rows[f] for f in factors))))
+    code = {c: f"c{i}" for i, c in enumerate(cells)}
+    seeds = list(dict.fromkeys(rows[seed_col]))
+    frame = pd.DataFrame(
+        {
+            "y": rows[metric].to_numpy(),
+            "cell": [code[c] for c in zip(*(rows[f] for f in factors))],
+            "block": [f"s{seeds.index(s)}" for s in rows[seed_col]],
+        }
+    )
+    fit = _ols(frame, len(seeds))
+    levels = {f: _levels(df, f) for f in factors}
+    declared_main = set(declared_main or ())
+    declared_inter = {frozenset(p) for p in (declared_interactions or ())}
+    out = []
+    for i, f in enumerate(factors):
+        ref = levels[f][0]
+        for level in levels[f][1:]:
+            weights, combos = {}, 0
+            total = len({key[:i] + key[i + 1 :] for key in cells if key[i] in (level, ref)})
+            for key in cells:
+                if key[i] != level:
+                    continue
+                other = key[:i] + (ref,) + key[i + 1 :]
+                if other in code:
+                    combos += 1
+                    weights[code[key]] = weights.get(code[key], 0) + 1
+                    weights[code[other]] = weights.get(code[other], 0) - 1
+            c = _effect_contrast(
+                fit, frame, weights, combos, f"{f}: {level} vs {ref}", "main", level, ref, confidence, power,
+                family_size, margin, f in declared_main,
+            )  # fmt: skip
+            out.append(_note_combos(c, combos, total))
+    for i in range(len(factors)):
+        for j in range(i + 1, len(factors)):
+            fi, fj = factors[i], factors[j]
+            ri, rj = levels[fi][0], levels[fj][0]
+            for a in levels[fi][1:]:
+                for b in levels[fj][1:]:
+                    weights, combos = {}, 0
+                    total = len(
+                        {
+                            tuple(x for n, x in enumerate(k) if n not in (i, j))  # the remaining axes' levels
+                            for k in cells
+                            if k[i] in (a, ri) and k[j] in (b, rj)
+                        }
+                    )
+                    for key in cells:
+                        if key[i] != a or key[j] != b:
+                            continue
+                        corners = [_with(key, i, x, j, y) for x, y in ((a, b), (ri, b), (a, rj), (ri, rj))]
+                        if all(k in code for k in corners):
+                            combos += 1
+                            for k, w in zip(corners, (1, -1, -1, 1)):
+                                weights[code[k]] = weights.get(code[k], 0) + w
+                    c = _effect_contrast(
+                        fit, frame, weights, combos, f"{fi} x {fj}: {a} x {b} vs {ri} x {rj}", "interaction",
+                        f"{a} x {b}", f"{ri} x {rj}", confidence, power, family_size, margin,
+                        frozenset((fi, fj)) in declared_inter,
+                    )  # fmt: skip
+                    out.append(_note_combos(c, combos, total))
     return out
-
-
-def main_effects(
-    df: Any, factors: list[str], metric: str, seed_col: str = "seed", confidence: float = 0.95
-) -> list[Effect]:
-    cells = _cell_means(df, factors, metric, seed_col)
-    effects = []
-    for i, factor in enumerate(factors):
-        levels = _levels(df, factor)
-        ref = levels[0]
-        for level in levels[1:]:
-            per_seed = []
-            for values in cells.values():
-                diffs = []
-                for key, v in values.items():  # pair each cell at `level` with the same others at `ref`
-                    if key[i] != level:
-                        continue
-                    other = key[:i] + (ref,) + key[i + 1 :]
-                    if other in values:
-                        diffs.append(v - values[other])
-                if diffs:
-                    per_seed.append(float(np.mean(diffs)))
-            effects.append(_effect(factor, level, ref, per_seed, confidence))
-    return effects
 
 
 def _with(key: tuple, i: int, x: str, j: int, y: str) -> tuple:
@@ -222,34 +656,118 @@ def _with(key: tuple, i: int, x: str, j: int, y: str) -> tuple:
     return tuple(k)
 
 
-def interactions(
-    df: Any, factors: list[str], metric: str, seed_col: str = "seed", confidence: float = 0.95
-) -> list[Effect]:
-    cells = _cell_means(df, factors, metric, seed_col)
-    effects = []
-    for i in range(len(factors)):
-        for j in range(i + 1, len(factors)):
-            li, lj = _levels(df, factors[i]), _levels(df, factors[j])
-            for a in li[1:]:
-                for b in lj[1:]:
-                    per_seed = []
-                    for values in cells.values():
-                        dd = []
-                        for key in values:
-                            if key[i] != a or key[j] != b:
-                                continue
+def _note_combos(c: Contrast, combos: int, total: int) -> Contrast:
+    if 0 < combos < total:
+        extra = f"averaged over the {combos} of {total} combinations of the other axes where every cell was run"
+        return dataclasses.replace(c, note="; ".join(x for x in (c.note, extra) if x))
+    return c
 
-                            corners = [
-                                _with(key, i, x, j, y) for x, y in ((a, b), (li[0], b), (a, lj[0]), (li[0], lj[0]))
-                            ]
-                            if all(c in values for c in corners):
-                                y = [values[c] for c in corners]
-                                dd.append((y[0] - y[1]) - (y[2] - y[3]))
-                        if dd:
-                            per_seed.append(float(np.mean(dd)))
-                    effects.append(
-                        _effect(
-                            f"{factors[i]} x {factors[j]}", f"{a} x {b}", f"{li[0]} x {lj[0]}", per_seed, confidence
-                        )
-                    )
-    return effects
+
+def _detectable_contrast(se: float, df: float, level: float, power: float) -> float:
+    """The smallest |effect| an OLS contrast with standard error ``se`` and ``df`` residual degrees of freedom
+    detects with ``power`` at ``level``: statsmodels' ttest_power (noncentrality effect / se), solved for the
+    effect with scipy's brentq."""
+    from scipy.optimize import brentq
+    from statsmodels.stats.power import ttest_power
+
+    if not (se > 0 and df > 0):
+        return NAN
+
+    def gap(effect: float) -> float:
+        return float(ttest_power(effect / se, nobs=1, alpha=level, df=df, alternative="two-sided")) - power
+
+    hi = se
+    while gap(hi) < 0 and hi < 1e6 * se:
+        hi *= 2
+    return float(brentq(gap, 0.0, hi)) if gap(hi) >= 0 else math.inf
+
+
+@dataclass
+class _Fit:
+    result: Any  # statsmodels OLS results, or None without residual degrees of freedom
+    names: list[str]
+    deterministic: bool
+
+
+def _ols(frame: Any, n_blocks: int) -> _Fit:
+    import statsmodels.formula.api as smf
+
+    formula = "y ~ 0 + C(cell)" + (" + C(block)" if n_blocks > 1 else "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = smf.ols(formula, data=frame).fit()
+    names = list(result.params.index)
+    scale = max(1.0, float(np.max(np.abs(frame["y"]))))
+    deterministic = bool(np.all(np.abs(result.resid) <= 1e-10 * scale))
+    return _Fit(result if result.df_resid > 0 else None, names, deterministic)
+
+
+def _effect_contrast(
+    fit: _Fit,
+    frame: Any,
+    weights: dict[str, float],
+    combos: int,
+    label: str,
+    kind: str,
+    a: str,
+    b: str,
+    confidence: float,
+    power: float,
+    family_size: int,
+    margin: float | None,
+    in_family: bool,
+) -> Contrast:
+    margin = NAN if margin is None else float(margin)
+    base = dict(label=label, kind=kind, a=a, b=b, in_family=in_family, margin=margin)
+    if combos == 0:
+        return Contrast(
+            n=0, estimate=NAN, ci_t=NAN2, p=1.0, method="untestable: no combination has every cell", mde=math.inf,
+            p_tost=1.0 if math.isfinite(margin) else NAN, **base,
+        )  # fmt: skip
+    weights = {k: w / combos for k, w in weights.items() if w}
+    used = frame[frame["cell"].isin(weights)]
+    n_seeds = int(used["block"].nunique())
+    # per seed: the contrast from that seed's own cells (only seeds that have every cell of it)
+    per_seed = []
+    for _, g in used.groupby("block"):
+        means = g.groupby("cell")["y"].mean()
+        if all(k in means.index for k in weights):
+            per_seed.append(sum(w * means[k] for k, w in weights.items()))
+    per_seed_arr = np.array(per_seed)
+    result = fit.result
+    untestable = dict(mde=math.inf, p_tost=1.0 if math.isfinite(margin) else NAN, **base)
+    if n_seeds < 2:
+        estimate = float(np.mean(per_seed_arr)) if len(per_seed_arr) else NAN
+        return Contrast(n=n_seeds, estimate=estimate, ci_t=NAN2, p=1.0, method="untestable: one seed", **untestable)
+    if fit.deterministic:
+        # no residual spread: OLS's t is 0/0; the exact sign-flip test on the per-seed contrasts is defined
+        k = len(per_seed_arr)
+        return Contrast(
+            n=n_seeds, estimate=float(np.mean(per_seed_arr)) if k else NAN, ci_t=NAN2,
+            p=float(sign_flip_p(per_seed_arr)) if k else 1.0, method="sign-flip on per-seed contrasts (no residual spread)",
+            spread=False, sd=0.0, min_p=min_p(k), mde=NAN if min_p(k) <= (1 - confidence) / family_size else math.inf,
+            p_tost=tost_p(per_seed_arr, margin) if math.isfinite(margin) else NAN,
+            note=f"the same value in every seed: no interval; smallest attainable p {min_p(k):.3g}", **base,
+        )  # fmt: skip
+    if result is None:
+        return Contrast(
+            n=n_seeds, estimate=NAN, ci_t=NAN2, p=1.0, method="untestable: no residual degrees of freedom", **untestable
+        )
+    params = result.params
+    L = np.zeros(len(params))
+    for k, w in weights.items():
+        L[fit.names.index(f"C(cell)[{k}]")] = w
+    tt = result.t_test(L)
+    estimate = float(np.squeeze(tt.effect))
+    se = float(np.squeeze(tt.sd))
+    lo, hi = (float(v) for v in np.squeeze(tt.conf_int(alpha=1 - confidence)))
+    p = float(np.squeeze(tt.pvalue))
+    df = float(result.df_resid)
+    p_tost = NAN
+    if math.isfinite(margin):  # two one-sided t-tests on the OLS contrast
+        p_tost = float(max(sps.t.sf((estimate + margin) / se, df), sps.t.cdf((estimate - margin) / se, df)))
+    mde = _detectable_contrast(se, df, (1 - confidence) / max(1, family_size), power)
+    return Contrast(
+        n=n_seeds, estimate=estimate, ci_t=(lo, hi), p=p, method=f"OLS t (seed as block, {df:g} residual df)",
+        sd=float(np.sqrt(result.scale)), min_p=0.0, mde=mde, p_tost=p_tost, **base,
+    )  # fmt: skip

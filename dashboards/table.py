@@ -1,20 +1,27 @@
-"""The ablation table, as in the papers: the baseline row, then each variant with what it changed, its metric
-over seeds with a 95% interval, its difference from the baseline (paired by seed) with Holm-corrected
-significance marks, failure and divergence counts, and cost. The best mean is in bold.
+"""The ablation table, as in the papers: the baseline row, then each variant with what it changed; its successes
+out of its cells (exact interval); its metric over the successful seeds; its difference from the baseline
+(paired by seed, failed seeds included under the study's failure rule) with the declared test, Holm's
+correction over the declared family, the verdict, and the smallest difference its seeds could detect;
+failure counts and cost. The declared contrasts that are not a row (pairs of two variants, factorial effects)
+follow in ``Table.contrasts``. docs/statistics.md explains every number.
 
-Rendered for the terminal, Markdown, LaTeX (booktabs), CSV and HTML from one ``Table``.
+Rendered for the terminal, Markdown, LaTeX (booktabs), CSV and HTML from one ``Table``: the same numbers in
+each.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import html
 import io
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ablations.records import TUNED_SETTING
 from dashboards import stats
+from dashboards.analysis import Analysis, from_design
 from dashboards.load import StudyRuns
 
 COSTS = [
@@ -23,25 +30,32 @@ COSTS = [
     ("cost/wall_time_s", "wall s"),
     ("cost/peak_memory_mb", "peak MB"),
 ]
+FAILED_MARK = "†"  # a variant with failed seeds: its mean is over the successes only
 
 
 @dataclass
 class VariantRow:
     variant: str
     changed: str
-    summary: stats.Summary
-    paired: stats.Paired | None  # None for the baseline
-    rates: stats.Rates
+    summary: stats.Summary  # the metric over the successful seeds
+    contrast: stats.Contrast | None  # against the baseline; None for the baseline itself
+    outcomes: stats.Successes
     costs: dict[str, float]
+    rule_mean: float = math.nan  # the mean with failed seeds under the failure rule (what "best" compares)
+    finished: int = 0  # cells whose run finished (learned or not, with the metric or without)
     best: bool = False
     tuned: str = ""  # a tuned study: the parameters this variant's own search chose ("lr=0.0042")
 
     @property
+    def failed_any(self) -> bool:
+        return self.outcomes.failures > 0
+
+    @property
     def marks(self) -> str:
-        p = self.paired.p_holm if self.paired is not None else math.nan
+        p = self.contrast.p_holm if self.contrast is not None else math.nan
         if not math.isfinite(p):
             return ""
-        return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else ""
+        return "***" if p <= 0.001 else "**" if p <= 0.01 else "*" if p <= 0.05 else ""
 
 
 @dataclass
@@ -51,6 +65,9 @@ class Table:
     direction: str
     baseline: str
     rows: list[VariantRow]
+    analysis: Analysis = field(default_factory=Analysis)
+    contrasts: list[stats.Contrast] = field(default_factory=list)  # every contrast: rows', other pairs, effects
+    worst: float = math.nan  # the worst value observed (the failure rule "worst")
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -59,14 +76,36 @@ class Table:
 
     @property
     def value_column(self) -> int:
-        """Where the metric's column is: after variant, changed (and tuned)."""
-        return 3 if self.tuned else 2
+        """Where the metric's column is: after variant, changed (and tuned), success."""
+        return 4 if self.tuned else 3
+
+    @property
+    def family(self) -> list[stats.Contrast]:
+        return [c for c in self.contrasts if c.in_family]
+
+    @property
+    def extra(self) -> list[stats.Contrast]:
+        """Declared pair contrasts that are not a row's (a row's is variant vs baseline)."""
+        rows = {id(r.contrast) for r in self.rows if r.contrast is not None}
+        return [c for c in self.contrasts if c.kind == "pair" and c.in_family and id(c) not in rows]
+
+    @property
+    def effects(self) -> list[stats.Contrast]:
+        return [c for c in self.contrasts if c.kind != "pair"]
+
+    @property
+    def margin(self) -> float:
+        return self.analysis.margins.get(self.metric, math.nan)
+
+    @property
+    def detect(self) -> float | None:
+        return self.analysis.detect.get(self.metric)
 
     def as_records(self) -> list[dict[str, Any]]:
         """One flat dict per variant (CSV, JSON, and what the tests read)."""
         out = []
         for r in self.rows:
-            s, p = r.summary, r.paired
+            s, c, o = r.summary, r.contrast, r.outcomes
             rec = {
                 "variant": r.variant,
                 "changed": r.changed,
@@ -78,27 +117,67 @@ class Table:
                 "ci_high": s.ci_t[1],
                 "boot_low": s.ci_boot[0],
                 "boot_high": s.ci_boot[1],
-                "diff": p.mean_diff if p else math.nan,
-                "diff_low": p.ci_t[0] if p else math.nan,
-                "diff_high": p.ci_t[1] if p else math.nan,
-                "n_paired": p.n if p else 0,
-                "p_t": p.p_t if p else math.nan,
-                "p_wilcoxon": p.p_wilcoxon if p else math.nan,
-                "p_holm": p.p_holm if p else math.nan,
-                "effect_size": p.effect_size if p else math.nan,
+                "successes": o.successes,
+                "cells": o.cells,
+                "success_low": o.ci[0],
+                "success_high": o.ci[1],
+                "finished": r.finished,
+                "diverged": o.diverged,
+                "failed": o.failed,
+                "not_learned": o.not_learned,
+                "pending": o.pending,
+                "failure_rule": self.analysis.failure_rule,
+                "rule_mean": r.rule_mean,
+                **contrast_fields(c),
                 "marks": r.marks,
-                "cells": r.rates.n,
-                "finished": r.rates.finished,
-                "diverged": r.rates.diverged,
-                "failed": r.rates.failed,
                 "best": r.best,
             }
             rec.update({label: r.costs.get(key, math.nan) for key, label in COSTS})
             out.append(rec)
         return out
 
+    def contrast_records(self) -> list[dict[str, Any]]:
+        """Every contrast (rows', the other declared pairs, factorial effects), flat."""
+        return [{"label": c.label, "kind": c.kind, "a": c.a, "b": c.b, **contrast_fields(c)} for c in self.contrasts]
 
-TUNED = "tuned:"  # the prefix of what a tuned study's search chose, in a variant's settings
+
+def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
+    nan = math.nan
+    if c is None:
+        c = stats.Contrast("", "pair", "", "", 0, nan, stats.NAN2, nan, "", in_family=False)
+        none = True
+    else:
+        none = False
+    return {
+        "diff": c.estimate,
+        "diff_low": c.ci_t[0],
+        "diff_high": c.ci_t[1],
+        "diff_boot_low": c.ci_boot[0],
+        "diff_boot_high": c.ci_boot[1],
+        "n_paired": c.n,
+        "spread": c.spread if not none else "",
+        "test": c.method,
+        "p": c.p if not none else nan,
+        "min_p": c.min_p,
+        "p_holm": c.p_holm,
+        "in_family": c.in_family if not none else "",
+        "verdict": c.verdict,
+        "margin": c.margin,
+        "p_tost": c.p_tost,
+        "p_tost_holm": c.p_tost_holm,
+        "p_success": c.p_rate,
+        "p_success_holm": c.p_rate_holm,
+        "hedges_g": c.hedges_g,
+        "sd_diff": c.sd,
+        "correlation": c.correlation,
+        "sd_unpaired": c.sd_unpaired,
+        "detectable": c.mde,
+        "seeds_needed": c.seeds_needed if c.seeds_needed is not None else "",
+        "note": c.note,
+    }
+
+
+TUNED = TUNED_SETTING  # the prefix of what a tuned study's search chose, in a variant's settings
 
 
 def _short(key: str) -> str:
@@ -139,14 +218,48 @@ def metric_direction(metric: str) -> str:
     return "minimize" if any(word in metric for word in LOWER_IS_BETTER) else "maximize"
 
 
-def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = None, n_boot: int = 10_000) -> Table:
-    """The ablation table of a study's cells (see the module docstring)."""
+def _float(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x
+
+
+def outcome(row: Any, metric: str, never_learned: dict[str, tuple[float, str]]) -> str:
+    """A cell's outcome: success | diverged | failed | killed | not_learned | pending (running, or finished
+    without a finite value of the metric: no outcome to count)."""
+    state = str(row.get("state", ""))
+    if state == "running":
+        return "pending"
+    if state == "finished":
+        if not math.isfinite(_float(row.get(metric))):
+            return "pending"
+        for m, (threshold, direction) in never_learned.items():
+            v = _float(row.get(m))
+            if math.isfinite(v) and (v >= threshold if direction == "minimize" else v <= threshold):
+                return "not_learned"
+        return "success"
+    return state if state in ("diverged", "killed") else "failed"
+
+
+def build(
+    runs: StudyRuns,
+    metric: str | None = None,
+    *,
+    baseline: str | None = None,
+    analysis: Analysis | None = None,
+    n_boot: int = stats.BOOT_RESAMPLES,
+) -> Table:
+    """The ablation table of a study's cells (see the module docstring). ``analysis``: how to compare (default:
+    the ``analysis`` section the submission recorded in design.json, or the defaults)."""
+    analysis = analysis or from_design(runs.design)
+    study_metric = runs.design.get("metric", "final/val_loss")
     direction = runs.design.get("direction", "minimize")
-    if metric and metric != runs.design.get("metric"):
+    if metric and metric != study_metric:
         direction = metric_direction(metric)
-    metric = metric or runs.design.get("metric", "final/val_loss")
+    metric = metric or study_metric
     cells = runs.cells
-    notes = []
     if metric not in cells.columns:
         raise stats_error(runs, metric)
     baseline = baseline or runs.baseline
@@ -154,51 +267,150 @@ def build(runs: StudyRuns, metric: str | None = None, *, baseline: str | None = 
         raise ValueError(
             f"baseline {baseline!r} is not a variant of {runs.name!r}; variants: {', '.join(runs.variants)}"
         )
+    notes: list[str] = []
+    study_direction = runs.design.get("direction", "minimize")
+    never = {
+        m: (t, study_direction if m == study_metric else metric_direction(m)) for m, t in analysis.never_learned.items()
+    }
+    for key in ("margins", "detect", "never_learned", "failure_values"):
+        for m in getattr(analysis, key):
+            if m not in cells.columns:
+                notes.append(f"analysis.{key} names {m!r}, which no run of this study logged")
+    kinds = [outcome(row, metric, never) for row in cells.to_dict("records")]
+    cells = cells.assign(_outcome=kinds)
+    successes = cells[cells["_outcome"] == "success"]
+    observed = [v for v in (_float(x) for x in successes[metric]) if math.isfinite(v)]
+    worst = (max(observed) if direction == "minimize" else min(observed)) if observed else math.nan
+    if analysis.failure_rule == "value" and metric in analysis.failure_values:
+        fill = float(analysis.failure_values[metric])
+    elif analysis.failure_rule == "exclude":
+        fill = None
+    else:
+        fill = worst
+        if analysis.failure_rule == "value":
+            notes.append(f"analysis.failure_values has no value for {metric}: failed seeds take the worst observed")
+    variants = [v for v in runs.variants if (cells["variant"] == v).any()]
 
-    def values(variant: str) -> dict[int, float]:
-        sub = cells[(cells["variant"] == variant) & cells["state"].isin(["finished"])]
-        return {int(s): float(v) for s, v in zip(sub["seed"], sub[metric]) if v == v}
-
-    base_values = values(baseline)
-    rows, comparisons = [], {}
-    for variant in runs.variants:
+    def rule_values(variant: str) -> dict[Any, float]:
         sub = cells[cells["variant"] == variant]
-        if not len(sub):
-            continue
-        vals = values(variant)
-        finished = sub[sub["state"] == "finished"]
-        missing = int(finished[metric].isna().sum()) if len(finished) else 0
-        if missing:
-            notes.append(f"{variant}: {missing} finished run(s) without {metric}")
-        costs = {key: float(finished[key].mean()) for key, _ in COSTS if key in finished.columns and len(finished)}
-        paired = None
-        if variant != baseline:
-            paired = stats.paired(base_values, vals, n_boot=n_boot)
-            comparisons[variant] = paired
+        out = {}
+        for seed, kind, value in zip(sub["seed"], sub["_outcome"], sub[metric]):
+            if kind == "success":
+                out[seed] = float(value)
+            elif kind != "pending" and fill is not None and math.isfinite(fill):
+                out[seed] = fill
+        return out
+
+    values = {v: rule_values(v) for v in variants}
+    if analysis.failure_rule != "exclude" and any(k not in ("success", "pending") for k in kinds) and not observed:
+        notes.append(f"no successful cell has {metric}: failed seeds have no worst value to take")
+
+    pairs = analysis.pairs(variants, baseline)
+    axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in cells.columns]
+    is_grid = runs.design.get("kind") == "grid" and len(axes) >= 1
+    main_axes = analysis.main_effect_axes(axes) if is_grid else []
+    inter = analysis.interaction_pairs(axes) if is_grid else []
+    if (analysis.main_effect_axes(axes) or analysis.interaction_pairs(axes)) and not is_grid:
+        notes.append("analysis.contrasts declares factorial effects, but this study is not a grid: none computed")
+    ordered = cells.assign(_order=cells["variant"].map({v: i for i, v in enumerate(variants)})).sort_values("_order")
+    levels = {a: list(dict.fromkeys(str(x) for x in ordered[f"axis.{a}"])) for a in axes}
+    family_size = len(pairs) + sum(len(levels[a]) - 1 for a in main_axes)
+    family_size += sum((len(levels[a]) - 1) * (len(levels[b]) - 1) for a, b in inter)
+    margin = analysis.margins.get(metric)
+    common = dict(
+        test=analysis.test,
+        confidence=analysis.confidence,
+        margin=margin,
+        power=analysis.power,
+        detect=analysis.detect.get(metric),
+        family_size=max(1, family_size),
+        n_boot=n_boot,
+    )
+    outcomes = {
+        v: stats.successes(
+            [k for k in cells.loc[cells["variant"] == v, "_outcome"] if k != "pending"],
+            analysis.confidence,
+            pending=int((cells.loc[cells["variant"] == v, "_outcome"] == "pending").sum()),
+        )
+        for v in variants
+    }
+    empty = stats.successes([], analysis.confidence)
+
+    def pair(a: str, b: str, in_family: bool) -> stats.Contrast:
+        c = stats.paired_contrast(values.get(b, {}), values.get(a, {}), label=f"{a} vs {b}", a=a, b=b, **common)
+        p_rate = stats.rate_test(outcomes.get(a, empty), outcomes.get(b, empty))
+        return dataclasses.replace(c, in_family=in_family, p_rate=p_rate)
+
+    declared = {tuple(p) for p in pairs}
+    contrasts: list[stats.Contrast] = []
+    row_contrast: dict[str, int] = {}
+    for v in variants:
+        if v != baseline:
+            row_contrast[v] = len(contrasts)
+            contrasts.append(pair(v, baseline, (v, baseline) in declared))
+    for a, b in pairs:
+        if b != baseline or a not in row_contrast:
+            contrasts.append(pair(a, b, True))
+    if is_grid:
+        df = ordered.rename(columns={f"axis.{a}": a for a in axes})
+        df = df[df["variant"].isin(variants)]
+        df = df.assign(_value=[values[v].get(s, math.nan) for v, s in zip(df["variant"], df["seed"])])
+        contrasts += stats.factorial_effects(
+            df,
+            axes,
+            "_value",
+            confidence=analysis.confidence,
+            declared_main=main_axes,
+            declared_interactions=inter,
+            margin=margin,
+            power=analysis.power,
+            family_size=max(1, family_size),
+        )
+    contrasts = stats.correct(contrasts, analysis.alpha, direction)
+
+    rows = []
+    for v in variants:
+        sub = cells[cells["variant"] == v]
+        ok = sub[sub["_outcome"] == "success"]
+        costs = {key: float(ok[key].mean()) for key, _ in COSTS if key in ok.columns and len(ok)}
+        rv = list(values[v].values())
         rows.append(
             VariantRow(
-                variant,
-                _changed(runs.design, variant, baseline),
-                stats.describe(vals.values(), n_boot=n_boot),
-                paired,
-                stats.rates(sub["state"]),
+                v,
+                _changed(runs.design, v, baseline),
+                stats.describe(ok[metric], confidence=analysis.confidence, n_boot=n_boot),
+                contrasts[row_contrast[v]] if v in row_contrast else None,
+                outcomes[v],
                 costs,
-                tuned=_tuned(runs.design, variant),
+                rule_mean=sum(rv) / len(rv) if rv else math.nan,
+                finished=int((sub["state"] == "finished").sum()),
+                tuned=_tuned(runs.design, v),
             )
         )
-    for variant, p in stats.holm_adjust(comparisons).items():
-        next(r for r in rows if r.variant == variant).paired = p
-    means = [r.summary.mean for r in rows if r.summary.n and math.isfinite(r.summary.mean)]
+    means = [r.rule_mean for r in rows if math.isfinite(r.rule_mean)]
     if means:
         best = max(means) if direction == "maximize" else min(means)
         for r in rows:
-            r.best = r.summary.n > 0 and r.summary.mean == best
+            r.best = math.isfinite(r.rule_mean) and r.rule_mean == best
     for r in rows:
-        if r.summary.n == 1:
-            notes.append(f"{r.variant}: one seed only, no interval")
-        elif r.summary.n == 0:
-            notes.append(f"{r.variant}: no finished run with {metric}")
-    return Table(runs.name, metric, direction, baseline, rows, notes)
+        o = r.outcomes
+        if o.pending:
+            notes.append(f"{r.variant}: {o.pending} cell(s) without an outcome yet (running, or no {metric})")
+        if o.cells and o.successes == 0:
+            notes.append(f"{r.variant}: failed on every seed ({_failures(o)})")
+        elif r.summary.n == 1:
+            notes.append(f"{r.variant}: one successful seed only, no interval")
+        if r.best and r.failed_any:
+            notes.append(f"{r.variant} is best {FAILED_MARK} although {o.failures} of {o.cells} seeds failed")
+    for c in contrasts:
+        if c.in_family and not c.testable:
+            notes.append(f"{c.label}: untestable ({c.method.split(': ', 1)[-1]}); counted in the family with p = 1")
+    return Table(runs.name, metric, direction, baseline, rows, analysis, contrasts, worst, notes)
+
+
+def _failures(o: stats.Successes) -> str:
+    parts = [(o.diverged, "diverged"), (o.failed, "failed"), (o.not_learned, "did not learn")]
+    return ", ".join(f"{n} {w}" for n, w in parts if n)
 
 
 def stats_error(runs: StudyRuns, metric: str) -> ValueError:
@@ -209,7 +421,7 @@ def stats_error(runs: StudyRuns, metric: str) -> ValueError:
 # --- formatting ------------------------------------------------------------------------------------------
 
 
-def _num(x: float, digits: int = 4) -> str:
+def number_text(x: float, digits: int = 4) -> str:
     if x is None or not math.isfinite(x):
         return "–"
     if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
@@ -217,55 +429,106 @@ def _num(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def _pm(s: stats.Summary) -> str:
+def signed_text(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x:+.3g}"
+
+
+def _pm(r: VariantRow) -> str:
+    s = r.summary
+    mark = FAILED_MARK if r.failed_any else ""
     if s.n == 0:
-        return "–"
+        return "–" + mark
     if s.n < 2:
-        return f"{_num(s.mean)} (n=1)"
-    return f"{_num(s.mean)} ± {_num((s.ci_t[1] - s.ci_t[0]) / 2, 2)}"
+        return f"{number_text(s.mean)}{mark} (n=1)"
+    if not s.spread:
+        return f"{number_text(s.mean)}{mark} (no spread, n={s.n})"
+    return f"{number_text(s.mean)}{mark} ± {number_text((s.ci_t[1] - s.ci_t[0]) / 2, 2)}"
 
 
-def _diff(p: stats.Paired | None) -> str:
-    if p is None:
-        return ""
-    if p.n == 0:
+def success_text(o: stats.Successes, c: stats.Contrast | None = None) -> str:
+    if o.cells == 0:
         return "–"
-    if p.n < 2:
-        return f"{p.mean_diff:+.3g} (n=1)"
-    return f"{p.mean_diff:+.3g} [{p.ci_t[0]:+.3g}, {p.ci_t[1]:+.3g}]"
+    lo, hi = o.ci
+    text = f"{o.successes}/{o.cells} [{lo:.2g}, {hi:.2g}]"
+    if c is not None and math.isfinite(c.p_rate) and c.p_rate < 1:
+        p = c.p_rate_holm if math.isfinite(c.p_rate_holm) else c.p_rate
+        text += f" (p {p:.2g})"
+    return text
 
 
-def _p(p: stats.Paired | None) -> str:
-    return "" if p is None or not math.isfinite(p.p_holm) else f"{p.p_holm:.3g}"
+def diff_text(c: stats.Contrast | None) -> str:
+    if c is None:
+        return ""
+    if c.n == 0:
+        return "– (no paired seed)"
+    if c.n < 2:
+        return f"{signed_text(c.estimate)} (n=1)"
+    if not c.spread:
+        return f"{signed_text(c.estimate)} (same in all {c.n} seeds)"
+    if not math.isfinite(c.ci_t[0]):
+        return signed_text(c.estimate)
+    return f"{signed_text(c.estimate)} [{signed_text(c.ci_t[0])}, {signed_text(c.ci_t[1])}]"
+
+
+def p_text(c: stats.Contrast | None) -> str:
+    if c is None:
+        return ""
+    if not c.in_family:
+        return "–"
+    if not c.testable:
+        return "1 (untestable)"
+    return number_text(c.p_holm, 3)
+
+
+def mde_text(c: stats.Contrast | None) -> str:
+    if c is None:
+        return ""
+    if c.mde == math.inf:
+        return f"none (n={c.n})"
+    return number_text(c.mde, 2)
 
 
 def header(t: Table) -> list[str]:
     arrow = "↑" if t.direction == "maximize" else "↓"
+    pct = f"{t.analysis.confidence:.0%}"
+    needs = [f"seeds for Δ {number_text(t.detect, 3)}"] if t.detect else []
+    learned = ["not learned"] if t.analysis.never_learned else []
     return [
         "variant",
         "changed",
         *(["tuned"] if t.tuned else []),
-        f"{t.metric} {arrow} (mean ± 95% CI)",
-        "Δ vs baseline [95% CI]",
+        f"success [{pct} CI]",
+        f"{t.metric} {arrow} (mean ± {pct} CI)",
+        f"Δ vs baseline [{pct} CI]",
         "p (Holm)",
-        "n",
+        "verdict",
+        "detectable Δ",
+        *needs,
         "diverged",
         "failed",
+        *learned,
         *[label for _, label in COSTS],
     ]
 
 
 def cells_text(t: Table, r: VariantRow) -> list[str]:
+    c = r.contrast
+    needs = [("" if c is None else str(c.seeds_needed) if c.seeds_needed is not None else "–")] if t.detect else []
+    learned = [str(r.outcomes.not_learned)] if t.analysis.never_learned else []
     return [
         r.variant,
         r.changed,
         *([r.tuned] if t.tuned else []),
-        _pm(r.summary),
-        _diff(r.paired) + (f" {r.marks}" if r.marks else ""),
-        _p(r.paired),
-        f"{r.rates.finished}/{r.rates.n}",
-        str(r.rates.diverged),
-        str(r.rates.failed),
+        success_text(r.outcomes, c),
+        _pm(r),
+        diff_text(c) + (f" {r.marks}" if r.marks else ""),
+        p_text(c),
+        "" if c is None else c.verdict,
+        mde_text(c),
+        *needs,
+        str(r.outcomes.diverged),
+        str(r.outcomes.failed),
+        *learned,
         *[_cost(key, r.costs.get(key, math.nan)) for key, _ in COSTS],
     ]
 
@@ -275,16 +538,94 @@ def _cost(key: str, x: float) -> str:
         return "–"
     if key in ("cost/n_params", "cost/tokens_per_s"):
         return f"{x:,.0f}"
-    return _num(x, 3)
+    return number_text(x, 3)
 
 
-def legend(t: Table) -> str:
-    return (
-        f"Mean over seeds with the 95% Student-t interval; Δ = variant − baseline ({t.baseline}) over the seeds "
-        "both have, paired t-test p-values Holm-corrected across variants (* < 0.05, ** < 0.01, *** < 0.001); "
-        f"n = finished cells / cells; best mean in bold ({'higher' if t.direction == 'maximize' else 'lower'} "
-        "is better)."
-    )
+def family_text(t: Table) -> str:
+    a = t.analysis
+    n = len(t.family)
+    if (
+        a.contrasts is None
+        or a.contrasts.pairs == "baseline"
+        and not (a.contrasts.main_effects or a.contrasts.interactions)
+    ):
+        what = "each variant against the baseline"
+    else:
+        parts = []
+        pairs = [c for c in t.family if c.kind == "pair"]
+        if pairs:
+            parts.append(f"{len(pairs)} declared pair(s)")
+        for kind, word in (("main", "main effect(s)"), ("interaction", "interaction(s)")):
+            k = sum(c.kind == kind for c in t.family)
+            if k:
+                parts.append(f"{k} {word}")
+        what = ", ".join(parts) or "nothing declared"
+    return f"{n} contrast(s): {what}"
+
+
+def smallest_p_text(t: Table) -> str:
+    ns = sorted({c.n for c in t.family if c.kind == "pair" and c.n > 0})
+    if not ns:
+        return ""
+    if t.analysis.test == "t":
+        return "the t-test can reach any p from 2 seeds; its normality cannot be checked on so few"
+    shown = ", ".join(f"{stats.min_p(n):.3g} with {n} seeds" for n in ns[:4])
+    return f"smallest attainable p: {shown} (2/2^n)"
+
+
+def legend(t: Table) -> list[str]:
+    """The caption, sentence by sentence (joined with spaces for LaTeX and HTML, one per line elsewhere)."""
+    a = t.analysis
+    pct = f"{a.confidence:.0%}"
+    better = "higher" if t.direction == "maximize" else "lower"
+    test = stats.TESTS[a.test]
+    lines = [
+        f"success = cells that finished{' and learned' if a.never_learned else ''} out of cells, with the exact "
+        f"{pct} Clopper-Pearson interval (p: Fisher's exact test against the baseline, Holm-corrected, shown where "
+        "the rates can differ).",
+        f"Mean over the successful seeds ± the half-width of the {pct} Student-t interval; {FAILED_MARK}: some seeds "
+        "failed and the mean is over the successes only (see success).",
+        f"Δ = variant − baseline ({t.baseline}) over the seeds both have; failure rule: "
+        f"{a.describe_rule(t.metric, t.worst if math.isfinite(t.worst) else None)}; "
+        f'{pct} t interval ("same in all n seeds": no spread, so no interval).',
+        f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
+        + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
+        + "; * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001.",
+        f"verdict at alpha {a.alpha:g}: different (better / worse), "
+        + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if math.isfinite(t.margin) else "")
+        + "not resolved (neither), untestable (no paired seed; p = 1 in the family)"
+        + ("" if math.isfinite(t.margin) else f"; declare analysis.margins.{t.metric} to test equivalence")
+        + ".",
+        f"detectable Δ: the smallest difference these seeds detect with {a.power:.0%} power at Holm's strictest "
+        f"level {a.alpha:g}/{max(1, len(t.family))}, from the observed paired spread (none: the test cannot reach "
+        "that level with these seeds)"
+        + (f"; seeds for Δ {number_text(t.detect, 3)}: the seeds that difference needs." if t.detect else "."),
+        f"Best mean in bold ({better} is better, failed seeds counted under the rule). BCa bootstrap intervals "
+        f"(CSV, JSON) under-cover below {stats.BOOT_UNDER_COVERS_BELOW} seeds; the t interval assumes normal "
+        "differences, which few seeds cannot check.",
+    ]
+    return lines
+
+
+def contrasts_rows(t: Table, contrasts: list[stats.Contrast]) -> tuple[list[str], list[list[str]]]:
+    pct = f"{t.analysis.confidence:.0%}"
+    head = ["contrast", "Δ", f"{pct} CI", "test", "p (Holm)", "verdict", "detectable Δ", "seeds"]
+    body = []
+    for c in contrasts:
+        ci = diff_text(c)
+        body.append(
+            [
+                c.label,
+                signed_text(c.estimate),
+                ci.split(" ", 1)[1] if " " in ci else "–",
+                c.method,
+                p_text(c),
+                c.verdict,
+                mde_text(c),
+                str(c.n),
+            ]
+        )
+    return head, body
 
 
 def to_terminal(t: Table) -> str:
@@ -292,22 +633,35 @@ def to_terminal(t: Table) -> str:
     body = [cells_text(t, r) for r in t.rows]
     k = t.value_column
     body = [[c + (" *best*" if i == k and r.best else "") for i, c in enumerate(row)] for row, r in zip(body, t.rows)]
+    out = _aligned(head, body, k)
+    if t.extra:
+        h, b = contrasts_rows(t, t.extra)
+        out += ["", "Declared contrasts:", *_aligned(h, b, 1)]
+    return "\n".join(out + ["", *legend(t), *t.notes])
+
+
+def _aligned(head: list[str], body: list[list[str]], k: int) -> list[str]:
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.ljust(w) if i < k else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    out = [line(head), "  ".join("-" * w for w in widths), *[line(b) for b in body]]
-    return "\n".join(out + ["", legend(t), *t.notes])
+    return [line(head), "  ".join("-" * w for w in widths), *[line(b) for b in body]]
+
+
+def _md_table(head: list[str], body: list[list[str]], k: int) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * k + ["---:"] * (len(head) - k)) + "|"]
+    return out + ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in body]
 
 
 def to_markdown(t: Table) -> str:
-    head = header(t)
-    k = t.value_column
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * k + ["---:"] * (len(head) - k)) + "|"]
+    body = []
     for r in t.rows:
         c = cells_text(t, r)
         if r.best:
             c[t.value_column] = f"**{c[t.value_column]}**"
-        out.append("| " + " | ".join(x.replace("|", "\\|") for x in c) + " |")
-    return "\n".join(out + ["", legend(t)] + [f"- {n}" for n in t.notes]) + "\n"
+        body.append(c)
+    out = _md_table(header(t), body, t.value_column)
+    if t.extra:
+        out += ["", "Declared contrasts:", "", *_md_table(*contrasts_rows(t, t.extra), 1)]
+    return "\n".join(out + [""] + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]) + "\n"
 
 
 def _tex(s: str) -> str:
@@ -320,10 +674,13 @@ def _tex(s: str) -> str:
         ("_", r"\_"),
         ("{", r"\{"),
         ("}", r"\}"),
+        ("^", r"\^{}"),
         ("±", r"$\pm$"),
         ("Δ", r"$\Delta$"),
         ("↑", r"$\uparrow$"),
         ("↓", r"$\downarrow$"),
+        ("≤", r"$\leq$"),
+        ("†", r"$^\dagger$"),
         ("–", "--"),
         ("−", "-"),
     ):
@@ -349,10 +706,16 @@ def to_latex(t: Table) -> str:
         out.append(" & ".join(c) + r" \\")
         if i == 0 and r.variant == t.baseline:
             out.append(r"\midrule")
+    if t.extra:
+        h, b = contrasts_rows(t, t.extra)
+        out += [r"\midrule", r"\multicolumn{" + str(len(head)) + r"}{l}{Declared contrasts} \\"]
+        for row in b:
+            cells = [_tex(x) for x in row[:2]] + [_tex(row[2]), _tex(row[4]), _tex(row[5])]
+            out.append(" & ".join(cells + [""] * (len(head) - len(cells))) + r" \\")
     out += [
         r"\bottomrule",
         r"\end{tabular}",
-        r"\caption{" + _tex(f"{t.study}: " + legend(t)) + "}",
+        r"\caption{" + _tex(f"{t.study}: " + " ".join(legend(t))) + "}",
         r"\label{tab:" + t.study.replace("_", "-") + "}",
         r"\end{table}",
     ]
@@ -360,7 +723,10 @@ def to_latex(t: Table) -> str:
 
 
 def to_csv(t: Table) -> str:
-    records = t.as_records()
+    return records_csv(t.as_records())
+
+
+def records_csv(records: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["variant"])
     w.writeheader()
@@ -380,10 +746,21 @@ def to_html(t: Table, links: dict[str, str] | None = None) -> str:
             c[t.value_column] = f"<b>{c[t.value_column]}</b>"
         cls = ' class="baseline"' if r.variant == t.baseline else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{x}</td>" for x in c) + "</tr>")
+    extra = ""
+    if t.extra:
+        h, b = contrasts_rows(t, t.extra)
+        extra = (
+            "<h3>Declared contrasts</h3><table class='contrasts'><thead><tr>"
+            + "".join(f"<th>{html.escape(x)}</th>" for x in h)
+            + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in row) + "</tr>" for row in b)
+            + "</tbody></table>"
+        )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in t.notes)
+    caption = "".join(f"<li>{html.escape(x)}</li>" for x in legend(t))
     return (
-        f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-        f'<p class="legend">{html.escape(legend(t))}</p>' + (f"<ul class='notes'>{notes}</ul>" if notes else "")
+        f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{extra}'
+        f'<ul class="legend">{caption}</ul>' + (f"<ul class='notes'>{notes}</ul>" if notes else "")
     )
 
 

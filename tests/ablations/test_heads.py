@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 import yaml
 
 from ablations.heads import evaluate_heads, head_ablation, model_heads
-from ablations.study import load_study
+from ablations.spec import load_study
 from ablations.sweep import run_study
 from tests.conftest import ROOT
 
@@ -83,7 +84,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
         timeout=300,
     )
     assert out.returncode == 0 and "| layers.0.attn |" in out.stdout, out.stderr
-    assert "significant (p < 0.01)" in out.stdout
+    assert "matter (Holm p ≤ 0.01)" in out.stdout  # issue 14: counted after Holm only (was raw p < 0.01)
     seeds = [line.split("|")[1].strip() for line in out.stdout.splitlines() if re.match(r"\| \d+ \| \d", line)]
     assert seeds == ["0", "1"]  # one row per trained model
 
@@ -121,3 +122,73 @@ def test_per_sequence_losses_add_up_to_the_modules_own_loss(task):
     assert len(nll) == len(data.rows["validation"]) and (weight >= 0).all()
     expected = module.evaluate(data.val_dataloader(), "val")["val/loss"]
     assert nll.sum() / weight.sum() == pytest.approx(expected, rel=1e-6)
+
+
+def flips(d) -> float:
+    """The two-sided sign-flip p-value by enumerating all 2^n sign patterns."""
+    import itertools
+
+    import numpy as np
+
+    d = np.asarray(d, dtype=float)
+    means = np.array([np.mean(d * np.array(s)) for s in itertools.product([1, -1], repeat=len(d))])
+    tol = 1e-12 * max(1.0, abs(d.mean()))
+    return float(min(1.0, 2 * min(np.mean(means >= d.mean() - tol), np.mean(means <= d.mean() + tol))))
+
+
+def test_heads_are_judged_by_the_shared_tests_and_corrections():
+    """Issue 14: ``ablate heads`` gave a constant difference p = 0 and counted 'better without' at the raw
+    p < 0.01. Now each head gets every table's paired test (dashboards.stats.paired_p) and Holm's correction
+    over the model's heads (statsmodels), and only corrected results are counted."""
+    import numpy as np
+    from statsmodels.stats.multitest import multipletests
+
+    from ablations.heads import judge_heads
+
+    nll = np.array([2.0, 3.0, 1.0, 4.0, 2.5, 9.0])  # per-sequence summed losses with every head
+    weight = np.array([4.0, 5.0, 2.0, 6.0, 5.0, 0.0])  # the last sequence has nothing scored: left out
+    without = {
+        ("enc.attn", 0): nll + np.array([0.5, 0.7, 0.2, 0.9, 0.6, 0.0]),  # matters in every sequence
+        ("enc.attn", 1): nll + 0.1,  # a constant difference: the exact test, not p = 0
+        ("enc.attn", 2): nll.copy(),  # does nothing: p = 1
+        ("enc.attn", 3): nll + np.array([-0.3, 0.1, -0.2, 0.05, -0.1, 0.0]),  # mixed
+    }
+    full, sequences, heads = judge_heads(nll, weight, without, seed=0)
+    assert sequences == 5 and full == pytest.approx(nll.sum() / weight.sum())
+    by = {e.head: e for e in heads}
+    for h, e in by.items():
+        d = (without[("enc.attn", h)] - nll)[:5]
+        assert e.p == pytest.approx(flips(d)) and "exact" in e.method
+        assert e.change == pytest.approx(without[("enc.attn", h)].sum() / weight.sum() - full)
+    assert by[1].p == pytest.approx(2 / 2**5) and by[2].p == 1.0
+    assert [e.p_holm for e in heads] == pytest.approx(list(multipletests([e.p for e in heads], method="holm")[1]))
+    assert all(e.verdict == "not resolved" for e in heads)  # 5 sequences: 2/32 > 0.01 whatever happens
+
+
+def test_better_without_is_counted_after_holm_only():
+    import numpy as np
+
+    from ablations.heads import ModelHeads, format_heads, judge_heads
+
+    rng = np.random.default_rng(0)
+    n = 400
+    nll = rng.uniform(1.0, 2.0, n)
+    weight = np.ones(n)
+
+    def noise() -> np.ndarray:  # mean exactly 0, sd exactly 0.05
+        e = rng.normal(0.0, 1.0, n)
+        return (e - e.mean()) / e.std(ddof=1) * 0.05
+
+    without = {("dec.attn", h): nll + noise() for h in range(20)}  # 20 heads that do nothing on average
+    without[("dec.attn", 0)] = nll + 0.2 + noise()  # removing it hurts
+    # removing it helps a little: t = 2.82, raw p = 0.005, but 19 x 0.005 after Holm
+    without[("dec.attn", 1)] = nll - 2.82 * 0.05 / math.sqrt(n) + noise()
+    _, sequences, heads = judge_heads(nll, weight, without, seed=0, test="t")
+    by = {e.head: e for e in heads}
+    assert by[1].p < 0.01 < by[1].p_holm and by[1].verdict == "not resolved"
+    assert by[0].verdict == "different (worse without)"
+    text = format_heads([ModelHeads("", 0, "r", 1.5, sequences, heads)], {"study": "s", "metric": "val/loss"})
+    row = next(line for line in text.splitlines() if line.startswith("| 0 |"))
+    matter = sum(e.p_holm <= 0.01 for e in heads)
+    assert f"| {matter}/20 | 0 |" in row  # no head counted as better without: head 1 is not significant after Holm
+    assert "paired t-test" in text and "matter (Holm p ≤ 0.01)" in text

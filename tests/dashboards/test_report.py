@@ -6,6 +6,7 @@ constants; the stores are read back through MLflow's client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -37,8 +38,11 @@ def fill(
     direction: str = "maximize",
     submission: int = 1,
     cost: dict[str, float] | None = None,
+    analysis: dict | None = None,
+    extra: dict[tuple[str, int], dict[str, float]] | None = None,
 ) -> str:
-    """A study as a sweep records it: a parent run with design.json, one child run per cell."""
+    """A study as a sweep records it: a parent run with design.json (with the study's ``analysis`` section when
+    given), one child run per cell (``extra``: more metrics of a cell)."""
     c = MlflowClient(uri)
     exp_id = tracking.experiment_id(uri, study)  # artifacts beside the store, as every study's
     settings = settings or {v: {"model.variant": v} for v in values}
@@ -54,6 +58,7 @@ def fill(
             "metric": metric,
             "direction": direction,
             "variants": [{"name": v, "settings": settings[v]} for v in values],
+            **({"analysis": analysis} if analysis is not None else {}),
         },
         "design.json",
     )
@@ -76,6 +81,8 @@ def fill(
             run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
             if value is not None:
                 c.log_metric(run.info.run_id, metric, value)
+            for key, v in (extra or {}).get((variant, seed), {}).items():
+                c.log_metric(run.info.run_id, key, v)
             for step in (10, 20):
                 c.log_metric(run.info.run_id, "val/loss", 1.0 / step + seed * 0.01, step=step)
             for key, v in (cost or {"cost/wall_time_s": 10.0, "cost/n_params": 1000.0}).items():
@@ -96,7 +103,18 @@ def three_variants(uri: str, study: str = "abl") -> dict[str, dict[int, float]]:
     return values
 
 
-def test_table_statistics_match_scipy(store):
+def flips(d) -> float:
+    """The two-sided sign-flip p-value by enumerating all 2^n sign patterns."""
+    d = np.asarray(d, dtype=float)
+    means = np.array([np.mean(d * np.array(s)) for s in itertools.product([1, -1], repeat=len(d))])
+    tol = 1e-12 * max(1.0, abs(d.mean()))
+    return float(min(1.0, 2 * min(np.mean(means >= d.mean() - tol), np.mean(means <= d.mean() + tol))))
+
+
+def test_table_statistics_match_independent_computations(store):
+    """Changed with issue 14: the default test is the exact paired sign-flip test (was the paired t-test, with
+    Wilcoxon's p in the records), so with 5 seeds no p-value is below 2/32 and, after Holm over two contrasts,
+    nothing is marked significant: 'better' is 'not resolved' rather than '*'."""
     values = three_variants(store)
     table = build(load_study(store, "abl"))
     rec = {r["variant"]: r for r in table.as_records()}
@@ -107,20 +125,38 @@ def test_table_statistics_match_scipy(store):
         assert rec[variant]["std"] == pytest.approx(x.std(ddof=1))
         lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
         assert (rec[variant]["ci_low"], rec[variant]["ci_high"]) == (pytest.approx(lo), pytest.approx(hi))
+        assert (rec[variant]["successes"], rec[variant]["cells"]) == (5, 5)
+        assert rec[variant]["success_low"] == pytest.approx(0.025 ** (1 / 5))  # Clopper-Pearson, 5 of 5
     raw = {}
     for variant in ("better", "same"):
         a = np.array([values["baseline"][s] for s in SEEDS])
         b = np.array([values[variant][s] for s in SEEDS])
         assert rec[variant]["diff"] == pytest.approx((b - a).mean())
-        raw[variant] = sps.ttest_rel(b, a).pvalue
-        assert rec[variant]["p_t"] == pytest.approx(raw[variant])
-        assert rec[variant]["p_wilcoxon"] == pytest.approx(sps.wilcoxon(b, a).pvalue)
+        raw[variant] = flips(b - a)
+        assert rec[variant]["p"] == pytest.approx(raw[variant])
+        assert rec[variant]["correlation"] == pytest.approx(np.corrcoef(a, b)[0, 1])
+    assert raw["better"] == pytest.approx(2 / 32)  # every seed better: the smallest p five seeds can give
     # Holm over the two comparisons, by its definition
     small, large = sorted(raw, key=raw.get)
     assert rec[small]["p_holm"] == pytest.approx(min(1, 2 * raw[small]))
     assert rec[large]["p_holm"] == pytest.approx(min(1, max(2 * raw[small], raw[large])))
-    assert rec["better"]["marks"].startswith("*") and rec["same"]["marks"] == ""
+    assert rec["better"]["marks"] == "" and rec["better"]["verdict"] == "not resolved"
+    assert rec["better"]["detectable"] == math.inf  # 2/32 > 0.05/2: five seeds cannot detect anything here
     assert rec["better"]["best"] and not rec["baseline"]["best"]
+    assert "smallest attainable p: 0.0625 with 5 seeds" in to_markdown(table)
+
+
+def test_the_t_test_when_the_study_asks_for_it(store):
+    """analysis: {test: t} in the study file (recorded in design.json): the paired t-test, labelled."""
+    rng = np.random.default_rng(0)
+    base = {s: 0.80 + 0.01 * rng.standard_normal() for s in SEEDS}
+    values = {"baseline": base, "better": {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()}}
+    fill(store, "tt", values, analysis={"test": "t"})
+    rec = {r["variant"]: r for r in build(load_study(store, "tt")).as_records()}
+    a, b = (np.array([values[v][s] for s in SEEDS]) for v in ("baseline", "better"))
+    assert rec["better"]["p"] == pytest.approx(sps.ttest_rel(b, a).pvalue) and rec["better"]["test"] == "paired t-test"
+    assert rec["better"]["p_holm"] == rec["better"]["p"]  # a family of one
+    assert rec["better"]["marks"].startswith("**") and rec["better"]["verdict"] == "different (better)"
 
 
 def test_renderings_carry_the_same_numbers(store):
@@ -149,7 +185,7 @@ def test_failures_divergences_and_missing_values_are_marked_not_zero(store):
     ) == (3, 1, 1, 1)
     assert rec["fragile"]["n"] == 1 and math.isnan(rec["fragile"]["ci_low"])  # one value: no interval, no zero
     assert rec["one seed"]["n"] == 1 and math.isnan(rec["one seed"]["std"])
-    assert any("one seed only" in n for n in table.notes)
+    assert any("one successful seed only" in n for n in table.notes)
     assert "(n=1)" in to_markdown(table)
 
 
@@ -208,8 +244,10 @@ def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
 
 
 def test_compare_finds_the_conclusions_that_changed(store):
+    """Eight seeds (was five): the exact sign-flip test needs more than 5 seeds to reach 0.05 after Holm."""
+    seeds = range(8)
     rng = np.random.default_rng(1)
-    base = {s: 0.8 + 0.01 * rng.standard_normal() for s in SEEDS}
+    base = {s: 0.8 + 0.01 * rng.standard_normal() for s in seeds}
     first = {
         "baseline": base,
         "a": {s: v + 0.05 + 0.003 * rng.standard_normal() for s, v in base.items()},
@@ -224,8 +262,8 @@ def test_compare_finds_the_conclusions_that_changed(store):
     fill(store, "cmp", second, submission=2)
     _, _, changes = compare(store, "cmp@1", "cmp@2")
     by = {c.variant: c for c in changes}
-    assert not by["a"].changed and by["a"].a.startswith("better")
-    assert by["b"].changed and by["b"].a.startswith("better") and by["b"].b.startswith("worse")
+    assert not by["a"].changed and by["a"].a == "different (better)"
+    assert by["b"].changed and by["b"].a == "different (better)" and by["b"].b == "different (worse)"
 
 
 def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path):

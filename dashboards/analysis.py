@@ -1,0 +1,292 @@
+"""The ``analysis:`` section of a study file: how its results are compared (docs/statistics.md).
+
+```yaml
+analysis:
+  test: permutation            # permutation (exact paired sign-flip test, the default) | t (paired t-test)
+  alpha: 0.05                  # the family-wise level; intervals are at 1 - alpha
+  failure_rule: worst          # worst | exclude | value: how a failed seed enters the metric comparison
+  failure_values: {}           # failure_rule value: {metric: the value a failed seed takes}
+  never_learned: {}            # {metric: threshold}: a finished cell not better than it is a failure
+  margins: {}                  # {metric: m}: equivalence margins, tested by two one-sided tests (TOST)
+  contrasts:                   # the correction family; absent: each variant against the baseline
+    pairs: [[variant, comparator], ...]   # or "baseline": each variant against the baseline
+    main_effects: false        # true (every axis of a grid) or a list of axes
+    interactions: false        # true (every pair of axes) or a list of [axis, axis]
+  power: 0.8                   # the power at which the detectable difference is stated
+  detect: {}                   # {metric: difference}: how many seeds that difference needs
+```
+
+This module imports no ray, mlflow, optuna or torch: the study loader validates the section with it before
+anything runs (``parse_analysis`` then ``check_analysis``), and the report reads it back from the submission's
+``design.json`` (``from_design``; absent: the defaults).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+
+TESTS = ("permutation", "t")
+FAILURE_RULES = ("worst", "exclude", "value")
+
+FIXES = {  # what to do about a bad value, by key (the last part of its location)
+    "test": f"use one of: {', '.join(TESTS)}",
+    "failure_rule": f"use one of: {', '.join(FAILURE_RULES)}",
+    "alpha": "use a level above 0 and at most 0.5, e.g. 0.05",
+    "power": "use a power between 0 and 1, e.g. 0.8",
+    "margins": "give each metric a positive margin, e.g. {final/val_loss: 0.005}",
+    "detect": "give each metric a positive difference, e.g. {final/val_loss: 0.01}",
+    "pairs": "write each contrast as [variant, comparator], or pairs: baseline",
+    "main_effects": "write true (every axis) or a list of axes",
+    "interactions": "write true (every pair of axes) or a list of [axis, axis]",
+}
+
+
+class Contrasts(BaseModel):
+    """The declared correction family: Holm's correction runs over exactly these contrasts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pairs: Literal["baseline"] | list[tuple[str, str]] = Field(
+        default_factory=list, description="[variant, comparator] pairs (Δ = variant − comparator), or 'baseline'"
+    )
+    main_effects: StrictBool | list[str] = False
+    interactions: StrictBool | list[tuple[str, str]] = False
+
+    @field_validator("pairs", "interactions", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any, info: Any) -> Any:
+        """One clear message for a malformed list (pydantic would report each member of the union)."""
+        if isinstance(value, (str, bool)) or not isinstance(value, list):
+            if info.field_name == "pairs" and value != "baseline":
+                raise ValueError(f"must be a list of [variant, comparator] or 'baseline' (got {value!r})")
+            return value
+        what = "[variant, comparator]" if info.field_name == "pairs" else "[axis, axis]"
+        for i, item in enumerate(value):
+            if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+                raise ValueError(f"item {i} ({item!r}) is not a pair {what} of names")
+        return value
+
+    @field_validator("main_effects", mode="before")
+    @classmethod
+    def _axes(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            return value
+        raise ValueError(f"must be true, false or a list of axes (got {value!r})")
+
+    @model_validator(mode="after")
+    def _something(self) -> Contrasts:
+        if not self.pairs and not self.main_effects and not self.interactions:
+            raise ValueError(
+                "declares no contrast; list pairs, main_effects or interactions, or remove contrasts "
+                "(then each variant is compared with the baseline)"
+            )
+        return self
+
+
+class Analysis(BaseModel):
+    """How a study's results are compared; every field has a default (docs/statistics.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: Literal["permutation", "t"] = "permutation"
+    alpha: float = Field(0.05, gt=0, le=0.5)
+    failure_rule: Literal["worst", "exclude", "value"] = "worst"
+    failure_values: dict[str, float] = Field(default_factory=dict)
+    never_learned: dict[str, float] = Field(default_factory=dict)
+    margins: dict[str, float] = Field(default_factory=dict)
+    contrasts: Contrasts | None = None  # None: each variant against the baseline
+    power: float = Field(0.8, gt=0, lt=1)
+    detect: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("margins", "detect")
+    @classmethod
+    def _positive(cls, value: dict[str, float], info: Any) -> dict[str, float]:
+        for metric, x in value.items():
+            if not x > 0:
+                raise ValueError(f"{metric}: must be positive (got {x})")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Analysis:
+        if self.failure_rule == "value" and not self.failure_values:
+            raise ValueError(
+                "failure_rule: value needs failure_values: {metric: value} (the value a failed seed takes)"
+            )
+        if self.failure_values and self.failure_rule != "value":
+            raise ValueError(
+                f"failure_values: only used with failure_rule value (got failure_rule {self.failure_rule}); "
+                "remove failure_values or set failure_rule: value"
+            )
+        return self
+
+    @property
+    def confidence(self) -> float:
+        """The level of every interval: 1 - alpha."""
+        return 1.0 - self.alpha
+
+    def pairs(self, variants: list[str], baseline: str) -> list[tuple[str, str]]:
+        """The declared [variant, comparator] pairs (the default: each variant against the baseline)."""
+        c = self.contrasts
+        if c is None or c.pairs == "baseline":
+            return [(v, baseline) for v in variants if v != baseline]
+        return [tuple(p) for p in c.pairs]
+
+    def main_effect_axes(self, axes: list[str]) -> list[str]:
+        c = self.contrasts
+        if c is None or c.main_effects is False:
+            return []
+        return list(axes) if c.main_effects is True else list(c.main_effects)
+
+    def interaction_pairs(self, axes: list[str]) -> list[tuple[str, str]]:
+        c = self.contrasts
+        if c is None or c.interactions is False:
+            return []
+        if c.interactions is True:
+            return [(a, b) for i, a in enumerate(axes) for b in axes[i + 1 :]]
+        return [tuple(p) for p in c.interactions]
+
+    def describe_rule(self, metric: str, worst: float | None = None) -> str:
+        """The failure rule in words, for a table's caption."""
+        if self.failure_rule == "exclude":
+            return "exclude (failed seeds are left out of the metric comparison; the success rate is tested apart)"
+        if self.failure_rule == "value" and metric in self.failure_values:
+            return f"value (a failed seed counts as {metric} = {self.failure_values[metric]:g})"
+        shown = "" if worst is None else f" = {worst:.4g}"
+        fallback = " (no failure_values entry for this metric)" if self.failure_rule == "value" else ""
+        return f"worst{fallback} (a failed seed counts as the worst {metric} observed in the study{shown})"
+
+
+def _loc(loc: tuple[Any, ...], where: str) -> str:
+    parts = [where]
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] += f"[{item}]"
+        elif item in ("list[tuple[str,str]]", "literal['baseline']", "bool", "list[str]", "list[tuple[str, str]]"):
+            continue  # pydantic names the union member it tried; the key is what a person needs
+        else:
+            parts.append(str(item))
+    return ".".join(parts)
+
+
+def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
+    """Validate an ``analysis:`` mapping (None: the defaults). Raises ValueError naming the key and the fix."""
+    if data is None:
+        return Analysis()
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must be a mapping of settings (got {type(data).__name__}); see docs/statistics.md")
+    try:
+        return Analysis.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = _loc(tuple(first["loc"]), where)
+        key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
+        if first["type"] == "extra_forbidden":
+            parent = tuple(x for x in first["loc"][:-1])
+            model = Contrasts if parent and parent[-1] == "contrasts" else Analysis
+            valid = ", ".join(model.model_fields)
+            close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{loc}: unknown key; {hint}valid keys: {valid}") from None
+        msg = first["msg"].removeprefix("Value error, ")
+        if not first["loc"] and ": " in msg:  # a check across keys names its key first
+            head, msg = msg.split(": ", 1)
+            loc = f"{where}.{head}"
+        shown = "input" in first and not isinstance(first["input"], dict) and "(got" not in msg
+        got = f" (got {first['input']!r})" if shown else ""
+        fix = f"; fix: {FIXES[key]}" if key in FIXES and "fix" not in msg and ";" not in msg else ""
+        raise ValueError(f"{loc}: {msg}{got}{fix}") from None
+
+
+PLURAL = {"a variant": "variants", "an axis": "axes", "a metric": "metrics"}
+
+
+def _unknown(what: str, name: str, known: list[str] | set[str], where: str, fix: str) -> ValueError:
+    known = sorted(known) if isinstance(known, set) else list(known)
+    close = difflib.get_close_matches(name, known, 1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"{where}: {name!r} is not {what}{hint}; {PLURAL[what]}: {', '.join(known)}; fix: {fix}")
+
+
+def check_analysis(
+    analysis: Analysis,
+    variants: list[str],
+    axes: list[str],
+    metrics: set[str] | None = None,
+    *,
+    kind: str | None = None,
+    where: str = "analysis",
+) -> None:
+    """Refuse an analysis that names what the study does not have, before anything runs.
+
+    ``variants``: the study's variant names (the baseline first); ``axes``: its design's axes; ``metrics``: the
+    metrics its runs log, when known (None: metric names are not checked); ``kind``: the design's kind (grid,
+    one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises ValueError
+    with the key, what is valid and the fix.
+    """
+    c = analysis.contrasts
+    if c is not None and isinstance(c.pairs, list):
+        seen: dict[frozenset[str], int] = {}
+        for i, pair in enumerate(c.pairs):
+            key = f"{where}.contrasts.pairs[{i}]"
+            for name in pair:
+                if name not in variants:
+                    raise _unknown(
+                        "a variant", name, variants, key, "use the variant names of `ablate sweep --dry-run`"
+                    )
+            if pair[0] == pair[1]:
+                raise ValueError(f"{key}: compares {pair[0]!r} with itself; name two different variants")
+            both = frozenset(pair)
+            if both in seen:
+                raise ValueError(
+                    f"{key}: the same contrast as pairs[{seen[both]}] ({' vs '.join(pair)}); list each contrast once"
+                )
+            seen[both] = i
+    if c is not None and (c.main_effects or c.interactions):
+        if kind is not None and kind != "grid":
+            raise ValueError(
+                f"{where}.contrasts: main effects and interactions need a full grid (design.grid), and this "
+                f"study's design is {kind!r}; declare pairs instead"
+            )
+        if not axes:
+            raise ValueError(f"{where}.contrasts: main effects and interactions need a grid's axes; declare pairs")
+        if isinstance(c.main_effects, list):
+            for i, axis in enumerate(c.main_effects):
+                if axis not in axes:
+                    raise _unknown(
+                        "an axis", axis, axes, f"{where}.contrasts.main_effects[{i}]", "name an axis of the grid"
+                    )
+        if isinstance(c.interactions, list):
+            for i, pair in enumerate(c.interactions):
+                key = f"{where}.contrasts.interactions[{i}]"
+                for axis in pair:
+                    if axis not in axes:
+                        raise _unknown("an axis", axis, axes, key, "name two axes of the grid")
+                if pair[0] == pair[1]:
+                    raise ValueError(f"{key}: an interaction needs two different axes (got {pair[0]!r} twice)")
+        if c.interactions and len(axes) < 2:
+            raise ValueError(f"{where}.contrasts.interactions: the grid has one axis; interactions need two")
+    if metrics is not None:
+        for key in ("margins", "detect", "never_learned", "failure_values"):
+            for metric in getattr(analysis, key):
+                if metric not in metrics:
+                    raise _unknown(
+                        "a metric",
+                        metric,
+                        set(metrics),
+                        f"{where}.{key}.{metric}",
+                        "name a summary metric the runs log",
+                    )
+
+
+def from_design(design: dict[str, Any]) -> Analysis:
+    """The analysis a submission recorded in its design.json (absent in older studies: the defaults)."""
+    try:
+        return parse_analysis(design.get("analysis"), "design.json: analysis")
+    except ValueError as err:
+        raise ValueError(f"{err} (the study's recorded design; fix the study file and submit it again)") from None
+
+
+__all__ = ["Analysis", "Contrasts", "check_analysis", "from_design", "parse_analysis"]

@@ -1,0 +1,134 @@
+"""The ``analysis:`` section of a study file: defaults, and bad input refused with the key and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dashboards.analysis import Analysis, check_analysis, from_design, parse_analysis
+
+VARIANTS = ["norm=pre warmup=0", "norm=post warmup=0", "norm=pre warmup=100", "norm=post warmup=100"]
+AXES = ["model.norm", "training.warmup_steps"]
+METRICS = {"final/val_loss", "test/exact_match"}
+
+
+def test_defaults():
+    a = parse_analysis(None)
+    assert (a.test, a.alpha, a.failure_rule, a.power, a.contrasts) == ("permutation", 0.05, "worst", 0.8, None)
+    assert a.confidence == pytest.approx(0.95)
+    assert a.pairs(VARIANTS, VARIANTS[0]) == [(v, VARIANTS[0]) for v in VARIANTS[1:]]  # each against the baseline
+    assert a.main_effect_axes(AXES) == [] and a.interaction_pairs(AXES) == []
+    assert from_design({}) == Analysis() and from_design({"analysis": None}) == Analysis()  # older studies
+
+
+def test_a_full_section_round_trips_through_design_json():
+    data = {
+        "test": "t",
+        "alpha": 0.01,
+        "failure_rule": "value",
+        "failure_values": {"test/exact_match": 0.0},
+        "never_learned": {"final/val_loss": 2.3},
+        "margins": {"final/val_loss": 0.005},
+        "contrasts": {"pairs": [[VARIANTS[1], VARIANTS[2]]], "main_effects": True, "interactions": [AXES]},
+        "power": 0.9,
+        "detect": {"final/val_loss": 0.01},
+    }
+    a = parse_analysis(data)
+    check_analysis(a, VARIANTS, AXES, METRICS, kind="grid")
+    assert a.pairs(VARIANTS, VARIANTS[0]) == [(VARIANTS[1], VARIANTS[2])]
+    assert a.main_effect_axes(AXES) == AXES and a.interaction_pairs(AXES) == [tuple(AXES)]
+    assert from_design({"analysis": a.model_dump(mode="json")}) == a
+    every = parse_analysis({"contrasts": {"pairs": "baseline", "interactions": True}})
+    assert every.interaction_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"failure_rule": "drop"}, r"analysis\.failure_rule: .*'worst', 'exclude' or 'value'.*'drop'.*fix: use one of"),
+        ({"test": "wilcoxon"}, r"analysis\.test: .*'wilcoxon'.*fix: use one of: permutation, t"),
+        ({"alpha": 0.7}, r"analysis\.alpha: .*0\.5.*fix"),
+        ({"power": 1.5}, r"analysis\.power: .*fix"),
+        ({"margins": {"final/val_loss": -0.1}}, r"analysis\.margins: final/val_loss: must be positive"),
+        ({"detect": {"final/val_loss": 0}}, r"analysis\.detect: final/val_loss: must be positive"),
+        ({"failure_rule": "value"}, r"analysis\.failure_rule: value needs failure_values"),
+        ({"failure_values": {"final/val_loss": 3}}, r"analysis\.failure_values: only used with failure_rule value"),
+        ({"contrast": {}}, r"analysis\.contrast: unknown key; did you mean 'contrasts'\? valid keys: test, alpha"),
+        ({"contrasts": {"pair": []}}, r"analysis\.contrasts\.pair: unknown key; did you mean 'pairs'\?"),
+        ({"contrasts": {}}, r"analysis\.contrasts: declares no contrast"),
+        (
+            {"contrasts": {"pairs": [["a"]]}},
+            r"analysis\.contrasts\.pairs: item 0 .* not a pair \[variant, comparator\]",
+        ),
+        ({"contrasts": {"pairs": "all"}}, r"analysis\.contrasts\.pairs: must be a list .* or 'baseline'"),
+        ({"contrasts": {"main_effects": "yes"}}, r"analysis\.contrasts\.main_effects: must be true, false or a list"),
+        ("worst", r"analysis: must be a mapping"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key_and_the_fix(data, message):
+    with pytest.raises(ValueError, match=message):
+        parse_analysis(data)
+
+
+@pytest.mark.parametrize(
+    "data,kwargs,message",
+    [
+        (
+            {"contrasts": {"pairs": [[VARIANTS[1], VARIANTS[0]], ["post_ln", VARIANTS[0]]]}},
+            {},
+            r"analysis\.contrasts\.pairs\[1\]: 'post_ln' is not a variant; variants: norm=pre warmup=0, .*; fix: use the "
+            r"variant names",
+        ),
+        (
+            {"contrasts": {"pairs": [["norm=post warmup=O", VARIANTS[0]]]}},
+            {},
+            r"pairs\[0\]: 'norm=post warmup=O' is not a variant \(did you mean 'norm=post warmup=0'\?\)",
+        ),
+        ({"contrasts": {"pairs": [[VARIANTS[1], VARIANTS[1]]]}}, {}, r"pairs\[0\]: compares .* with itself"),
+        (
+            {"contrasts": {"pairs": [[VARIANTS[1], VARIANTS[0]], [VARIANTS[0], VARIANTS[1]]]}},
+            {},
+            r"pairs\[1\]: the same contrast as pairs\[0\]",
+        ),
+        (
+            {"margins": {"final/val_los": 0.01}},
+            {"metrics": METRICS},
+            r"analysis\.margins\.final/val_los: 'final/val_los' is not a metric \(did you mean 'final/val_loss'\?\); "
+            r"metrics: final/val_loss, test/exact_match; fix",
+        ),
+        (
+            {"detect": {"test/bleu": 0.5}},
+            {"metrics": METRICS},
+            r"analysis\.detect\.test/bleu: 'test/bleu' is not a metric",
+        ),
+        ({"never_learned": {"acc": 0.1}}, {"metrics": METRICS}, r"analysis\.never_learned\.acc: 'acc' is not a metric"),
+        (
+            {"contrasts": {"main_effects": ["model.nrom"]}},
+            {},
+            r"main_effects\[0\]: 'model.nrom' is not an axis .*axes:",
+        ),
+        ({"contrasts": {"interactions": [["model.norm", "lr"]]}}, {}, r"interactions\[0\]: 'lr' is not an axis"),
+        (
+            {"contrasts": {"main_effects": True}},
+            {"kind": "one_at_a_time"},
+            r"analysis\.contrasts: main effects and interactions need a full grid.*'one_at_a_time'; declare pairs",
+        ),
+    ],
+)
+def test_names_the_study_does_not_have_are_refused(data, kwargs, message):
+    a = parse_analysis(data)
+    with pytest.raises(ValueError, match=message):
+        check_analysis(a, VARIANTS, AXES, kwargs.get("metrics"), kind=kwargs.get("kind"))
+
+
+def test_metrics_are_not_checked_when_unknown():
+    check_analysis(parse_analysis({"margins": {"anything/at_all": 0.1}}), VARIANTS, AXES, None)
+
+
+def test_the_module_imports_no_heavy_library():
+    code = "import sys, dashboards.analysis; print(sorted(m for m in ('ray', 'mlflow', 'optuna', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,269 @@
+"""Issue 14 on real MLflow stores filled as sweeps fill them: failures counted, every contrast answered,
+equivalence tested, power stated, the declared family corrected, pairing shown; every number checked against
+an independent computation (sign flips enumerated, Fisher by the hypergeometric, Holm by its definition)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from dashboards import stats
+from dashboards.load import load_study
+from dashboards.report import make_report
+from dashboards.table import build, to_csv, to_html, to_latex, to_markdown, to_terminal
+from tests.dashboards.test_report import fill, flips
+from tests.dashboards.test_stats import fisher_by_enumeration, holm_by_definition
+
+SEEDS5 = range(5)
+SEEDS8 = range(8)
+FORBIDDEN = ("same", "matches", "identical", "costs nothing")  # never written unless TOST says equivalent
+
+
+def base_values(seeds, rng) -> dict[int, float]:
+    return {s: 0.80 + 0.01 * rng.standard_normal() for s in seeds}
+
+
+def renderings(table) -> dict[str, str]:
+    return {
+        "markdown": to_markdown(table),
+        "terminal": to_terminal(table),
+        "latex": to_latex(table),
+        "html": to_html(table),
+        "csv": to_csv(table),
+    }
+
+
+def test_failed_seeds_enter_under_the_worst_rule_and_are_never_best_unmarked(store):
+    rng = np.random.default_rng(0)
+    base = base_values(SEEDS5, rng)
+    fragile = {s: (0.95 if s < 3 else None) for s in SEEDS5}  # best survivors, but 2 of 5 seeds diverge/fail
+    values = {"baseline": base, "fragile": fragile}
+    states = {("fragile", 3): "diverged", ("fragile", 4): "failed"}
+    fill(store, "worst", values, states=states)
+    table = build(load_study(store, "worst"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    worst = min(list(base.values()) + [0.95])  # accuracy: the lowest value any successful cell reached
+    assert table.worst == pytest.approx(worst)
+    d = np.array([(0.95 if s < 3 else worst) - base[s] for s in SEEDS5])
+    r = rec["fragile"]
+    assert (r["successes"], r["cells"], r["diverged"], r["failed"]) == (3, 5, 1, 1)
+    assert r["n_paired"] == 5 and r["diff"] == pytest.approx(d.mean()) and r["p"] == pytest.approx(flips(d))
+    assert r["mean"] == pytest.approx(0.95) and r["n"] == 3  # the mean column: the successes only, marked †
+    assert r["p_success"] == pytest.approx(fisher_by_enumeration(3, 5, 5, 5))
+    assert r["failure_rule"] == "worst"
+    md = to_markdown(table)
+    assert "0.95† ±" not in md and "0.95†" in md  # no spread among the survivors: no ± either
+    assert f"failure rule: worst (a failed seed counts as the worst test/acc observed in the study = {worst:.4g})" in md
+    assert "3/5 [0.15, 0.95]" in md  # Clopper-Pearson of 3 of 5
+    # under 'exclude' the survivors make it best: bold, but marked, and a note says why
+    fill(store, "excl", values, states=states, analysis={"failure_rule": "exclude"})
+    excl = build(load_study(store, "excl"))
+    row = next(r for r in excl.rows if r.variant == "fragile")
+    assert row.best and row.failed_any and row.contrast.n == 3
+    assert "**0.95† (no spread, n=3)**" in to_markdown(excl)
+    assert any("fragile is best † although 2 of 5 seeds failed" in n for n in excl.notes)
+    assert "failure rule: exclude" in to_markdown(excl)
+
+
+def test_a_variant_that_failed_on_every_seed_is_a_result(store):
+    rng = np.random.default_rng(1)
+    base = base_values(SEEDS8, rng)
+    other = {s: v + 0.003 * rng.standard_normal() for s, v in base.items()}
+    values = {"baseline": base, "other": other, "dead": {s: None for s in SEEDS8}}
+    states = {("dead", s): ("diverged" if s % 2 else "failed") for s in SEEDS8}
+    fill(store, "dead", values, states=states)
+    table = build(load_study(store, "dead"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    r = rec["dead"]
+    assert (r["successes"], r["cells"], r["n"]) == (0, 8, 0) and math.isnan(r["mean"])
+    assert (r["success_low"], r["success_high"]) == (0.0, pytest.approx(1 - 0.025 ** (1 / 8)))
+    worst = min(list(base.values()) + list(other.values()))
+    d = np.array([worst - base[s] for s in SEEDS8])
+    assert r["p"] == pytest.approx(flips(d)) and r["diff"] == pytest.approx(d.mean())
+    assert r["p_success"] == pytest.approx(fisher_by_enumeration(0, 8, 8, 8))
+    p_other = flips(np.array([other[s] - base[s] for s in SEEDS8]))
+    assert [rec["other"]["p_holm"], r["p_holm"]] == pytest.approx(holm_by_definition([p_other, flips(d)]))
+    assert r["verdict"] == "different (worse)"  # every seed at the worst value: 2/256 before Holm
+    assert any("dead: failed on every seed (4 diverged, 4 failed)" in n for n in table.notes)
+    # excluded instead: untestable, but it stays in the family with p = 1 (the family does not shrink)
+    fill(store, "dead_excl", values, states=states, analysis={"failure_rule": "exclude"})
+    excl = {r["variant"]: r for r in build(load_study(store, "dead_excl")).as_records()}
+    assert excl["dead"]["n_paired"] == 0 and excl["dead"]["p_holm"] == 1.0 and excl["dead"]["verdict"] == "untestable"
+    assert excl["other"]["p_holm"] == pytest.approx(holm_by_definition([p_other, 1.0])[0])
+    md = to_markdown(build(load_study(store, "dead_excl")))
+    assert "| – (no paired seed) | 1 (untestable) | untestable |" in md
+    assert "counted in the family with p = 1" in md
+
+
+def test_missing_and_running_cells(store):
+    rng = np.random.default_rng(2)
+    base = base_values(SEEDS5, rng)
+    values = {"baseline": base, "short": {s: base[s] + 0.01 for s in (0, 1, 2)}}  # seeds 3, 4 never ran
+    fill(store, "gaps", values)
+    c = MlflowClient(store)
+    exp = c.get_experiment_by_name("gaps").experiment_id
+    tags = {"kind": "cell", "variant": "short", "seed": "3", "cell_id": "short-3", "submission": "1"}
+    c.create_run(exp, tags={**tags, "status_detail": "running"})  # still training: no outcome yet
+    table = build(load_study(store, "gaps"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    assert rec["short"]["cells"] == 3 and rec["short"]["pending"] == 1 and rec["short"]["n_paired"] == 3
+    assert rec["short"]["p"] == pytest.approx(0.25)  # +0.01 in each of the 3 seeds: the exact test's floor
+    assert rec["short"]["spread"] is False and math.isnan(rec["short"]["diff_low"])
+    md = to_markdown(table)
+    assert "+0.01 (same in all 3 seeds)" in md and "smallest attainable p: 0.25 with 3 seeds" in md
+    assert any("short: 1 cell(s) without an outcome yet" in n for n in table.notes)
+
+
+def test_never_learned_cells_are_failures(store):
+    rng = np.random.default_rng(3)
+    base = base_values(SEEDS5, rng)
+    values = {"baseline": base, "stuck": {s: (0.1 if s < 2 else 0.7) for s in SEEDS5}}
+    fill(store, "nl", values, analysis={"never_learned": {"test/acc": 0.2}})
+    table = build(load_study(store, "nl"))
+    r = {r["variant"]: r for r in table.as_records()}["stuck"]
+    assert (r["successes"], r["not_learned"], r["finished"], r["cells"]) == (3, 2, 5, 5)
+    assert r["mean"] == pytest.approx(0.7)  # the mean over the cells that learned
+    assert "not learned" in to_markdown(table).splitlines()[0]
+
+
+def grid(store, study: str, analysis: dict | None, seeds=SEEDS8) -> dict:
+    """A 2 x 2 grid: y = 1 + 0.3 [post] - 0.2 [warmup 0] + 0.1 [post, warmup 0] + seed noise (loss)."""
+    rng = np.random.default_rng(4)
+    values, settings = {}, {}
+    for norm in ("pre", "post"):
+        for warm in ("100", "0"):
+            name = f"norm={norm} warmup={warm}"
+            settings[name] = {"model.norm": norm, "training.warmup": warm}
+            y = 1 + 0.3 * (norm == "post") - 0.2 * (warm == "0") + 0.1 * (norm == "post" and warm == "0")
+            values[name] = {s: y + 0.05 * s + 0.01 * rng.standard_normal() for s in seeds}
+    fill(
+        store, study, values, kind="grid", settings=settings, metric="final/val_loss", direction="minimize",
+        analysis=analysis,
+    )  # fmt: skip
+    return values
+
+
+def test_the_declared_family_is_exactly_what_holm_corrects(store, tmp_path):
+    # Post-LN against Pre-LN without warm-up (not against the baseline, pre with warm-up), and the main effect of norm
+    analysis = {"contrasts": {"pairs": [["norm=post warmup=0", "norm=pre warmup=0"]], "main_effects": ["model.norm"]}}
+    values = grid(store, "fam", analysis)
+    table = build(load_study(store, "fam"))
+    family = table.family
+    assert [c.label for c in family] == ["norm=post warmup=0 vs norm=pre warmup=0", "model.norm: post vs pre"]
+    d = np.array([values["norm=post warmup=0"][s] - values["norm=pre warmup=0"][s] for s in SEEDS8])
+    assert family[0].p == pytest.approx(flips(d))
+    assert [c.p_holm for c in family] == pytest.approx(holm_by_definition([c.p for c in family]))
+    assert family[1].estimate == pytest.approx(0.35, abs=0.01) and family[1].verdict == "different (worse)"
+    rows = {r.variant: r.contrast for r in table.rows if r.contrast is not None}
+    assert all(not c.in_family and c.verdict == "not in the family" for c in rows.values())
+    md = to_markdown(table)
+    assert "Declared contrasts:" in md and "| norm=post warmup=0 vs norm=pre warmup=0 |" in md
+    assert "declared family of 2 contrast(s): 1 declared pair(s), 1 main effect(s)" in md
+    effects = {c.label: c for c in table.effects}
+    assert not effects["model.norm x training.warmup: post x 0 vs pre x 100"].in_family  # not declared
+    report = make_report(store, "fam", out_dir=tmp_path / "r", log=False)
+    text = report.files["effects"].read_text()
+    assert f"| model.norm | post vs pre | {family[1].estimate:+.3g} |" in text and "| different (worse) |" in text
+    assert "| training.warmup | 0 vs 100 |" in text and "not in the family" in text
+    contrasts = report.files["contrasts"].read_text()
+    assert contrasts.startswith("label,kind,a,b,diff") and "model.norm: post vs pre" in contrasts
+
+
+def test_equivalence_is_a_test_and_the_words_come_from_it(store):
+    rng = np.random.default_rng(5)
+    base = base_values(SEEDS8, rng)
+    values = {
+        "baseline": base,
+        "close": {s: v + 0.001 * rng.standard_normal() for s, v in base.items()},  # within the margin
+        "far": {s: v + 0.08 + 0.002 * rng.standard_normal() for s, v in base.items()},
+        "noisy": {s: v + 0.05 * rng.standard_normal() for s, v in base.items()},
+    }
+    fill(store, "eq", values, analysis={"margins": {"test/acc": 0.01}})
+    table = build(load_study(store, "eq"))
+    rec = {r["variant"]: r for r in table.as_records()}
+    d = np.array([values["close"][s] - base[s] for s in SEEDS8])
+    assert rec["close"]["p_tost"] == pytest.approx(max(flips_one(d + 0.01, "greater"), flips_one(d - 0.01, "less")))
+    p_tost = [rec[v]["p_tost"] for v in ("close", "far", "noisy")]
+    assert [rec[v]["p_tost_holm"] for v in ("close", "far", "noisy")] == pytest.approx(holm_by_definition(p_tost))
+    assert rec["close"]["verdict"] == "equivalent within ±0.01"
+    assert rec["far"]["verdict"] == "different (better)" and rec["noisy"]["verdict"] == "not resolved"
+    for name, text in renderings(table).items():
+        low = text.lower()
+        assert not any(f" {w} " in low or f"({w}" in low for w in FORBIDDEN), name
+        verdict = "equivalent within $\\pm$0.01" if name == "latex" else "equivalent within ±0.01"
+        assert verdict in text and "not resolved" in text, name
+
+
+def flips_one(d, alternative):
+    from tests.dashboards.test_stats import flips as flips_any
+
+    return flips_any(d, alternative)
+
+
+def test_ceilings_get_an_exact_answer(store):
+    """Both variants at 1.000 in every seed: Δ = 0 with no spread, p = 1 (never nan, never left out), and with a
+    margin and 5 seeds the exact TOST resolves it (1/32 < 0.05); with 3 seeds it cannot (1/8)."""
+    for seeds, verdict in ((SEEDS5, "equivalent within ±0.01"), (range(3), "not resolved")):
+        study = f"ceiling{len(seeds)}"
+        values = {"baseline": {s: 1.0 for s in seeds}, "also": {s: 1.0 for s in seeds}}
+        fill(store, study, values, analysis={"margins": {"test/acc": 0.01}})
+        table = build(load_study(store, study))
+        r = {r["variant"]: r for r in table.as_records()}["also"]
+        assert r["p"] == 1.0 and r["p_holm"] == 1.0 and r["p_tost"] == pytest.approx(1 / 2 ** len(seeds))
+        assert r["verdict"] == verdict and math.isnan(r["diff_low"]) and r["spread"] is False
+        md = to_markdown(table)
+        assert f"+0 (same in all {len(seeds)} seeds)" in md and "1 (no spread, n=" in md
+        assert "± 0 " not in md and "[+0, +0]" not in md  # no interval shown as certainty
+
+
+def test_power_and_seeds_needed_are_stated(store, tmp_path):
+    rng = np.random.default_rng(6)
+    base = base_values(SEEDS5, rng)
+    values = {"baseline": base, "v": {s: v + 0.01 + 0.01 * rng.standard_normal() for s, v in base.items()}}
+    fill(store, "pow", values, analysis={"detect": {"test/acc": 0.005}, "test": "t"})
+    table = build(load_study(store, "pow"))
+    c = table.rows[1].contrast
+    d = np.array([values["v"][s] - base[s] for s in SEEDS5])
+    assert c.seeds_needed == stats.seeds_needed(d, 0.005, test="t")
+    assert c.mde == pytest.approx(stats.detectable(float(np.std(d, ddof=1)), 5, 0.05, 0.8, "t"))
+    md = to_markdown(table)
+    assert "seeds for Δ 0.005" in md.splitlines()[0] and f"| {c.seeds_needed} |" in md
+    report = make_report(store, "pow", out_dir=tmp_path / "r", log=False)
+    assert "Seeds needed" in report.html and f"<td>{c.seeds_needed}</td>" in report.html
+
+
+def test_the_report_shows_what_pairing_bought(store, tmp_path):
+    rng = np.random.default_rng(7)
+    base = {s: 0.5 + 0.1 * s + 0.002 * rng.standard_normal() for s in SEEDS5}  # seeds differ a lot
+    var = {s: v + 0.01 + 0.002 * rng.standard_normal() for s, v in base.items()}  # and pairing removes it
+    fill(store, "pair", {"baseline": base, "v": var})
+    report = make_report(store, "pair", out_dir=tmp_path / "r", log=False)
+    a, b = np.array(list(base.values())), np.array(list(var.values()))
+    r = np.corrcoef(a, b)[0, 1]
+    assert "Pairing" in report.html and f"<td>{r:+.2f}</td>" in report.html
+    c = report.table.rows[1].contrast
+    assert c.sd / c.sd_unpaired < 0.1  # the paired spread is a small part of the unpaired one
+
+
+def test_every_rendering_carries_the_same_numbers(store):
+    rng = np.random.default_rng(8)
+    base = base_values(SEEDS8, rng)
+    values = {"baseline": base, "v": {s: v + 0.02 + 0.004 * rng.standard_normal() for s, v in base.items()}}
+    values["w"] = {s: (v + 0.01 if s else None) for s, v in base.items()}
+    fill(store, "render", values, states={("w", 0): "diverged"})
+    table = build(load_study(store, "render"))
+    for row in table.rows[1:]:
+        c = row.contrast
+        p = f"{c.p_holm:.3g}"
+        for name, text in renderings(table).items():
+            if name == "csv":
+                continue
+            assert p in text and c.verdict in text and f"{row.outcomes.successes}/{row.outcomes.cells}" in text, name
+    csv_text = to_csv(table)
+    header = csv_text.splitlines()[0].split(",")
+    for field in ("successes", "success_low", "p", "p_holm", "verdict", "p_tost", "hedges_g", "detectable",
+                  "correlation", "failure_rule", "test", "min_p"):  # fmt: skip
+        assert field in header
