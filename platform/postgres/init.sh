@@ -1,6 +1,47 @@
 #!/bin/sh
-# Runs once, when the postgres volume is new: the databases of the MLflow backend, MLflow's users, and Optuna.
+# The PostgreSQL roles and databases of the platform, one role per service, none a superuser:
+#   role mlflow (password MLFLOW_DB_PASSWORD) owns the databases mlflow (runs, metrics) and mlflow_auth (users)
+#   role optuna (password OPTUNA_DB_PASSWORD) owns the database optuna (studies, trials)
+# and no other role may connect to those databases (CONNECT is revoked from PUBLIC). Only the superuser
+# (POSTGRES_USER, the postgres container's alone) may do anything else.
+#
+# The postgres image runs this once, on a new volume (/docker-entrypoint-initdb.d). It is safe to run again:
+# it then only sets the passwords again and restores the ownership and the grants, which is how the database
+# passwords are rotated (platform/README.md):
+#   docker compose up -d postgres && docker compose exec postgres sh /docker-entrypoint-initdb.d/init.sh
+# ABLATE_DB_PREFIX (default: none) prefixes every role and database name: several deployments on one server,
+# or tests on a shared one. Passwords travel in the environment (psql's \getenv), never on a command line.
 set -eu
-for db in mlflow mlflow_auth optuna; do
-  psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname postgres -c "CREATE DATABASE $db"
+fail() { echo "postgres init: $*" >&2; exit 2; }
+for v in MLFLOW_DB_PASSWORD OPTUNA_DB_PASSWORD; do
+  eval "val=\${$v:-}"
+  [ -n "$val" ] || fail "$v is not set (see .env.example)"
+  [ "${#val}" -ge 12 ] || fail "$v must have at least 12 characters"
 done
+[ "$MLFLOW_DB_PASSWORD" != "$OPTUNA_DB_PASSWORD" ] || fail "MLFLOW_DB_PASSWORD and OPTUNA_DB_PASSWORD must differ"
+prefix="${ABLATE_DB_PREFIX:-}"
+case "$prefix" in *[!a-z0-9_]*) fail "ABLATE_DB_PREFIX may hold only a-z, 0-9 and _ (got '$prefix')";; esac
+
+psql -X -q -v ON_ERROR_STOP=1 --username "${POSTGRES_USER:-postgres}" --dbname postgres \
+  -v mlflow="${prefix}mlflow" -v mlflow_auth="${prefix}mlflow_auth" \
+  -v optuna_role="${prefix}optuna" -v optuna="${prefix}optuna" <<'SQL'
+\getenv mlflow_password MLFLOW_DB_PASSWORD
+\getenv optuna_password OPTUNA_DB_PASSWORD
+-- the roles: log in, own what they are given, nothing more
+SELECT format('CREATE ROLE %I LOGIN', :'mlflow') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'mlflow') \gexec
+SELECT format('CREATE ROLE %I LOGIN', :'optuna_role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'optuna_role') \gexec
+ALTER ROLE :"mlflow" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD :'mlflow_password';
+ALTER ROLE :"optuna_role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD :'optuna_password';
+-- the databases, each owned by its service's role (an owner may create tables in its public schema)
+SELECT format('CREATE DATABASE %I OWNER %I', :'mlflow', :'mlflow') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'mlflow') \gexec
+SELECT format('CREATE DATABASE %I OWNER %I', :'mlflow_auth', :'mlflow') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'mlflow_auth') \gexec
+SELECT format('CREATE DATABASE %I OWNER %I', :'optuna', :'optuna_role') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'optuna') \gexec
+ALTER DATABASE :"mlflow" OWNER TO :"mlflow";
+ALTER DATABASE :"mlflow_auth" OWNER TO :"mlflow";
+ALTER DATABASE :"optuna" OWNER TO :"optuna_role";
+-- nobody else connects: every role is a member of PUBLIC, and PUBLIC may connect to a new database
+REVOKE ALL ON DATABASE :"mlflow" FROM PUBLIC;
+REVOKE ALL ON DATABASE :"mlflow_auth" FROM PUBLIC;
+REVOKE ALL ON DATABASE :"optuna" FROM PUBLIC;
+SQL
+echo "postgres init: roles ${prefix}mlflow (databases ${prefix}mlflow, ${prefix}mlflow_auth) and ${prefix}optuna (database ${prefix}optuna) ready"

@@ -1,0 +1,570 @@
+"""The programs docker-compose.yml and the KubeRay manifests start, run as processes on 127.0.0.1 with the
+arguments and environment the files give them (tests/deployment/resolve.py; no Docker engine or Kubernetes
+runs here): PostgreSQL's roles from platform/postgres/init.sh on the machine's PostgreSQL, MLflow through
+platform/mlflow/entrypoint.sh addressed as the other containers address it (``Host: mlflow:5000``),
+optuna-dashboard behind MLflow's credentials, a Ray head that requires its token, and a study and a search run
+through the whole topology with the roles' credentials."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port, stop, wait_for_http
+from tests.deployment.resolve import (
+    compose,
+    compose_argv,
+    compose_env,
+    env_values,
+    k8s_argv,
+    k8s_containers,
+    k8s_env,
+    local_database_url,
+    on_this_machine,
+)
+
+
+def postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not postgres_reachable(), reason="no PostgreSQL reachable on 127.0.0.1:5432 (compose's postgres)"
+    ),
+]
+
+INIT = Path(__file__).resolve().parents[2] / "platform" / "postgres" / "init.sh"
+SUPERUSER = "postgresql://postgres@127.0.0.1:5432/postgres"  # this machine's PostgreSQL (trust authentication)
+
+
+# --- PostgreSQL: the roles of init.sh ----------------------------------------------------------------------
+
+
+def run_init(postgres_env: dict[str, str], prefix: str) -> None:
+    """platform/postgres/init.sh with the postgres container's environment, on this machine's server."""
+    env = {
+        "PATH": os.environ["PATH"],
+        **postgres_env,
+        "PGHOST": "127.0.0.1",
+        "PGPORT": "5432",
+        "ABLATE_DB_PREFIX": prefix,
+    }
+    out = subprocess.run(["sh", str(INIT)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def drop_prefixed(prefix: str) -> None:
+    import psycopg
+
+    with psycopg.connect(SUPERUSER, autocommit=True) as conn:
+        like = prefix.replace("_", r"\_") + "%"
+        for (db,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (like,)).fetchall():
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (like,)).fetchall():
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+@contextmanager
+def roles_and_databases(postgres_env: dict[str, str]):
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    try:
+        run_init(postgres_env, prefix)
+        yield prefix
+    finally:
+        drop_prefixed(prefix)
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    """The .env values (fresh secrets), docker-compose.yml resolved with them, and init.sh's roles and databases
+    under a prefix of this module's own; dropped at the end."""
+    values = env_values()
+    services = compose(values)["services"]
+    with roles_and_databases(compose_env(services["postgres"])) as prefix:
+        yield values, services, prefix
+
+
+def scram_matches(verifier: str, password: str) -> bool:
+    """Whether a PostgreSQL SCRAM-SHA-256 verifier (pg_authid.rolpassword) was made from ``password`` (RFC 5802,
+    section 3: StoredKey = H(HMAC(SaltedPassword, "Client Key")), ServerKey = HMAC(SaltedPassword, "Server Key"))."""
+    method, rest = verifier.split("$", 1)
+    iterations_salt, keys = rest.split("$")
+    iterations, salt = iterations_salt.split(":")
+    stored, server = (base64.b64decode(k) for k in keys.split(":"))
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    return (
+        method == "SCRAM-SHA-256"
+        and hashlib.sha256(client_key).digest() == stored
+        and hmac.new(salted, b"Server Key", hashlib.sha256).digest() == server
+    )
+
+
+def test_each_role_owns_only_its_databases_and_is_refused_the_others(deployment):
+    import psycopg
+
+    values, services, prefix = deployment
+    owned = {"mlflow": {"mlflow", "mlflow_auth"}, "optuna": {"optuna"}}
+    databases = {db for dbs in owned.values() for db in dbs}
+    with psycopg.connect(SUPERUSER, autocommit=True) as conn:
+        for role, dbs in owned.items():
+            row = conn.execute(
+                "SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls, rolcanlogin, rolpassword "
+                "FROM pg_authid WHERE rolname = %s",
+                (prefix + role,),
+            ).fetchone()
+            assert row[:6] == (False, False, False, False, False, True), role
+            assert scram_matches(row[6], values[f"{role.upper()}_DB_PASSWORD"]), f"{role}: not the .env password"
+            mine = conn.execute(
+                "SELECT datname FROM pg_database d JOIN pg_roles r ON d.datdba = r.oid WHERE r.rolname = %s",
+                (prefix + role,),
+            ).fetchall()
+            assert {name for (name,) in mine} == {prefix + db for db in dbs}
+    for role, dbs in owned.items():
+        for db in databases:
+            url = f"postgresql://{prefix}{role}@127.0.0.1:5432/{prefix}{db}"
+            if db in dbs:
+                with psycopg.connect(url, autocommit=True) as conn:  # an owner may create tables
+                    conn.execute("CREATE TABLE probe (x int)")
+                    conn.execute("DROP TABLE probe")
+            else:
+                with pytest.raises(psycopg.OperationalError, match="CONNECT privilege|permission denied"):
+                    psycopg.connect(url).close()
+    # every URL the compose file gives a service names one of these roles, on its own database
+    for name, svc in services.items():
+        for key, value in compose_env(svc).items():
+            if value.startswith("postgresql"):
+                local = local_database_url(value, prefix)
+                role = local.split("://")[1].split(":")[0]
+                assert local.rsplit("/", 1)[1] in {prefix + db for db in owned[role.removeprefix(prefix)]}, (name, key)
+                psycopg.connect(local).close()
+
+
+def test_running_init_again_rotates_the_passwords_and_keeps_the_grants(deployment):
+    import psycopg
+
+    values, services, prefix = deployment
+    env = compose_env(services["postgres"])
+    rotated = {**env, "OPTUNA_DB_PASSWORD": "rotated-" + uuid.uuid4().hex}
+    try:
+        run_init(rotated, prefix)
+        with psycopg.connect(SUPERUSER) as conn:
+            (verifier,) = conn.execute(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (prefix + "optuna",)
+            ).fetchone()
+            acl = conn.execute(
+                "SELECT datacl::text FROM pg_database WHERE datname = %s", (prefix + "optuna",)
+            ).fetchone()
+        assert scram_matches(verifier, rotated["OPTUNA_DB_PASSWORD"])
+        assert not scram_matches(verifier, values["OPTUNA_DB_PASSWORD"])
+        assert acl[0] == f"{{{prefix}optuna=CTc/{prefix}optuna}}"  # the owner alone; PUBLIC has nothing
+    finally:
+        run_init(env, prefix)
+
+
+# --- MLflow: as compose and the KubeRay manifests start it -----------------------------------------------------
+
+
+def request(url: str, path: str, *, host: str | None = None, auth=None, method="GET", body=None, headers=None):
+    req = urllib.request.Request(f"{url}{path}", method=method, headers=dict(headers or {}))
+    if host:
+        req.add_header("Host", host)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+        req.data = json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            data = r.read()
+            return r.status, data, dict(r.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+@contextmanager
+def started_mlflow(argv: list[str], env: dict[str, str], prefix: str, tmp: Path):
+    """MLflow's container command and environment as a process here: the postgres service's URLs to this
+    machine's server under ``prefix``; artifacts, the auth config and the ready file in ``tmp``; 127.0.0.1 and a
+    free port instead of 0.0.0.0:5000."""
+    port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    translated = {
+        **env,
+        "MLFLOW_BACKEND_STORE_URI": local_database_url(env["MLFLOW_BACKEND_STORE_URI"], prefix),
+        "MLFLOW_AUTH_DATABASE_URI": local_database_url(env["MLFLOW_AUTH_DATABASE_URI"], prefix),
+        "MLFLOW_ARTIFACTS_DESTINATION": str(tmp / "artifacts"),
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"),
+        "MLFLOW_READY_FILE": str(tmp / "ready"),
+        "MLFLOW_HOST": "127.0.0.1",
+        "MLFLOW_PORT": str(port),
+        "MLFLOW_WORKERS": "1",
+        "PYTHON": sys.executable,
+    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    log = open(tmp / "mlflow.log", "w")  # noqa: SIM115  (closed in finally, after the server)
+    proc = subprocess.Popen(
+        on_this_machine(argv),
+        env={**base, **translated},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=tmp,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp / "ready").exists():  # the entrypoint writes it once its users are in place
+            if proc.poll() is not None:
+                raise RuntimeError(f"MLflow exited with {proc.returncode}: {(tmp / 'mlflow.log').read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("MLflow was not ready within 120 s")
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+        log.close()
+
+
+def wait_for_answer(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until the server answers anything at all (a 401 included)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with code {proc.returncode}")
+        try:
+            request(url, "/")
+            return
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout} s") from None
+            time.sleep(0.3)
+
+
+def check_mlflow(url: str, admin: tuple[str, str], worker: tuple[str, str]) -> None:
+    """Addressed as the containers address it, MLflow asks for credentials; a foreign Host is refused; the
+    workers' user writes experiments but is no administrator."""
+    search = "/api/2.0/mlflow/experiments/search?max_results=5"
+    assert request(url, search, host="mlflow:5000")[0] == 401  # no credentials
+    assert request(url, search, host="mlflow:5000", auth=(worker[0], worker[1] + "x"))[0] == 401
+    assert request(url, search, host="mlflow:5000", auth=worker)[0] == 200
+    assert request(url, search, host="mlflow:5000", auth=admin)[0] == 200
+    assert request(url, search, host="mlflow", auth=worker)[0] == 200
+    assert request(url, search, host=url.removeprefix("http://"), auth=worker)[0] == 200  # the published port
+    for foreign in ("evil.example.org", "evil.example.org:5000", "mlflow.evil.example.org:5000"):
+        assert request(url, search, host=foreign, auth=worker)[0] == 403, foreign  # DNS-rebinding guard
+
+    status, data, _ = request(url, "/api/2.0/mlflow/users/current", host="mlflow:5000", auth=worker)
+    assert status == 200 and json.loads(data)["user"] == {
+        **json.loads(data)["user"],
+        "username": worker[0],
+        "is_admin": False,
+    }
+    new_user = {"username": f"u{uuid.uuid4().hex[:6]}", "password": uuid.uuid4().hex}
+    assert (
+        request(url, "/api/2.0/mlflow/users/create", host="mlflow:5000", auth=worker, method="POST", body=new_user)[0]
+        == 403
+    )
+    status, data, _ = request(
+        url, "/api/2.0/mlflow/experiments/create", host="mlflow:5000", auth=worker, method="POST",
+        body={"name": f"written-by-ray-{uuid.uuid4().hex[:6]}"},
+    )  # fmt: skip
+    assert status == 200, data
+    experiment = json.loads(data)["experiment_id"]
+    status, data, _ = request(
+        url, "/api/2.0/mlflow/runs/create", host="mlflow:5000", auth=worker, method="POST",
+        body={"experiment_id": experiment, "start_time": int(time.time() * 1000)},
+    )  # fmt: skip
+    assert status == 200, data
+    run = json.loads(data)["run"]["info"]["run_id"]
+    metric = {"run_id": run, "key": "val_loss", "value": 1.5, "timestamp": int(time.time() * 1000), "step": 1}
+    assert (
+        request(url, "/api/2.0/mlflow/runs/log-metric", host="mlflow:5000", auth=worker, method="POST", body=metric)[0]
+        == 200
+    )
+
+
+@pytest.fixture(scope="module")
+def compose_mlflow(deployment, tmp_path_factory):
+    values, services, prefix = deployment
+    svc = services["mlflow"]
+    with started_mlflow(compose_argv(svc), compose_env(svc), prefix, tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+def test_mlflow_as_compose_starts_it_serves_its_service_name_with_credentials(deployment, compose_mlflow):
+    values, _, _ = deployment
+    admin = (values["MLFLOW_ADMIN_USERNAME"], values["MLFLOW_ADMIN_PASSWORD"])
+    worker = (values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"])
+    check_mlflow(compose_mlflow, admin, worker)
+
+
+def test_mlflow_as_the_kuberay_manifests_start_it_and_a_rotated_worker_password(tmp_path):
+    values = env_values()  # the Secret ablate-secrets, made --from-env-file=.env
+    containers = k8s_containers()
+    admin = (values["MLFLOW_ADMIN_USERNAME"], values["MLFLOW_ADMIN_PASSWORD"])
+    worker = (values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"])
+    with roles_and_databases(k8s_env(containers["postgres"], values)) as prefix:
+        mlflow = containers["mlflow"]
+        argv = k8s_argv(mlflow)
+        with started_mlflow(argv, k8s_env(mlflow, values), prefix, tmp_path / "first") as url:
+            check_mlflow(url, admin, worker)
+        # rotation: a new password in the Secret, MLflow restarted; the old one stops working
+        rotated = {**values, "MLFLOW_TRACKING_PASSWORD": "rotated-" + uuid.uuid4().hex}
+        with started_mlflow(argv, k8s_env(mlflow, rotated), prefix, tmp_path / "second") as url:
+            search = "/api/2.0/mlflow/experiments/search?max_results=1"
+            assert request(url, search, host="mlflow:5000", auth=worker)[0] == 401
+            assert (
+                request(url, search, host="mlflow:5000", auth=(worker[0], rotated["MLFLOW_TRACKING_PASSWORD"]))[0]
+                == 200
+            )
+            assert request(url, search, host="mlflow:5000", auth=admin)[0] == 200
+
+
+# --- optuna-dashboard behind MLflow's credentials ----------------------------------------------------------------
+
+
+def test_optuna_dashboard_as_compose_starts_it_asks_for_mlflow_credentials(deployment, compose_mlflow, tmp_path):
+    values, services, prefix = deployment
+    svc = services["optuna-dashboard"]
+    env = compose_env(svc)
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and env["OPTUNA_DASHBOARD_HOST"] == "0.0.0.0"
+    port = free_port()
+    translated = {
+        **env,
+        "OPTUNA_STORAGE": local_database_url(env["OPTUNA_STORAGE"], prefix),
+        "MLFLOW_TRACKING_URI": compose_mlflow,  # the service name mlflow:5000, here
+        "OPTUNA_DASHBOARD_HOST": "127.0.0.1",
+        "OPTUNA_DASHBOARD_PORT": str(port),
+        "PYTHON": sys.executable,
+    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "OPTUNA_"))}
+    log = open(tmp_path / "dashboard.log", "w")  # noqa: SIM115  (closed in finally)
+    proc = subprocess.Popen(
+        on_this_machine(compose_argv(svc)),
+        env={**base, **translated},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    admin = (values["MLFLOW_ADMIN_USERNAME"], values["MLFLOW_ADMIN_PASSWORD"])
+    worker = (values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"])
+    try:
+        wait_for_answer(url, proc)
+        status, _, headers = request(url, "/api/studies")
+        assert status == 401 and headers.get("WWW-Authenticate", "").startswith("Basic")
+        assert request(url, "/api/studies", auth=(worker[0], "not-the-password"))[0] == 401
+        assert request(url, "/", auth=worker)[0] == 200
+        status, data, _ = request(url, "/api/studies", auth=worker)
+        assert status == 200 and json.loads(data) == {"study_summaries": []}
+        study = {"study_name": f"made-in-the-dashboard-{uuid.uuid4().hex[:6]}", "directions": ["minimize"]}
+        assert request(url, "/api/studies", auth=worker, method="POST", body=study)[0] == 403  # looks only
+        cross = {"Origin": "http://evil.example.org"}
+        assert request(url, "/api/studies", auth=admin, method="POST", body=study, headers=cross)[0] == 403
+        assert request(url, "/api/studies", auth=admin, method="POST", body=study)[0] == 201
+        status, data, _ = request(url, "/api/studies", auth=worker)
+        assert [s["study_name"] for s in json.loads(data)["study_summaries"]] == [study["study_name"]]
+        assert values["OPTUNA_DB_PASSWORD"] not in (tmp_path / "dashboard.log").read_text()
+    finally:
+        stop(proc)
+        log.close()
+
+
+# --- Ray: the head as compose starts it requires the token --------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1 (held together while they are picked)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def grpc_status(port: int, method: str, request_bytes: bytes, token: str | None) -> str:
+    import grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token is not None else None
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            call(request_bytes, metadata=metadata, timeout=20)
+            return "OK"
+        except grpc.RpcError as err:
+            return err.code().name
+
+
+def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_path):
+    from ray.core.generated import ray_client_pb2
+
+    values, services, _ = deployment
+    svc = services["ray-head"]
+    env = compose_env(svc)
+    token = values["RAY_AUTH_TOKEN"]
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == token
+    gcs, client, dashboard, *extra = free_ports(11)
+    ports = {"--port": gcs, "--ray-client-server-port": client, "--dashboard-port": dashboard}
+    argv = []
+    for word in on_this_machine(compose_argv(svc)):
+        flag, _, value = word.partition("=")
+        if flag in ports:
+            word = f"{flag}={ports[flag]}"
+        elif flag == "--dashboard-host":
+            assert value == "0.0.0.0"  # inside its container, for the published port: 127.0.0.1 here
+            word = f"{flag}=127.0.0.1"
+        argv.append(word)
+    assert "--block" in argv and f"--port={gcs}" in argv and f"--ray-client-server-port={client}" in argv
+    temp_dir = tempfile.mkdtemp(prefix="abl-tok-", dir="/tmp")  # Unix socket paths must stay short
+    argv += [
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
+        "--num-gpus=0",
+        "--disable-usage-stats",
+        f"--node-manager-port={extra[0]}",
+        f"--object-manager-port={extra[1]}",
+        f"--dashboard-agent-grpc-port={extra[2]}",
+        f"--dashboard-agent-listen-port={extra[3]}",
+        f"--runtime-env-agent-port={extra[4]}",
+        f"--metrics-export-port={extra[5]}",
+    ]
+    loopback = {  # keeps every listener on 127.0.0.1 (tests/ray_nodes.py); then the compose environment
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_enable_metrics_collection": "0",
+        "AUTOSCALER_METRIC_PORT": str(extra[6]),
+        "DASHBOARD_METRIC_PORT": str(extra[7]),
+    }
+    log = open(tmp_path / "ray-head.log", "w")  # noqa: SIM115  (closed in finally)
+    head = subprocess.Popen(
+        argv, env={**os.environ, **loopback, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    jobs = f"http://127.0.0.1:{dashboard}/api/jobs/"
+    try:
+        wait_for_http(f"http://127.0.0.1:{dashboard}/api/gcs_healthz", timeout=90, proc=head)  # public
+        # the job API (dashboard port)
+        assert request(jobs, "")[0] == 401
+        assert request(jobs, "", headers={"Authorization": "Bearer not-the-token"})[0] == 403
+        assert request(jobs, "", headers={"Authorization": f"Bearer {token}"})[0] == 200
+        # the client port and the GCS
+        ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING).SerializeToString()
+        for port, method, body in (
+            (client, "/ray.rpc.RayletDriver/ClusterInfo", ping),
+            (gcs, "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo", b""),
+        ):
+            assert grpc_status(port, method, body, None) == "UNAUTHENTICATED", method
+            assert grpc_status(port, method, body, "not-the-token") == "UNAUTHENTICATED", method
+            assert grpc_status(port, method, body, token) == "OK", method
+        # a real driver with the token joins as the ablate container does (RAY_ADDRESS=ray-head:6379)
+        code = "import ray, sys; ray.init(sys.argv[1], logging_level='error'); print(ray.get(ray.remote(lambda: 6 * 7).remote()))"
+        # (without it, the same driver waits for its connection timeout: the probes above say why, at once)
+        out = subprocess.run(
+            [sys.executable, "-c", code, f"127.0.0.1:{gcs}"],
+            env={**os.environ, **loopback, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "HOME": temp_dir},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0 and out.stdout.strip().endswith("42"), out.stderr[-2000:]
+    finally:
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # anything left of the group
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# --- the whole topology ----------------------------------------------------------------------------------------
+
+
+def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
+    deployment, compose_mlflow, tmp_path, monkeypatch
+):
+    import optuna
+    from mlflow import MlflowClient
+
+    from ablations.search import run_search
+    from ablations.spec import load_search, load_study
+    from ablations.sweep import run_study
+    from tests.ray_nodes import ray_cluster
+
+    values, services, prefix = deployment
+    ray_env = compose_env(services["ablate"])  # what the CLI container gets
+    storage = local_database_url(ray_env["ABLATE_OPTUNA_STORAGE"], prefix)  # the optuna role
+    url = compose_mlflow
+    # the cluster's nodes do not know the credentials: the driver forwards them to the trials
+    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(k, raising=False)
+    with ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False) as cluster:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ray_env["MLFLOW_TRACKING_USERNAME"])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ray_env["MLFLOW_TRACKING_PASSWORD"])
+        base = {
+            "task": {"name": "reverse", "train_size": 200, "max_len": 5},
+            "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+            "training": {"max_steps": 20, "val_every": 10, "batch_size": 16},
+        }
+        study_path = tmp_path / "deployed.yaml"
+        study_path.write_text(
+            yaml.safe_dump(
+                {"name": "deployed", "base": base, "seeds": 2, "design": {"grid": {"model.norm": ["pre", "post"]}}}
+            )
+        )
+        result = run_study(load_study(study_path), address=cluster.address, tracking_uri=url, out=lambda _: None)
+        assert result.complete and result.counts["finished"] == 4
+        search_path = tmp_path / "deployed_search.yaml"
+        search_path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "deployed_search",
+                    "base": base,
+                    "n_trials": 2,
+                    "concurrency": 2,
+                    "pruner": "none",
+                    "sampler": "random",
+                    "space": {"training.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+                }
+            )
+        )
+        found = run_search(
+            load_search(search_path), address=cluster.address, tracking_uri=url, storage=storage, out=lambda _: None
+        )
+        assert found.best
+    c = MlflowClient(url)  # as the workers' user, from the environment
+    exp = c.get_experiment_by_name("deployed")
+    cells = c.search_runs([exp.experiment_id], "tags.kind = 'cell'")
+    assert len(cells) == 4 and all(r.info.status == "FINISHED" for r in cells)
+    assert "config.yaml" in {a.path for a in c.list_artifacts(cells[0].info.run_id)}  # served artifacts
+    trials = optuna.load_study(study_name="deployed_search", storage=storage).trials
+    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-password-123")
+    with pytest.raises(Exception, match="401|Unauthorized|credentials"):
+        MlflowClient(url).search_experiments()
+    with contextlib.suppress(Exception):
+        optuna.delete_study(study_name="deployed_search", storage=storage)
