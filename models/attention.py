@@ -1,170 +1,225 @@
-"""Multi-head attention = a score function x a pattern.
+"""Multi-head attention = a score function x a pattern (x a position scheme's slot).
 
 Notation: B batch, H heads, T query length, S key length, D head dim, C model width,
-W window, d dilation, N number of tiles, b tile size (b >= W), K keys per tile (2b causal, 3b not).
+W window, d dilation, N number of tiles, b tile size, K keys per tile (2b causal, 3b not, when b >= W).
 
-Score functions (``SCORES``):
+Score functions (``SCORES``, registered here):
   dot           q.k / sqrt(D)                        (Vaswani et al. 2017)
   dot_unscaled  q.k                                  (Vaswani section 3.2.1's unscaled variant)
-  general       (q W_h).k / sqrt(D), W_h learned     (Luong et al. 2015, bilinear; W starts at identity)
+  general       (q W_h).k / sqrt(D), W_h learned     (Luong et al. 2015, bilinear; W = I + delta, delta starts at 0)
   cosine        tau_h cos(q, k), tau_h learned       (Henry et al. 2020; Swin v2)
   additive      v_h . tanh(q + k)                    (Bahdanau et al. 2015; q, k are W_q x, W_k x)
-The dot-like scores reduce to torch's scaled_dot_product_attention on transformed q and k. Additive
-scores go through ``additive_scores``, a chunked autograd function whose memory is bounded by
-``chunk_elements`` in forward and backward.
+The dot-like scores reduce to torch's scaled_dot_product_attention on transformed q and k (flash kernels
+where the inputs allow: no mask is passed where none is needed). Additive scores go through
+``additive_scores``, an autograd function that never holds more than ``chunk_elements`` elements of its
+(query, key, dimension) intermediates, in forward and backward, in as few blocks as that allows.
 
-Patterns (``PATTERNS``), composed with the causal rule and key padding:
-  full     every key (subject to causality)
-  local    keys at distance |i - j| <= W (only the past when causal)
-  dilated  keys at distance |i - j| <= W*d that are multiples of d
-Local attention cuts the queries into tiles of b >= W positions; a tile attends to its own tile and its
-neighbours (the previous one only when causal) and a small per-tile mask built from absolute positions
-enforces the exact window, causality, padding and the sequence end. Dilated attention splits the
-sequence into d interleaved residue classes and runs local attention on each. No (T, S) tensor is ever
-built for these patterns: time and memory are O(T * W).
+Patterns (``models.patterns``) decide which keys a query sees; the kernels they use are here:
+  ``full_attention``     every key, with an optional band mask ``allowed``
+  ``local_attention``    keys at distance |i - j| <= W, in O(T * W): queries cut into tiles of b = W (at most
+                         128) positions; each tile attends to its own tile and its neighbours (the previous
+                         ones only when causal), taken as overlapping views (``unfold``) of one padded copy of
+                         K and V, never copied per tile; a small per-tile mask built from absolute positions
+                         enforces the exact window, causality, padding and the sequence end; all tiles go
+                         through one batched call. When the tiled neighbourhood would cover the sequence, it
+                         is full attention with a band mask (cheaper there, and one kernel).
+  ``dilated_attention``  keys at distances that are multiples of d up to W*d: the sequence is split into d
+                         interleaved residue classes and each runs local attention, in O(T * W).
 
 A query whose every key is masked (a padding query whose window holds only padding) attends uniformly
 instead of producing NaN; its output is meaningless and must be ignored by the caller, but it stays finite
 so that gradients do not turn into NaN.
+
+Incremental decoding keeps a ``KVCache`` per layer: preallocated buffers written in place (a ring buffer
+for windowed causal layers), no host synchronisation per step, cross-attention keys and values computed
+once per source and shared by its beams.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.positions import Rotary, alibi_slopes
+from models.positions import AttentionPositions
+from models.registry import SCORES
+
+Bias = Callable[[torch.Tensor], torch.Tensor]  # signed distances (...) -> (H, ...) float bias
 
 # ---------------------------------------------------------------------------------------------------
 # Score functions
 
 
-class DotScore(nn.Module):
-    """q.k, scaled by 1/sqrt(D) unless ``scaled`` is false.
-
-    Every score has ``prepare(q, k) -> (q, k)``, applied by the attention module before rotary
-    positions (so that rotated scores stay relative), and then either ``dot_like`` (scores are
-    ``scale * q.k`` of the prepared q and k) or ``scores(q, k)``.
-    """
+class Score(nn.Module):
+    """A score function. ``prepare_query`` / ``prepare_key`` transform q and k (B, H, T, D) before rotary
+    positions (so that rotated scores stay relative); then either ``dot_like`` (the score is
+    ``scale * q.k`` of the prepared q and k, computed by torch's fused attention) or ``scores(q, k, heads)``
+    -> (..., T, S), where ``heads`` indexes the per-head parameters for the heads q and k hold."""
 
     dot_like = True
+    scale = 1.0
 
-    def __init__(self, n_heads: int, head_dim: int, scaled: bool = True) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
         super().__init__()
-        self.scale = 1.0 / math.sqrt(head_dim) if scaled else 1.0
+        self.n_heads, self.head_dim, self.chunk_elements = n_heads, head_dim, chunk_elements
+
+    def prepare_query(self, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def prepare_key(self, k: torch.Tensor) -> torch.Tensor:
+        return k
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return q, k
+        return self.prepare_query(q), self.prepare_key(k)
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:
+        return q @ k.transpose(-1, -2) * self.scale
 
 
+@SCORES.register("dot")
+class DotScore(Score):
+    """q.k / sqrt(D)."""
+
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+        super().__init__(n_heads, head_dim, chunk_elements)
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+
+@SCORES.register("dot_unscaled")
+class UnscaledDotScore(Score):
+    """q.k, unscaled."""
+
+
+@SCORES.register("general")
 class GeneralScore(DotScore):
-    """Bilinear q^T W_h k per head, scaled like dot; W_h starts at the identity (so it starts as dot)."""
+    """Bilinear q^T W_h k per head, scaled like dot. W_h = I + delta_h with delta_h starting at 0 (so it
+    starts as dot), and weight decay, which pulls the parameter delta to 0, pulls W towards the identity."""
 
-    def __init__(self, n_heads: int, head_dim: int) -> None:
-        super().__init__(n_heads, head_dim, scaled=True)
-        self.weight = nn.Parameter(torch.eye(head_dim).repeat(n_heads, 1, 1))  # (H, D, D)
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+        super().__init__(n_heads, head_dim, chunk_elements)
+        self.delta = nn.Parameter(torch.zeros(n_heads, head_dim, head_dim))  # (H, D, D)
+        self.register_buffer("eye", torch.eye(head_dim), persistent=False)
 
-    def prepare(self, q, k):  # q (B, H, T, D) @ W (H, D, D)
-        return q @ self.weight.to(q.dtype), k
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.eye + self.delta
+
+    def prepare_query(self, q):  # q (B, H, T, D) @ W (H, D, D)
+        return q @ self.weight.to(q.dtype)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        old = state_dict.pop(prefix + "weight", None)  # checkpoints that stored W itself
+        if old is not None and prefix + "delta" not in state_dict:
+            state_dict[prefix + "delta"] = old - torch.eye(old.shape[-1], dtype=old.dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class CosineScore(DotScore):
+@SCORES.register("cosine")
+class CosineScore(Score):
     """tau_h * cos(q, k) with a learned per-head temperature tau_h = exp(log_tau_h) <= 100, starting at 10."""
 
-    def __init__(self, n_heads: int, head_dim: int) -> None:
-        super().__init__(n_heads, head_dim)
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+        super().__init__(n_heads, head_dim, chunk_elements)
         self.log_tau = nn.Parameter(torch.full((n_heads,), math.log(10.0)))
-        self.scale = 1.0
 
-    def prepare(self, q, k):  # (B, H, T, D)
+    def prepare_query(self, q):  # (B, H, T, D)
         tau = self.log_tau.clamp(max=math.log(100.0)).exp().to(q.dtype).view(1, -1, 1, 1)
-        return F.normalize(q, dim=-1) * tau, F.normalize(k, dim=-1)
+        return F.normalize(q, dim=-1) * tau
+
+    def prepare_key(self, k):
+        return F.normalize(k, dim=-1)
 
 
-class AdditiveScore(nn.Module):
+@SCORES.register("additive")
+class AdditiveScore(Score):
     """Bahdanau's v_h . tanh(q + k), computed by ``additive_scores`` in bounded memory."""
 
     dot_like = False
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 18) -> None:
-        super().__init__()
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+        super().__init__(n_heads, head_dim, chunk_elements)
         self.v = nn.Parameter(torch.randn(n_heads, head_dim) / math.sqrt(head_dim))  # (H, D)
-        self.chunk_elements = chunk_elements
 
-    def prepare(self, q, k):
-        return q, k
-
-    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # q (B,H,...,T,D) k (B,H,...,S,D)
-        return additive_scores(q, k, self.v, self.chunk_elements)
+    def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:  # (B,H,T,D) (B,H,S,D)
+        return additive_scores(q, k, self.v[heads], self.chunk_elements)
 
 
-SCORES = {
-    "dot": lambda h, d, chunk: DotScore(h, d, scaled=True),
-    "dot_unscaled": lambda h, d, chunk: DotScore(h, d, scaled=False),
-    "general": lambda h, d, chunk: GeneralScore(h, d),
-    "cosine": lambda h, d, chunk: CosineScore(h, d),
-    "additive": lambda h, d, chunk: AdditiveScore(h, d, chunk),
-}
+# ---------------------------------------------------------------------------------------------------
+# Additive scores in bounded memory
+
+
+def additive_blocks(A: int, H: int, T: int, S: int, E: int, budget: int) -> Iterator[tuple[slice, ...]]:
+    """Blocks (a, h, t, s) of the (A, H, T, S, E) intermediate, each of at most max(budget, E) elements, as
+    large as possible: the key axis first, then queries, heads and the batch (one block when all fits)."""
+    pairs = max(1, budget // E)  # (query, key) pairs per block
+    s = min(S, pairs)
+    t = min(T, pairs // s) if s == S else 1
+    h = min(H, pairs // (s * t)) if t == T else 1
+    a = min(A, pairs // (s * t * h)) if h == H else 1
+    for a0 in range(0, A, a):
+        for h0 in range(0, H, h):
+            for t0 in range(0, T, t):
+                for s0 in range(0, S, s):
+                    yield slice(a0, a0 + a), slice(h0, h0 + h), slice(t0, t0 + t), slice(s0, s0 + s)
 
 
 class _AdditiveScores(torch.autograd.Function):
-    """scores[g, t, s] = sum_e v[g, e] * tanh(q[g, t, e] + k[g, s, e]).
+    """scores[a, h, t, s] = sum_e v[h, e] * tanh(q[a, h, t, e] + k[a, h, s, e]).
 
-    Inputs are flattened to q (G, T, E), k (G, S, E), v (G, E). The (G, T, S, E) intermediate is never
-    held whole: forward and backward walk over chunks of at most ``budget`` elements and recompute tanh.
+    q (A, H, T, E), k (A, H, S, E) (any strides: overlapping tiles of keys are read in place), v (H, E).
+    Forward and backward walk over ``additive_blocks`` and recompute tanh; each block's (a, h, t, s, E)
+    tensor is the only intermediate of that size alive at any time (everything else is computed in place
+    or reduced by a matrix product), so ``budget`` bounds the extra memory.
     """
 
     @staticmethod
-    def _chunks(G: int, T: int, S: int, E: int, budget: int):
-        per_query = max(1, S * E)
-        rows = max(1, budget // per_query)
-        t_step = min(T, rows)
-        g_step = max(1, rows // T) if t_step == T else 1
-        for g0 in range(0, G, g_step):
-            for t0 in range(0, T, t_step):
-                yield slice(g0, g0 + g_step), slice(t0, t0 + t_step)
-
-    @staticmethod
     def forward(ctx, q, k, v, budget):
-        G, T, E = q.shape
-        S = k.shape[1]
-        out = q.new_empty(G, T, S)
-        for gs, ts in _AdditiveScores._chunks(G, T, S, E, budget):
-            a = torch.tanh(q[gs, ts, None, :] + k[gs, None, :, :])  # (g, t, S, E)
-            out[gs, ts] = (a @ v[gs, None, :, None]).squeeze(-1)
+        A, H, T, E = q.shape
+        S = k.shape[2]
+        out = q.new_empty(A, H, T, S)
+        for a, h, t, s in additive_blocks(A, H, T, S, E, budget):
+            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
+            out[a, h, t, s] = torch.matmul(x, v[h].view(1, x.shape[1], 1, E, 1)).squeeze(-1)
+            del x  # before the next block is allocated
         ctx.save_for_backward(q, k, v)
         ctx.budget = budget
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # grad (G, T, S)
+    def backward(ctx, grad):  # grad (A, H, T, S)
         q, k, v = ctx.saved_tensors
-        G, T, E = q.shape
-        S = k.shape[1]
+        A, H, T, E = q.shape
+        S = k.shape[2]
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for gs, ts in _AdditiveScores._chunks(G, T, S, E, ctx.budget):
-            a = torch.tanh(q[gs, ts, None, :] + k[gs, None, :, :])  # (g, t, S, E)
-            g = grad[gs, ts, :, None]  # (g, t, S, 1)
-            dv[gs] += (g * a).sum(dim=(1, 2))
-            pre = a.mul_(a).neg_().add_(1.0).mul_(g).mul_(v[gs, None, None, :])  # dL/d(q + k)
-            dq[gs, ts] += pre.sum(dim=2)
-            dk[gs] += pre.sum(dim=1)
+        for a, h, t, s in additive_blocks(A, H, T, S, E, ctx.budget):
+            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
+            na, nh, nt, ns = x.shape[:4]
+            g = grad[a, h, t, s]  # (a, h, t, s)
+            # dv[h] = sum over a, t, s of g * tanh(.): a product, no second (a, h, t, s, E) tensor
+            dv[h] += torch.matmul(g.reshape(na, nh, 1, nt * ns), x.view(na, nh, nt * ns, E)).sum(0).squeeze(1)
+            x.mul_(x).neg_().add_(1.0).mul_(g[..., None]).mul_(v[h].view(1, nh, 1, 1, E))  # dL/d(q + k), in place
+            dq[a, h, t] += x.sum(3)
+            dk[a, h, s] += x.sum(2)
+            del x  # before the next block is allocated
         return dq, dk, dv, None
 
 
-def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 18) -> torch.Tensor:
+def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 23) -> torch.Tensor:
     """v_h . tanh(q_t + k_s) for q (B, H, ..., T, E), k (B, H, ..., S, E), v (H, E) -> (B, H, ..., T, S)."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     T, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
-    qf = q.expand(*lead, T, E).reshape(-1, T, E)
-    kf = k.expand(*lead, S, E).reshape(-1, S, E)
-    vf = v.view((1, v.shape[0]) + (1,) * (len(lead) - 2) + (E,)).expand(*lead, E).reshape(-1, E)
-    out = _AdditiveScores.apply(qf, kf, vf.to(q.dtype), budget)
-    return out.view(*lead, T, S)
+    q, k = q.expand(*lead, T, E), k.expand(*lead, S, E)  # views
+    if len(lead) == 2:
+        return _AdditiveScores.apply(q, k, v.to(q.dtype), budget)
+    # other layouts: heads to dim 1, everything else flattened into dim 0 (copies)
+    H = lead[1]
+    qf = q.movedim(1, 0).reshape(H, -1, T, E).transpose(0, 1)
+    kf = k.movedim(1, 0).reshape(H, -1, S, E).transpose(0, 1)
+    out = _AdditiveScores.apply(qf, kf, v.to(q.dtype), budget)  # (A, H, T, S)
+    return out.transpose(0, 1).reshape(H, lead[0], *lead[2:], T, S).movedim(0, 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -180,7 +235,7 @@ def attend(q, k, v, score: nn.Module, mask=None, bias=None, causal: bool = False
     """Attention of prepared q (..., T, D) over k, v (..., S, D).
 
     mask: bool, True where a key may be seen, broadcastable to (..., T, S); bias: float, added to the
-    scores (ALiBi); causal: the square causal rule (only without mask and bias, the fast path).
+    scores (ALiBi); causal: the square causal rule (only without mask and bias: the fast path).
     """
     if mask is not None and bias is not None:
         bias = bias.masked_fill(~mask, float("-inf"))
@@ -202,95 +257,117 @@ def attend(q, k, v, score: nn.Module, mask=None, bias=None, causal: bool = False
     return p @ v
 
 
-def _alibi_bias(slopes: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
-    """-m_h * |dist| for slopes (H,) and integer distances (...) -> (H, ...)."""
-    return -slopes.view((-1,) + (1,) * dist.dim()) * dist.abs().to(slopes.dtype)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Patterns
-
-
-def full_attention(q, k, v, score, *, causal=False, key_padding=None, slopes=None, dropout_p=0.0):
-    """q (B, H, T, D), k/v (B, H, S, D); key_padding (B, S) True at padding; slopes (H,) for ALiBi."""
+def full_attention(
+    q, k, v, score, *, causal=False, key_padding=None, bias: Bias | None = None, allowed=None, dropout_p=0.0
+):
+    """q (B, H, T, D), k/v (B, H, S, D), queries aligned to the last keys; key_padding (B, S) True at
+    padding; bias: ALiBi-like function of signed distances; allowed: (H or 1, T, S) band mask of a pattern.
+    No mask at all is passed when none is needed."""
     T, S = q.shape[-2], k.shape[-2]
-    if key_padding is None and slopes is None:
+    if key_padding is None and bias is None and allowed is None:
         return attend(q, k, v, score, causal=causal, dropout_p=dropout_p)
-    mask = None
-    if key_padding is not None:
-        mask = ~key_padding[:, None, None, :]  # (B, 1, 1, S)
+    mask = allowed
     if causal:
         tri = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
         mask = tri if mask is None else mask & tri
     if key_padding is not None:
-        mask = _unstarve(mask)  # (B, 1, 1 or T, S)
-    bias = None
-    if slopes is not None:
-        qpos = torch.arange(S - T, S, device=q.device)
-        kpos = torch.arange(S, device=q.device)
-        bias = _alibi_bias(slopes.to(q.dtype), qpos[:, None] - kpos[None, :])  # (H, T, S)
-    return attend(q, k, v, score, mask=mask, bias=bias, dropout_p=dropout_p)
+        kp = ~key_padding[:, None, None, :]  # (B, 1, 1, S)
+        mask = kp if mask is None else mask & kp
+    if mask is not None and key_padding is not None:
+        mask = _unstarve(mask)
+    b = None
+    if bias is not None:
+        dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
+        b = bias(dist).to(q.dtype)  # (H, T, S)
+    return attend(q, k, v, score, mask=mask, bias=b, dropout_p=dropout_p)
 
 
 def tile_size(window: int, length: int) -> int:
-    """Queries per tile: about the window (at least 32, at most 128), never more than the sequence."""
-    return min(max(min(window, 128), 32), length)
+    """Queries per tile: the window (at most 128), never more than the sequence."""
+    return max(1, min(window, 128, length))
 
 
-def local_attention(q, k, v, score, *, window, causal=False, key_padding=None, slopes=None, dropout_p=0.0, block=None):
+def band(T: int, window: int, device=None) -> torch.Tensor:
+    """(1, T, T) True where |i - j| <= window."""
+    dist = torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]
+    return (dist.abs() <= window)[None]
+
+
+def local_attention(
+    q, k, v, score, *, window, causal=False, key_padding=None, bias: Bias | None = None, dropout_p=0.0, block=None
+):
     """Exact sliding-window self-attention in O(T * W): q, k, v (B, H, T, D), keys at |i - j| <= window.
 
     Tiles of b queries see the ceil(W / b) tiles before them (and after them unless causal) plus their own.
-    Tiles go into the batch dimension, (B * N, H, b, D), the layout in which torch's fused CPU and GPU
-    kernels accept a mask.
+    Keys and values are laid out once, head-major, with every row padded to N * b positions, and each tile's
+    neighbourhood is an overlapping view of that layout (``unfold``): no copy per neighbouring tile. A
+    neighbourhood that crosses into the next row only reads keys the position mask excludes.
     """
     B, H, T, D = q.shape
     if window >= T - 1:  # the window covers the whole sequence: this is full attention
-        return full_attention(
-            q, k, v, score, causal=causal, key_padding=key_padding, slopes=slopes, dropout_p=dropout_p
-        )
+        return full_attention(q, k, v, score, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p)
     b = block or tile_size(window, T)
     N = -(-T // b)
     back = -(-window // b)  # neighbouring tiles on each side that hold keys within the window
     ahead = 0 if causal else back
-    span = back + 1 + ahead  # tiles of keys per tile of queries; K = span * b keys
-    right = N * b - T + ahead * b
+    span = back + 1 + ahead  # tiles of keys per tile of queries
+    K = span * b
+    if block is None and K >= T:  # the tiles would see everything: a band mask over full attention is cheaper
+        return full_attention(
+            q,
+            k,
+            v,
+            score,
+            causal=causal,
+            key_padding=key_padding,
+            bias=bias,
+            allowed=band(T, window, q.device),
+            dropout_p=dropout_p,
+        )
+    R = N * b  # padded row length
+    L = back * b + B * R + ahead * b
 
-    def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D): for each query tile, its neighbourhood of keys
-        t = F.pad(t, (0, 0, back * b, right)).view(B, H, N + back + ahead, b, D).transpose(1, 2)
-        return torch.cat([t[:, i : i + N] for i in range(span)], dim=3).view(B * N, H, span * b, D)
+    def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D), a view of one padded copy
+        buf = t.new_zeros(H, L, D)
+        buf[:, back * b : back * b + B * R].view(H, B, R, D)[:, :, :T] = t.transpose(0, 1)
+        return buf.unfold(1, K, b).permute(1, 0, 3, 2)
 
-    qt = F.pad(q, (0, 0, 0, N * b - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
+    qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
     kt, vt = tiles(k), tiles(v)
 
     # The window rule is the same in every tile; only which keys exist (and padding) differ per tile.
     dev = q.device
-    K = span * b
     offset = torch.arange(K, device=dev) - back * b  # key position relative to the tile's first query
     rel = torch.arange(b, device=dev)[:, None] - offset[None, :]  # (b, K) query - key distance
     allowed = rel.abs() <= window
     if causal:
         allowed &= rel >= 0
-    kpos = torch.arange(0, N * b, b, device=dev)[:, None] + offset  # (N, K)
+    kpos = torch.arange(0, R, b, device=dev)[:, None] + offset  # (N, K)
     allowed = allowed & ((kpos >= 0) & (kpos < T))[:, None, :]  # (N, b, K)
     if key_padding is not None:
-        kp = F.pad(key_padding, (back * b, right), value=True).view(B, N + back + ahead, b)
-        kp = torch.cat([kp[:, i : i + N] for i in range(span)], dim=2)  # (B, N, K)
-        allowed = _unstarve(allowed & ~kp[:, :, None, :])  # (B, N, b, K)
+        kp = key_padding.new_ones(L)
+        kp[back * b : back * b + B * R].view(B, R)[:, :T] = key_padding
+        kp = kp.unfold(0, K, b)  # (B * N, K)
+        allowed = allowed.repeat(B, 1, 1) & ~kp[:, None, :]  # (B * N, b, K)
     else:
-        allowed[N - 1, T - (N - 1) * b :] = True  # queries past the end (discarded): keep them finite
-        allowed = allowed.expand(B, N, b, K)
-    allowed = allowed.reshape(B * N, 1, b, K)
-    bias = _alibi_bias(slopes.to(q.dtype), rel) if slopes is not None else None  # (H, b, K)
-    out = attend(qt, kt, vt, score, mask=allowed, bias=bias, dropout_p=dropout_p)  # (B * N, H, b, D)
-    return out.view(B, N, H, b, D).transpose(1, 2).reshape(B, H, N * b, D)[:, :, :T]
+        allowed = allowed.repeat(B, 1, 1)
+    allowed = _unstarve(allowed)[:, None]  # (B * N, 1, b, K); queries past the end stay finite
+    b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)
+    out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, D)
+    return out.view(B, N, H, b, D).transpose(1, 2).reshape(B, H, R, D)[:, :, :T]
 
 
-def dilated_attention(q, k, v, score, *, window, dilation, causal=False, key_padding=None, slopes=None, dropout_p=0.0):
+def dilated_attention(
+    q, k, v, score, *, window, dilation, causal=False, key_padding=None, bias: Bias | None = None, dropout_p=0.0
+):
     """Keys at distance <= window*dilation that are multiples of dilation: local attention on each of the
     ``dilation`` interleaved residue classes, in O(T * W)."""
     B, H, T, D = q.shape
     d = dilation
+    if d == 1:
+        return local_attention(
+            q, k, v, score, window=window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
+        )
     M = -(-T // d)
     extra = M * d - T
     if extra:
@@ -311,46 +388,143 @@ def dilated_attention(q, k, v, score, *, window, dilation, causal=False, key_pad
         window=window,
         causal=causal,
         key_padding=kp,
-        slopes=None if slopes is None else slopes * d,
+        bias=None if bias is None else (lambda dist: bias(dist * d)),  # distances within a class are in steps of d
         dropout_p=dropout_p,
     )  # (B*d, H, M, D)
     out = out.view(B, d, H, M, D).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, D)
     return out[:, :, :T]
 
 
-def positions_mask(qpos, kpos, pattern: str, window: int | None, dilation: int, causal: bool) -> torch.Tensor:
-    """(T, S) bool: which keys at absolute positions kpos a query at qpos sees (used by cached decoding)."""
-    dist = qpos[:, None] - kpos[None, :]
-    allowed = torch.ones_like(dist, dtype=torch.bool)
-    if causal:
-        allowed &= dist >= 0
-    if pattern == "local":
-        allowed &= dist.abs() <= window
-    elif pattern == "dilated":
-        allowed &= (dist.abs() <= window * dilation) & (dist % dilation == 0)
-    return allowed
+# ---------------------------------------------------------------------------------------------------
+# The key/value cache
+
+
+class KVCache:
+    """Keys and values of one attention layer seen so far, preallocated and written in place.
+
+    Self-attention: ``k``, ``v`` (B, H, capacity, D) hold column c in slot c, or, as a ring buffer of
+    ``ring`` slots (causal layers whose pattern has a finite reach), in slot c % ring, so that a windowed
+    layer keeps only reach + 1 keys. ``pos`` (capacity,) holds each slot's column (EMPTY while unused),
+    ``pad`` (B, capacity) is True at padding keys of a left-padded prompt (None when there is none). Writes
+    are slice assignments whose bounds are Python integers: no host synchronisation. Without a capacity,
+    the buffer doubles when full.
+
+    Cross-attention (``static``): the keys and values of the encoder memory, computed once per source; the
+    beams of a source share them (their queries are folded together), so beam reordering never touches them.
+    """
+
+    EMPTY = -(1 << 40)
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.ring: int | None = None
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.pos: torch.Tensor | None = None
+        self.pad: torch.Tensor | None = None
+        self.end = 0  # columns written so far
+        self.static = False
+
+    def set_static(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v, self.static = k, v, True
+
+    def _allocate(self, like: torch.Tensor, slots: int, padded: bool) -> None:
+        B, H, _, D = like.shape
+        self.k = like.new_zeros(B, H, slots, D)
+        self.v = like.new_zeros(B, H, slots, D)
+        if self.ring is None:
+            self.pos = torch.arange(slots, device=like.device)
+        else:
+            self.pos = torch.full((slots,), self.EMPTY, dtype=torch.long, device=like.device)
+        self.pad = torch.zeros(B, slots, dtype=torch.bool, device=like.device) if padded else None
+
+    def _resize(self, slots: int) -> None:
+        """Move to a buffer of ``slots`` slots (a rare path: capacity exceeded or a ring too small)."""
+        old_k, old_v, old_pos, old_pad = self.k, self.v, self.pos, self.pad
+        self._allocate(old_k, slots, old_pad is not None)
+        if self.ring is None:
+            n = self.end
+            self.k[:, :, :n], self.v[:, :, :n] = old_k[:, :, :n], old_v[:, :, :n]
+            if old_pad is not None:
+                self.pad[:, :n] = old_pad[:, :n]
+        else:
+            keep = old_pos >= 0
+            cols = old_pos[keep]
+            slot = cols % slots
+            self.k.index_copy_(2, slot, old_k[:, :, keep])
+            self.v.index_copy_(2, slot, old_v[:, :, keep])
+            self.pos.index_copy_(0, slot, cols)
+            if old_pad is not None:
+                self.pad.index_copy_(1, slot, old_pad[:, keep])
+            self.ring = slots
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, start: int, pad: torch.Tensor | None = None, ring=None) -> None:
+        """Store k, v (B, H, T, D) of columns start .. start+T-1; pad (B, T) True at padding keys.
+        ``ring``: on the first write, the ring size (None: a plain buffer)."""
+        T = k.shape[2]
+        if start != self.end:
+            raise ValueError(
+                f"the cache holds columns 0..{self.end - 1}: the next step starts at {self.end} (got {start})"
+            )
+        if self.k is None:
+            self.ring = ring
+            self._allocate(k, ring if ring is not None else max(self.capacity or 0, T, 16), pad is not None)
+        elif self.ring is None and start + T > self.k.shape[2]:
+            self._resize(max(start + T, 2 * self.k.shape[2]))
+        if pad is not None and self.pad is None:
+            self.pad = torch.zeros(k.shape[0], self.k.shape[2], dtype=torch.bool, device=k.device)
+        cap = self.k.shape[2]
+        if self.ring is None:
+            pieces = [(start, start + T, 0)]
+        else:
+            n = min(T, cap)
+            c0 = start + T - n
+            s0 = c0 % cap
+            first = min(n, cap - s0)
+            pieces = [(s0, s0 + first, T - n)]
+            if n > first:
+                pieces.append((0, n - first, T - n + first))
+        for a, z, src in pieces:
+            width = z - a
+            self.k[:, :, a:z] = k[:, :, src : src + width]
+            self.v[:, :, a:z] = v[:, :, src : src + width]
+            if self.ring is not None:
+                col = start + src
+                self.pos[a:z] = torch.arange(col, col + width, device=self.pos.device)
+            if self.pad is not None:
+                if pad is None:
+                    self.pad[:, a:z] = False
+                else:
+                    self.pad[:, a:z] = pad[:, src : src + width]
+        self.end = start + T
+
+    def ensure_ring(self, slots: int) -> None:
+        if self.ring is not None and self.ring < slots:
+            self._resize(slots)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Views of the stored keys, values, their columns (S,) and padding (B, S) or None."""
+        if self.ring is not None:
+            return self.k, self.v, self.pos, self.pad
+        n = self.end
+        return self.k[:, :, :n], self.v[:, :, :n], self.pos[:n], None if self.pad is None else self.pad[:, :n]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Follow the beams: row i becomes old row index[i]. Static caches are shared and stay."""
+        if self.static or self.k is None:
+            return
+        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self.pad is not None:
+            self.pad = self.pad.index_select(0, index)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The module
 
 
-@dataclass
-class KVCache:
-    """Keys and values of one attention layer seen so far, with their absolute positions."""
-
-    k: torch.Tensor | None = None  # (B, H, S, D)
-    v: torch.Tensor | None = None
-    pos: torch.Tensor | None = None  # (S,)
-    static: bool = False  # cross-attention: computed once from the encoder memory
-
-    def reorder(self, index: torch.Tensor) -> None:
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-
-
 class MultiHeadAttention(nn.Module):
-    """Self- or cross-attention with a pluggable score function and pattern.
+    """Self- or cross-attention with pluggable slots: a score function, a pattern (``models.patterns``)
+    and the attention part of a position scheme (``AttentionPositions``: rotary, ALiBi, or nothing).
 
     ``pattern`` applies to self-attention; cross-attention is always full and position-free.
     """
@@ -362,20 +536,19 @@ class MultiHeadAttention(nn.Module):
         head_dim: int,
         *,
         score: str = "dot",
-        pattern: str = "full",
-        window: int | None = None,
-        dilation: int = 1,
+        pattern=None,
         causal: bool = False,
         cross: bool = False,
-        positions: str = "none",
-        rotary_base: float = 10000.0,
+        positions: AttentionPositions | None = None,
         dropout: float = 0.0,
         bias: bool = True,
-        chunk_elements: int = 1 << 18,
+        chunk_elements: int = 1 << 23,
     ) -> None:
         super().__init__()
+        from models.patterns import FullPattern
+
         self.n_heads, self.head_dim = n_heads, head_dim
-        self.pattern, self.window, self.dilation = ("full", None, 1) if cross else (pattern, window, dilation)
+        self.pattern = FullPattern.plain(n_heads) if cross or pattern is None else pattern
         self.causal = causal and not cross
         self.cross = cross
         self.dropout = dropout
@@ -387,16 +560,18 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d_model, 3 * inner, bias=bias)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.score = SCORES[score](n_heads, head_dim, chunk_elements)
-        self.rotary = Rotary(head_dim, rotary_base) if positions == "rotary" and not cross else None
-        if positions == "alibi" and not cross:
-            self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
-        else:
-            self.slopes = None
-        self.head_gate: torch.Tensor | None = None  # (H,) set by Transformer.mask_heads
+        self.positions = positions if positions is not None and not cross else AttentionPositions()
+        self.head_gate: torch.Tensor | None = None  # (H,) set by Transformer.set_head_mask
 
     def _heads(self, t: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         B, T, _ = t.shape
         return t.view(B, T, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, H, T, D)
+
+    def _p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def _bias(self) -> Bias | None:
+        return self.positions.bias if self.positions.has_bias else None
 
     def forward(
         self,
@@ -405,66 +580,80 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding: torch.Tensor | None = None,
         start: int = 0,
+        position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """x (B, T, C); memory (B, S, C) for cross-attention; key_padding (B, S) True at padding keys;
-        start: absolute position of x[:, 0]; cache: keys/values of earlier steps (updated in place)."""
+        """x (B, T, C); memory (B', S, C) for cross-attention (B = B' * beams); key_padding (B, S) True at
+        padding keys; start: column of x[:, 0]; position_ids (B, T): positions when they differ from the
+        columns (left padding); cache: keys/values of earlier steps (updated in place)."""
         B, T, _ = x.shape
         if self.cross:
             (q,) = self._heads(self.q_proj(x), 1)
-            if cache is not None and cache.k is not None:
+            q = self.score.prepare_query(q)
+            if cache is not None and cache.static:
                 k, v = cache.k, cache.v
             else:
                 k, v = self._heads(self.kv_proj(memory), 2)
+                k = self.score.prepare_key(k)
                 if cache is not None:
-                    cache.k, cache.v, cache.static = k, v, True
-            q, k = self.score.prepare(q, k)
-            out = full_attention(q, k, v, self.score, key_padding=key_padding, dropout_p=self._p())
+                    cache.set_static(k, v)
+            out = self._cross(q, k, v, key_padding)
         else:
             q, k, v = self._heads(self.qkv_proj(x), 3)
             q, k = self.score.prepare(q, k)
-            if self.rotary is not None:
-                q, k = self.rotary(q, start), self.rotary(k, start)
-            if cache is not None and cache.k is not None:
-                out = self._cached_step(q, k, v, cache, start)
+            q, k = self.positions.rotate(q, k, start, position_ids)
+            if cache is not None and cache.end > 0:
+                out = self._cached_step(q, k, v, cache, start, key_padding)
             else:
-                out = self._pattern(q, k, v, key_padding)
+                out = self.pattern.attend(
+                    q,
+                    k,
+                    v,
+                    self.score,
+                    causal=self.causal,
+                    key_padding=key_padding,
+                    bias=self._bias(),
+                    dropout_p=self._p(),
+                )
                 if cache is not None:
-                    cache.k, cache.v = k, v
-                    cache.pos = torch.arange(start, start + T, device=x.device)
-                    self._trim(cache)
+                    cache.write(k, v, start, key_padding, ring=self._ring())
         if self.head_gate is not None:
             out = out * self.head_gate.to(out.dtype).view(1, -1, 1, 1)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
-    def _p(self) -> float:
-        return self.dropout if self.training else 0.0
+    def _ring(self) -> int | None:
+        """Slots a cache needs: reach + 1 for a causal layer whose pattern sees a bounded distance back."""
+        reach = self.pattern.reach
+        return reach + 1 if self.causal and reach is not None else None
 
-    def _pattern(self, q, k, v, key_padding):
-        kw = dict(causal=self.causal, key_padding=key_padding, slopes=self.slopes, dropout_p=self._p())
-        if self.pattern == "local":
-            return local_attention(q, k, v, self.score, window=self.window, **kw)
-        if self.pattern == "dilated":
-            return dilated_attention(q, k, v, self.score, window=self.window, dilation=self.dilation, **kw)
-        return full_attention(q, k, v, self.score, **kw)
+    def _cross(self, q, k, v, key_padding):
+        Bq, Bk = q.shape[0], k.shape[0]
+        if Bq == Bk:
+            return full_attention(q, k, v, self.score, key_padding=key_padding, dropout_p=self._p())
+        # G beams per source: their queries attend to the same keys, folded into one row (no position rule
+        # connects queries in cross-attention, so this is exact)
+        G = Bq // Bk
+        _, H, T, D = q.shape
+        q = q.view(Bk, G, H, T, D).transpose(1, 2).reshape(Bk, H, G * T, D)
+        out = full_attention(q, k, v, self.score, key_padding=key_padding, dropout_p=self._p())
+        return out.view(Bk, H, G, T, D).transpose(1, 2).reshape(Bq, H, T, D)
 
-    def _cached_step(self, q, k, v, cache: KVCache, start: int):
-        """New queries at positions start.. attend to cached keys plus their own: O(cached keys)."""
-        T = q.shape[-2]
-        cache.k, cache.v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-        cache.pos = torch.cat([cache.pos, torch.arange(start, start + T, device=q.device)])
-        qpos = cache.pos[-T:]
-        mask = positions_mask(qpos, cache.pos, self.pattern, self.window, self.dilation, self.causal)
-        bias = None
-        if self.slopes is not None:
-            bias = _alibi_bias(self.slopes.to(q.dtype), qpos[:, None] - cache.pos[None, :])
-        out = attend(q, cache.k, cache.v, self.score, mask=mask, bias=bias)
-        self._trim(cache)
-        return out
-
-    def _trim(self, cache: KVCache) -> None:
-        """Causal local/dilated attention never looks further back than window * dilation: drop older keys."""
-        if self.causal and self.pattern != "full":
-            keep = cache.pos > cache.pos[-1] - self.window * self.dilation
-            if not bool(keep.all()):
-                cache.k, cache.v, cache.pos = cache.k[:, :, keep], cache.v[:, :, keep], cache.pos[keep]
+    def _cached_step(self, q, k, v, cache: KVCache, start: int, key_padding):
+        """New queries at columns start.. attend to the cached keys plus their own: O(cached keys), no
+        host synchronisation."""
+        if key_padding is not None:
+            raise ValueError("padding is given with the first call that fills a cache (the prompt) only")
+        T = q.shape[2]
+        if cache.ring is not None and T > 1:
+            cache.ensure_ring(self.pattern.reach + T)  # every query of the chunk must still find its window
+        cache.write(k, v, start)
+        keys, values, kpos, kpad = cache.read()
+        qpos = torch.arange(start, start + T, device=q.device)
+        dist = qpos[:, None] - kpos[None, :]  # (T, S)
+        mask = self.pattern.allowed(dist)  # (H or 1, T, S), or None: every key
+        if T > 1:  # a single new query is the last column: every stored key is in its past
+            mask = dist >= 0 if mask is None else mask & (dist >= 0)
+        if kpad is not None:
+            mask = ~kpad[:, None, None, :] if mask is None else mask & ~kpad[:, None, None, :]
+        bias = self.positions.bias(dist).to(q.dtype) if self.positions.has_bias else None
+        return attend(q, keys, values, self.score, mask=mask, bias=bias, dropout_p=self._p())

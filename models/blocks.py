@@ -15,12 +15,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import KVCache, MultiHeadAttention
-from models.config import ModelConfig
+from models.config import LayerAttention, ModelConfig
+from models.registry import FEED_FORWARDS, NORMS, PATTERNS, POSITIONS
 
-NORMS = {
-    "layernorm": lambda d, eps: nn.LayerNorm(d, eps=eps),
-    "rmsnorm": lambda d, eps: nn.RMSNorm(d, eps=eps),
-}
+
+@NORMS.register("layernorm")
+def layernorm(d: int, eps: float) -> nn.Module:
+    return nn.LayerNorm(d, eps=eps)
+
+
+@NORMS.register("rmsnorm")
+def rmsnorm(d: int, eps: float) -> nn.Module:
+    return nn.RMSNorm(d, eps=eps)
 
 
 class FeedForward(nn.Module):
@@ -52,11 +58,9 @@ class SwiGLU(nn.Module):
         return self.linear2(self.dropout(F.silu(a) * b))
 
 
-FEED_FORWARDS = {
-    "relu": lambda c: FeedForward(c.d_model, c.ff_size, "relu", c.dropout, c.bias),
-    "gelu": lambda c: FeedForward(c.d_model, c.ff_size, "gelu", c.dropout, c.bias),
-    "swiglu": lambda c: SwiGLU(c.d_model, c.ff_size, c.dropout, c.bias),
-}
+FEED_FORWARDS.register("relu")(lambda c: FeedForward(c.d_model, c.ff_size, "relu", c.dropout, c.bias))
+FEED_FORWARDS.register("gelu")(lambda c: FeedForward(c.d_model, c.ff_size, "gelu", c.dropout, c.bias))
+FEED_FORWARDS.register("swiglu")(lambda c: SwiGLU(c.d_model, c.ff_size, c.dropout, c.bias))
 
 
 class Residual(nn.Module):
@@ -74,18 +78,27 @@ class Residual(nn.Module):
         return self.post_norm(x + self.dropout(self.sublayer(self.pre_norm(x), *args, **kwargs)))
 
 
-def self_attention(cfg: ModelConfig, pattern: str, causal: bool) -> MultiHeadAttention:
+def layer_attention(cfg: ModelConfig, attention: LayerAttention | str) -> LayerAttention:
+    """A layer's geometry; a pattern name gives that pattern with the config's window and, for dilated
+    patterns, ``dilated_heads`` heads at ``dilation`` (as a one-layer stack would have it)."""
+    if isinstance(attention, LayerAttention):
+        return attention
+    kind = PATTERNS[attention]
+    H = cfg.n_heads
+    n = cfg.n_dilated_heads if kind.dilated else 0
+    return LayerAttention(attention, cfg.window if kind.windowed else None, (1,) * (H - n) + (cfg.dilation,) * n)
+
+
+def self_attention(cfg: ModelConfig, attention: LayerAttention | str, causal: bool) -> MultiHeadAttention:
+    layer = layer_attention(cfg, attention)
     return MultiHeadAttention(
         cfg.d_model,
         cfg.n_heads,
         cfg.head_size,
         score=cfg.score,
-        pattern=pattern,
-        window=cfg.window,
-        dilation=cfg.dilation,
+        pattern=PATTERNS[layer.pattern](layer),
         causal=causal,
-        positions=cfg.positions,
-        rotary_base=cfg.rotary_base,
+        positions=POSITIONS[cfg.positions].in_attention(cfg, causal),
         dropout=cfg.attn_dropout,
         bias=cfg.bias,
         chunk_elements=cfg.chunk_elements,
@@ -108,27 +121,30 @@ def cross_attention(cfg: ModelConfig) -> MultiHeadAttention:
 class EncoderLayer(nn.Module):
     """Self-attention (causal for a decoder-only model) then feed-forward."""
 
-    def __init__(self, cfg: ModelConfig, pattern: str, causal: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, attention: LayerAttention | str = "full", causal: bool = False) -> None:
         super().__init__()
-        self.attn = Residual(cfg, self_attention(cfg, pattern, causal))
+        self.attn = Residual(cfg, self_attention(cfg, attention, causal))
         self.ff = Residual(cfg, FEED_FORWARDS[cfg.ffn](cfg))
 
-    def forward(self, x, *, key_padding=None, start: int = 0, cache: KVCache | None = None):  # x (B, T, C)
-        x = self.attn(x, key_padding=key_padding, start=start, cache=cache)
+    def forward(self, x, *, key_padding=None, start: int = 0, position_ids=None, cache: KVCache | None = None):
+        x = self.attn(x, key_padding=key_padding, start=start, position_ids=position_ids, cache=cache)  # (B, T, C)
         return self.ff(x)
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention over the encoder memory, feed-forward."""
+    """Self-attention (causal, or not for non-autoregressive decoding), cross-attention over the encoder
+    memory, feed-forward."""
 
-    def __init__(self, cfg: ModelConfig, pattern: str) -> None:
+    def __init__(self, cfg: ModelConfig, attention: LayerAttention | str = "full", causal: bool = True) -> None:
         super().__init__()
-        self.attn = Residual(cfg, self_attention(cfg, pattern, causal=True))
+        self.attn = Residual(cfg, self_attention(cfg, attention, causal))
         self.cross = Residual(cfg, cross_attention(cfg))
         self.ff = Residual(cfg, FEED_FORWARDS[cfg.ffn](cfg))
 
-    def forward(self, x, memory, *, memory_padding=None, key_padding=None, start: int = 0, cache=None):
+    def forward(
+        self, x, memory, *, memory_padding=None, key_padding=None, start: int = 0, position_ids=None, cache=None
+    ):
         self_cache, cross_cache = cache if cache is not None else (None, None)
-        x = self.attn(x, key_padding=key_padding, start=start, cache=self_cache)  # x (B, T, C)
+        x = self.attn(x, key_padding=key_padding, start=start, position_ids=position_ids, cache=self_cache)
         x = self.cross(x, memory, key_padding=memory_padding, cache=cross_cache)  # memory (B, S, C)
         return self.ff(x)

@@ -1,33 +1,35 @@
 """ModelConfig: one serialisable description of a Transformer variant.
 
-Strings name components; each axis resolves through a small registry in its own module
-(``ATTENTION_SCORES``, ``PATTERNS``, ``POSITIONS``, ``NORMS``, ``FEED_FORWARDS``), so adding a variant
-is one class and one line. Every field is checked when the config is built, and impossible
-combinations are refused with a message that names the field, the value and what to do instead.
+Strings name components; each kind resolves through its registry in ``models.registry`` (``SCORES``,
+``PATTERNS``, ``POSITIONS``, ``NORMS``, ``FEED_FORWARDS``), which is also where the valid choices come from,
+so adding a variant is one class and one registry line. Every field is checked when the config is built,
+and impossible combinations are refused with a message that names the field, the value and what to do
+instead. A component may add its own checks with a ``check(cfg)`` class method.
+
+The geometry of each self-attention layer (pattern, window, the dilation of every head) is resolved here,
+in ``attention_layers``, from the schedules; docs/components.md explains every key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 ARCHS = ("encoder", "decoder", "encoder_decoder")
 NORM_PLACEMENTS = ("pre", "post")
-NORM_TYPES = ("layernorm", "rmsnorm")
-POSITIONS = ("sinusoidal", "learned", "none", "rotary", "alibi")
-SCORES = ("dot", "dot_unscaled", "general", "cosine", "additive")
-PATTERNS = ("full", "local", "dilated")
-FEED_FORWARDS = ("relu", "gelu", "swiglu")
 CLASSIFIERS = ("mean", "first", "token")
+SCHEDULES = ("fixed", "increasing", "decreasing")
+DECODINGS = ("autoregressive", "non_autoregressive")
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be built. The message names the field, the value and the fix."""
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
+def _choice(name: str, value: Any, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
         valid = ", ".join(repr(c) for c in choices)
         raise ConfigError(f"{name}={value!r} is not a valid choice; valid: {valid}")
 
@@ -42,6 +44,63 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
 def _probability(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ConfigError(f"{name}={value!r} must be a number in [0, 1)")
+
+
+def _ints(name: str, value: Any, length: int | None = None, what: str = "") -> None:
+    if not isinstance(value, tuple) or not all(
+        not isinstance(v, bool) and isinstance(v, int) and v >= 1 for v in value
+    ):
+        raise ConfigError(f"{name}={_show(value)} must be a list of positive integers{what}")
+    if length is not None and len(value) != length:
+        raise ConfigError(f"{name} has {len(value)} entries but needs {length}{what}")
+
+
+def _show(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_show(v) for v in value]
+    return value
+
+
+def _tuple(value: Any) -> Any:
+    """Lists (from YAML or JSON) to tuples, nested lists too, so that the config stays hashable."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuple(v) for v in value)
+    return value
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def schedule(value: int, n: int, kind: str, start: int | None = None) -> list[int]:
+    """``n`` values for layers bottom to top.
+
+    With ``start`` (dilations): ``fixed`` is ``value`` everywhere; ``increasing`` goes linearly from
+    ``start`` at the bottom to ``value`` at the top (a single layer gets ``value``); ``decreasing`` the
+    reverse. Without ``start`` (windows): the mean stays ``value`` (compute-matched to ``fixed``), and
+    ``increasing`` is value * 2 (j + 1) / (n + 1) for layer j (Longformer's small windows below, large above).
+    """
+    if kind == "fixed" or n == 1:
+        out = [value] * n
+    elif start is not None:
+        out = [_round(start + (value - start) * j / (n - 1)) for j in range(n)]
+    else:
+        out = [max(1, _round(value * 2 * (j + 1) / (n + 1))) for j in range(n)]
+    return out[::-1] if kind == "decreasing" else out
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """The self-attention geometry of one layer: its pattern, its window and the dilation of each head."""
+
+    pattern: str
+    window: int | None
+    dilations: tuple[int, ...]  # one per head; 1 is a plain window
+
+    @property
+    def reach(self) -> int | None:
+        """The furthest key distance any head sees (None: unbounded)."""
+        return None if self.window is None else self.window * max(self.dilations)
 
 
 @dataclass(frozen=True)
@@ -68,16 +127,29 @@ class ModelConfig:
     dropout: float = 0.0  # residual dropout (after attention and feed-forward)
     attn_dropout: float = 0.0  # on the attention probabilities
     emb_dropout: float = 0.0  # on the embeddings (+ positions)
-    max_len: int = 512  # size of the learned position table; sinusoidal/rotary/alibi/none extrapolate
+    max_len: int = 512  # learned position table; NAT: the longest target; sinusoidal/rotary/alibi/none extrapolate
     norm: str = "pre"  # placement: pre (adds a final norm) | post (Vaswani et al.)
     norm_type: str = "layernorm"
     norm_eps: float = 1e-5
     positions: str = "sinusoidal"
+    # learned positions: std of the initial table; None = the scale of the token embeddings entering the
+    # stack (1 with scale_embeddings, d_model**-0.5 without), so that neither dominates at the start.
+    position_init_std: float | None = None
     rotary_base: float = 10000.0
     score: str = "dot"
     pattern: str = "full"
-    window: int | None = None  # local/dilated: keys at distance <= window (* dilation) are seen
+    # local/dilated: keys at distance <= window are seen (one-sided: 2 * window + 1 keys, window + 1 when
+    # causal; Longformer's w is 2 * window, Mistral's W is window). With a schedule: the mean over layers.
+    window: int | None = None
+    window_schedule: str = "fixed"  # fixed | increasing | decreasing over the windowed layers
+    layer_windows: tuple[int, ...] | None = None  # one window per layer (overrides window and window_schedule)
+    # dilated (Longformer, Beltagy et al. 2020 sections 3.1, 4.2): the largest dilation of the dilated heads
     dilation: int = 1
+    dilated_heads: int | None = None  # heads dilated per dilated layer (the last ones); None: max(1, n_heads // 4)
+    dilation_schedule: str = "increasing"  # over the dilated layers: 1 at the bottom up to `dilation` at the top
+    layer_dilations: tuple[int, ...] | None = None  # one dilation per layer for the dilated heads
+    # the dilation of every head: one list (every dilated layer) or one list per layer; overrides the above
+    head_dilations: tuple | None = None
     # Optional per-layer patterns of the self-attention, bottom to top (e.g. local below, full above).
     layer_patterns: tuple[str, ...] | None = None
     ffn: str = "relu"
@@ -86,12 +158,19 @@ class ModelConfig:
     tie_embeddings: bool | None = None
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
-    # Additive scores are computed in chunks of at most this many elements per tensor.
-    chunk_elements: int = 1 << 18
+    # Additive scores hold at most this many elements of (query, key, dimension) intermediates at a time.
+    chunk_elements: int = 1 << 23
+    # encoder_decoder: autoregressive (left to right) or non_autoregressive (Gu et al. 2018: the length is
+    # predicted from the encoder, every target position in parallel; mask-predict refinement when
+    # nat_iterations > 1, Ghazvininejad et al. 2019).
+    decoding: str = "autoregressive"
+    nat_iterations: int = 1
 
     def __post_init__(self) -> None:
-        if self.layer_patterns is not None and not isinstance(self.layer_patterns, tuple):
-            object.__setattr__(self, "layer_patterns", tuple(self.layer_patterns))
+        for name in ("layer_patterns", "layer_windows", "layer_dilations", "head_dilations"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _tuple(value))
         self._validate()
 
     # -- derived values -------------------------------------------------------------------------
@@ -115,16 +194,49 @@ class ModelConfig:
     def tied(self) -> bool:
         return self.arch != "encoder" if self.tie_embeddings is None else self.tie_embeddings
 
+    @property
+    def non_autoregressive(self) -> bool:
+        return self.decoding == "non_autoregressive"
+
+    @property
+    def n_dilated_heads(self) -> int:
+        return self.dilated_heads if self.dilated_heads is not None else max(1, self.n_heads // 4)
+
     def patterns_for(self, n_layers: int) -> tuple[str, ...]:
         """The self-attention pattern of each layer of a stack of ``n_layers``."""
         return self.layer_patterns if self.layer_patterns is not None else (self.pattern,) * n_layers
 
+    def attention_layers(self, n_layers: int | None = None) -> tuple[LayerAttention, ...]:
+        """The self-attention geometry of each layer of a stack of ``n_layers`` (default ``n_layers``)."""
+        from models.registry import PATTERNS, load
+
+        load()
+        n_layers = self.n_layers if n_layers is None else n_layers
+        patterns = self.patterns_for(n_layers)
+        H = self.n_heads
+        windowed = [i for i, p in enumerate(patterns) if PATTERNS[p].windowed]
+        dilated = [i for i, p in enumerate(patterns) if PATTERNS[p].dilated]
+        windows: dict[int, int] = {}
+        if self.layer_windows is not None:
+            windows = {i: self.layer_windows[i] for i in windowed}
+        elif windowed and self.window is not None:
+            windows = dict(zip(windowed, schedule(self.window, len(windowed), self.window_schedule)))
+        heads: dict[int, tuple[int, ...]] = {}
+        if self.head_dilations is not None:
+            nested = isinstance(self.head_dilations[0], tuple)
+            heads = {i: self.head_dilations[i] if nested else self.head_dilations for i in dilated}
+        elif dilated:
+            if self.layer_dilations is not None:
+                per_layer = [self.layer_dilations[i] for i in dilated]
+            else:
+                per_layer = schedule(self.dilation, len(dilated), self.dilation_schedule, start=1)
+            n = self.n_dilated_heads
+            heads = {i: (1,) * (H - n) + (d,) * n for i, d in zip(dilated, per_layer)}
+        return tuple(LayerAttention(p, windows.get(i), heads.get(i, (1,) * H)) for i, p in enumerate(patterns))
+
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["layer_patterns"] is not None:
-            out["layer_patterns"] = list(out["layer_patterns"])
-        return out
+        return {f.name: _show(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -139,17 +251,29 @@ class ModelConfig:
 
     # -- validation -----------------------------------------------------------------------------
     def _validate(self) -> None:
+        from models.registry import load
+
+        registries = load()
         _choice("arch", self.arch, ARCHS)
         _choice("norm", self.norm, NORM_PLACEMENTS)
-        _choice("norm_type", self.norm_type, NORM_TYPES)
-        _choice("positions", self.positions, POSITIONS)
-        _choice("score", self.score, SCORES)
-        _choice("pattern", self.pattern, PATTERNS)
-        _choice("ffn", self.ffn, FEED_FORWARDS)
+        for name in ("norm_type", "positions", "score", "ffn"):
+            _choice(name, getattr(self, name), registries[name].names())
         _choice("classifier", self.classifier, CLASSIFIERS)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "dilation", "chunk_elements"):
+        _choice("window_schedule", self.window_schedule, SCHEDULES)
+        _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
+        _choice("decoding", self.decoding, DECODINGS)
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "max_len",
+            "dilation",
+            "chunk_elements",
+            "nat_iterations",
+        ):
             _positive_int(name, getattr(self, name))
-        for name in ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window"):
+        for name in ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window", "dilated_heads"):
             _positive_int(name, getattr(self, name), allow_none=True)
         for name in ("dropout", "attn_dropout", "emb_dropout"):
             _probability(name, getattr(self, name))
@@ -166,6 +290,12 @@ class ModelConfig:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be a positive number")
         if not isinstance(self.rotary_base, (int, float)) or self.rotary_base <= 1:
             raise ConfigError(f"rotary_base={self.rotary_base!r} must be a number above 1")
+        if self.position_init_std is not None and (
+            isinstance(self.position_init_std, bool)
+            or not isinstance(self.position_init_std, (int, float))
+            or self.position_init_std < 0
+        ):
+            raise ConfigError(f"position_init_std={self.position_init_std!r} must be a non-negative number or null")
 
         if self.head_dim is None and self.d_model % self.n_heads != 0:
             raise ConfigError(
@@ -188,25 +318,38 @@ class ModelConfig:
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:
                     raise ConfigError(f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it")
+            if self.non_autoregressive:
+                raise ConfigError(
+                    f"decoding='non_autoregressive' predicts a target from a source and needs arch='encoder_decoder' "
+                    f"(got arch={self.arch!r}); use decoding='autoregressive'"
+                )
         if self.arch == "encoder_decoder" and self.tgt_vocab_size is not None and self.pad_id >= self.tgt_vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}")
+        if self.nat_iterations > 1 and not self.non_autoregressive:
+            raise ConfigError(
+                f"nat_iterations={self.nat_iterations} refines non-autoregressive outputs (mask-predict); "
+                "it needs decoding='non_autoregressive'"
+            )
 
-        # attention: positions x score
-        if self.positions == "rotary":
-            if self.score == "additive":
-                raise ConfigError(
-                    "positions='rotary' encodes offsets through the dot product q.k, which score='additive' "
-                    "does not compute; use positions sinusoidal, learned, alibi or none with additive scores"
-                )
-            if self.head_size % 2:
-                raise ConfigError(
-                    f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {self.head_size})"
-                )
+        self._validate_patterns(registries["pattern"])
+        # Each chosen component's own checks (e.g. rotary needs a dot-product score).
+        for name in ("positions", "score", "norm_type", "ffn"):
+            check = getattr(registries[name][getattr(self, name)], "check", None)
+            if check is not None:
+                check(self)
+        for p in sorted(set(self.patterns_for(self.n_layers))):
+            check = getattr(registries["pattern"][p], "check", None)
+            if check is not None:
+                check(self)
 
-        # attention: patterns
+    def _validate_patterns(self, patterns_registry) -> None:
         patterns = self.layer_patterns if self.layer_patterns is not None else (self.pattern,)
+        if self.layer_patterns is None:
+            _choice("pattern", self.pattern, patterns_registry.names())
         for i, p in enumerate(patterns):
-            _choice(f"layer_patterns[{i}]" if self.layer_patterns is not None else "pattern", p, PATTERNS)
+            _choice(
+                f"layer_patterns[{i}]" if self.layer_patterns is not None else "pattern", p, patterns_registry.names()
+            )
         if self.layer_patterns is not None:
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
@@ -218,21 +361,92 @@ class ModelConfig:
                     f"layer_patterns has {len(self.layer_patterns)} entries but the stack has {self.n_layers} "
                     "layers; give one pattern per layer"
                 )
-        windowed = any(p in ("local", "dilated") for p in patterns)
-        dilated = any(p == "dilated" for p in patterns)
-        if windowed and self.window is None:
-            raise ConfigError("pattern 'local' or 'dilated' needs window (keys at distance <= window are seen)")
+        windowed_names = [n for n, cls in patterns_registry.items() if cls.windowed]
+        dilated_names = [n for n, cls in patterns_registry.items() if cls.dilated]
+        needs = " or ".join(repr(n) for n in windowed_names)
+        windowed = any(patterns_registry[p].windowed for p in patterns)
+        dilated = any(patterns_registry[p].dilated for p in patterns)
+        got = f"got pattern={self.pattern!r}" if self.layer_patterns is None else f"got layer_patterns={list(patterns)}"
+
+        if self.layer_windows is not None:
+            _ints("layer_windows", self.layer_windows, self.n_layers, " (one window per layer)")
+            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+                raise ConfigError(
+                    "layer_windows applies to both stacks of arch='encoder_decoder', which then need the same depth "
+                    f"(n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})"
+                )
+            if self.window is not None:
+                raise ConfigError(
+                    "give either window (with window_schedule) or layer_windows, not both; remove one of them"
+                )
+        if windowed and self.window is None and self.layer_windows is None:
+            raise ConfigError(f"pattern {needs} needs window (keys at distance <= window are seen)")
         if not windowed and self.window is not None:
             raise ConfigError(
-                f"window={self.window} requires pattern 'local' or 'dilated' (got pattern={self.pattern!r}); "
-                "remove window or change the pattern"
+                f"window={self.window} requires pattern {needs} ({got}); remove window or change the pattern"
             )
+        if not windowed and self.layer_windows is not None:
+            raise ConfigError(f"layer_windows requires pattern {needs} ({got}); remove layer_windows")
+        if not windowed and self.window_schedule != "fixed":
+            raise ConfigError(f"window_schedule={self.window_schedule!r} requires pattern {needs} ({got})")
+        if self.window_schedule != "fixed" and self.layer_windows is not None:
+            raise ConfigError("window_schedule does not apply with layer_windows (each layer's window is given)")
+
+        explicit = self.head_dilations is not None or self.layer_dilations is not None
+        dil_needs = " or ".join(repr(n) for n in dilated_names)
         if self.dilation > 1 and not dilated:
-            raise ConfigError(
-                f"dilation requires pattern 'dilated' (got pattern={self.pattern!r}, dilation={self.dilation})"
-            )
-        if dilated and self.dilation < 2:
-            raise ConfigError("pattern 'dilated' needs dilation >= 2 (dilation 1 is pattern 'local')")
+            raise ConfigError(f"dilation requires pattern {dil_needs} ({got}, dilation={self.dilation})")
+        for name in ("dilated_heads", "layer_dilations", "head_dilations"):
+            if getattr(self, name) is not None and not dilated:
+                raise ConfigError(f"{name} requires pattern {dil_needs} ({got}); remove {name}")
+        if dilated and not explicit and self.dilation < 2:
+            raise ConfigError(f"pattern {dil_needs} needs dilation >= 2 (dilation 1 is pattern 'local')")
+        H = self.n_heads
+        if self.dilated_heads is not None and self.dilated_heads > H:
+            raise ConfigError(f"dilated_heads={self.dilated_heads} must be at most n_heads={H}")
+        if self.head_dilations is not None:
+            for name in ("dilated_heads", "layer_dilations"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"head_dilations gives every head's dilation; remove {name}")
+            if self.dilation > 1:
+                raise ConfigError("head_dilations gives every head's dilation; remove dilation")
+            hd = self.head_dilations
+            if hd and isinstance(hd[0], tuple):
+                if len(hd) != self.n_layers or (
+                    self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers
+                ):
+                    raise ConfigError(
+                        f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
+                        "of an encoder_decoder need that depth); give one list per layer or one list for all"
+                    )
+                for i, row in enumerate(hd):
+                    _ints(f"head_dilations[{i}]", row, H, " (one dilation per head)")
+            else:
+                _ints("head_dilations", hd, H, " (one dilation per head)")
+        if self.layer_dilations is not None:
+            _ints("layer_dilations", self.layer_dilations, self.n_layers, " (one dilation per layer)")
+            if self.dilation > 1:
+                raise ConfigError("layer_dilations gives each layer's dilation; remove dilation")
+            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+                raise ConfigError(
+                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth"
+                )
+
+        if dilated:
+            # Longformer keeps the lower layers undilated: with every head of the bottom layer dilated, token t
+            # would not see t - 1 after one layer (and a stack dilated everywhere would never see it).
+            stacks = {self.n_layers}
+            if self.arch == "encoder_decoder":
+                stacks.add(self.decoder_layers)
+            for n in stacks:
+                if min(self.attention_layers(n)[0].dilations) > 1:
+                    raise ConfigError(
+                        "every head of the bottom layer is dilated, so a token does not see its neighbour t-1 after "
+                        "one layer (and a stack dilated everywhere splits into independent sub-models over residue "
+                        "classes); keep some heads of the bottom layer undilated as Longformer does: dilated_heads < "
+                        "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
+                        "or layer_dilations"
+                    )
 
     # A short human-readable name, used in logs.
     def describe(self) -> str:
@@ -246,4 +460,6 @@ class ModelConfig:
             self.score,
         ]
         parts.append(self.pattern if self.window is None else f"{self.pattern}{self.window}")
+        if self.non_autoregressive:
+            parts.append(f"nat{self.nat_iterations}")
         return "-".join(parts)

@@ -6,7 +6,7 @@ look-ups are free, a tied output projection is not), plus attention: 2 * 2 * con
 the sequence when causal; about the window for local and dilated patterns). Additive scores cost about
 4 more operations per (query, key, dimension): add, tanh, multiply, sum. In encoder_decoder models a
 source token passes through the encoder, a target token through the decoder (self- and cross-attention)
-and the output projection. Training costs about three forward passes (backward is twice the forward).
+and the output projection (a non-autoregressive decoder's self-attention is not causal). Training costs about three forward passes (backward is twice the forward).
 """
 
 from __future__ import annotations
@@ -20,18 +20,16 @@ def _params(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def _context(cfg: ModelConfig, pattern: str, length: int, causal: bool) -> float:
-    """Keys a query sees on average: dilation spaces the window's keys out but does not add any."""
-    full = (length + 1) / 2 if causal else length
-    if pattern == "full":
-        return full
-    w = cfg.window or 0
-    return min(full, w + 1 if causal else 2 * w + 1)
+def _per_key(cfg: ModelConfig) -> float:
+    return 4 * cfg.n_heads * cfg.head_size * (2 if cfg.score == "additive" else 1)
 
 
-def _attention(cfg: ModelConfig, patterns, length: int, causal: bool) -> float:
-    per_key = 4 * cfg.n_heads * cfg.head_size * (2 if cfg.score == "additive" else 1)
-    return sum(per_key * _context(cfg, p, length, causal) for p in patterns)
+def _attention(cfg: ModelConfig, layers, length: int, causal: bool) -> float:
+    """Attention FLOPs per query token over a stack: each layer's pattern says how many keys a query sees
+    (dilation spaces a window's keys out but does not add any)."""
+    from models.registry import PATTERNS
+
+    return sum(_per_key(cfg) * PATTERNS[la.pattern](la).context(length, causal) for la in layers)
 
 
 def forward_flops_per_token(model: nn.Module, length: int, source_length: int = 0) -> float:
@@ -39,17 +37,19 @@ def forward_flops_per_token(model: nn.Module, length: int, source_length: int = 
     cfg: ModelConfig = model.cfg
     head = 2 * _params(model.head)
     if cfg.arch == "encoder_decoder":
-        src = 2 * _params(model.layers) + _attention(cfg, cfg.patterns_for(cfg.n_layers), source_length, False)
+        src = 2 * _params(model.layers) + _attention(cfg, cfg.attention_layers(cfg.n_layers), source_length, False)
         tgt = (
             2 * _params(model.dec_layers)
             + head
-            + _attention(cfg, cfg.patterns_for(cfg.decoder_layers), length, True)
-            + _attention(cfg, ("full",) * cfg.decoder_layers, source_length, False)
+            + _attention(cfg, cfg.attention_layers(cfg.decoder_layers), length, not cfg.non_autoregressive)
+            + _per_key(cfg) * source_length * cfg.decoder_layers  # cross-attention sees every source token
         )
         return (source_length * src + length * tgt) / max(source_length + length, 1)
     causal = cfg.arch == "decoder"
     per_token_head = head if cfg.arch == "decoder" or cfg.classifier == "token" else head / max(length, 1)
-    return 2 * _params(model.layers) + per_token_head + _attention(cfg, cfg.patterns_for(cfg.n_layers), length, causal)
+    return (
+        2 * _params(model.layers) + per_token_head + _attention(cfg, cfg.attention_layers(cfg.n_layers), length, causal)
+    )
 
 
 def training_flops_per_token(model: nn.Module, length: int, source_length: int = 0) -> float:

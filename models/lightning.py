@@ -1,6 +1,13 @@
 """The LightningModule: losses for every arch, AdamW with warm-up schedules, scheduled sampling, a
 divergence guard, and metrics of quality and cost.
 
+Non-autoregressive seq2seq models (``decoding='non_autoregressive'``) train on the target tokens behind
+[MASK] inputs plus ``length_loss_weight`` times the loss of the length predictor (Gu et al. 2018): every
+position is masked when ``nat_iterations`` is 1 (one parallel pass, as at inference), and a uniformly
+drawn number of random positions otherwise (the conditional masked LM of mask-predict, Ghazvininejad et
+al. 2019). Validation scores every position from an all-[MASK] input and reports ``length_acc``; exact
+match decodes with ``Transformer.generate`` (mask-predict).
+
 Notation: B batch, T target length, S source length, V vocabulary.
 
 Metrics are not sent anywhere from here (models/ imports no tracking library): the module appends
@@ -47,6 +54,7 @@ class TrainingConfig:
     min_lr_ratio: float = 0.0  # warmup_cosine decays to lr * min_lr_ratio
     grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
     label_smoothing: float = 0.0
+    length_loss_weight: float = 0.1  # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
     precision: str = "32-true"  # Lightning's precision (bf16-mixed, 16-mixed on GPUs)
     val_every: int = 100  # steps between validations
     val_batches: int | None = None  # cap on validation batches, None: the whole split
@@ -101,6 +109,7 @@ class TrainingConfig:
         number("min_lr_ratio", 0, 1)
         number("grad_clip", 0, none=True, lo_open=True)
         number("label_smoothing", 0, 0.99)
+        number("length_loss_weight", 0)
         number("val_every", 1, integer=True)
         number("val_batches", 1, none=True, integer=True)
         number("decode_batches", 0, none=True, integer=True)
@@ -249,6 +258,12 @@ class LitTransformer(L.LightningModule):
         self._train_time = 0.0
         self._window = [0, 0.0]  # tokens, seconds since the last logged step
         self._t0: float | None = None
+        self._lengths_checked = False
+        if training.sampling == "scheduled" and model.non_autoregressive:
+            raise ConfigError(
+                "sampling='scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' "
+                "has none (use sampling='teacher_forcing')"
+            )
 
     # -- batches -> (logits, targets, mask) ------------------------------------------------------
     def _inputs(self, batch: dict[str, torch.Tensor], tf_p: float = 1.0):
@@ -256,6 +271,9 @@ class LitTransformer(L.LightningModule):
         if self.kind == "classify":
             tokens = batch["tokens"]
             return self.model(tokens, padding=tokens == PAD), batch["label"]
+        if self.kind == "seq2seq" and self.cfg.non_autoregressive:
+            logits, targets, _, _ = self._parallel(batch, sample_masks=False)
+            return logits, targets
         if self.kind == "seq2seq":
             src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
             if tf_p < 1.0:
@@ -271,6 +289,29 @@ class LitTransformer(L.LightningModule):
         if "loss_mask" in batch:
             keep &= batch["loss_mask"]
         return logits, tgt.masked_fill(~keep, -100)
+
+    def _parallel(self, batch: dict[str, torch.Tensor], sample_masks: bool):
+        """Non-autoregressive: (token logits, targets (-100 where not scored), length logits, lengths)."""
+        src, target = batch["src"], batch["tgt_in"][:, 1:]  # (B, T): the target tokens, right-padded
+        tpad = target == PAD
+        lengths = (~tpad).sum(1)
+        if not self._lengths_checked:  # once: a target the length head cannot represent is a config error
+            self._lengths_checked = True
+            if int(lengths.max()) > self.cfg.max_len:
+                raise ConfigError(
+                    f"a target of {int(lengths.max())} tokens exceeds max_len={self.cfg.max_len}, the longest length "
+                    "the non-autoregressive length predictor knows; raise model.max_len"
+                )
+        if sample_masks and self.cfg.nat_iterations > 1:  # n ~ U{1..length} random positions (mask-predict)
+            n = (torch.rand(lengths.shape, device=src.device) * lengths).long() + 1
+            order = torch.rand(target.shape, device=src.device).masked_fill(tpad, 2.0).argsort(1).argsort(1)
+            masked = (order < n[:, None]) & ~tpad
+        else:
+            masked = ~tpad
+        logits, length_logits = self.model.parallel_forward(
+            src, target, padding=src == PAD, target_padding=tpad, target_masked=masked
+        )
+        return logits, target.masked_fill(~masked, -100), length_logits, lengths
 
     def _mix_predictions(self, inp: torch.Tensor, forward, tf_p: float) -> torch.Tensor:
         """Scheduled sampling for Transformers (Mihaylova and Martins 2019): a first teacher-forced pass
@@ -304,8 +345,15 @@ class LitTransformer(L.LightningModule):
     def training_step(self, batch, batch_idx):
         step = self.global_step
         tf_p = teacher_forcing_p(self.training_cfg, step) if self.kind != "classify" else 1.0
-        logits, targets = self._inputs(batch, tf_p)
-        loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
+        if self.cfg.non_autoregressive:
+            tf_p = 1.0
+        if self.kind == "seq2seq" and self.cfg.non_autoregressive:
+            logits, targets, length_logits, lengths = self._parallel(batch, sample_masks=True)
+            loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
+            loss = loss + self.training_cfg.length_loss_weight * F.cross_entropy(length_logits.float(), lengths)
+        else:
+            logits, targets = self._inputs(batch, tf_p)
+            loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
         if self.trainer.world_size > 1:  # data-parallel: every rank judges (and logs) the same mean loss
             value = self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean").item()  # reduces in place
         else:
@@ -359,6 +407,8 @@ class LitTransformer(L.LightningModule):
         return True
 
     def configure_optimizers(self):
+        """AdamW; weight decay on matrices only (not norms, biases, embeddings or positions). The general
+        score's W is stored as I + delta, so decay pulls delta to 0 and W towards its identity start."""
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             (decay if p.dim() >= 2 and "embed" not in name and "positions" not in name else no_decay).append(p)
@@ -374,7 +424,7 @@ class LitTransformer(L.LightningModule):
 
     # -- evaluation -------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        self._sums = torch.zeros(8, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch, batch_idx):
         decode = self.training_cfg.decode_batches
@@ -395,8 +445,14 @@ class LitTransformer(L.LightningModule):
 
     @torch.no_grad()
     def batch_sums(self, batch: dict[str, torch.Tensor], decode: bool) -> torch.Tensor:
-        """[loss sum, scored tokens, correct tokens, sequences, exact sequences, decoded sequences]."""
-        logits, targets = self._inputs(batch)
+        """[loss sum, scored tokens, correct tokens, sequences, exact sequences, decoded sequences,
+        correct lengths, predicted lengths] (the last two for non-autoregressive decoding)."""
+        length_ok = length_n = 0.0
+        if self.kind == "seq2seq" and self.cfg.non_autoregressive:
+            logits, targets, length_logits, lengths = self._parallel(batch, sample_masks=False)
+            length_ok, length_n = float((length_logits.argmax(-1) == lengths).sum()), float(lengths.numel())
+        else:
+            logits, targets = self._inputs(batch)
         scored = targets != -100
         nll = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
@@ -415,23 +471,25 @@ class LitTransformer(L.LightningModule):
         else:
             exact, decoded = 0, 0
         return torch.tensor(
-            [float(nll), float(scored.sum()), float(correct.sum()), n_seq, float(exact), decoded],
+            [float(nll), float(scored.sum()), float(correct.sum()), n_seq, float(exact), decoded, length_ok, length_n],
             dtype=torch.float64,
             device=self.device,
         )
 
     def exact_matches(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Sequences whose greedy decoding (with the key/value cache) is exactly the target."""
+        """Sequences whose decoding (greedy with the key/value cache, or mask-predict for non-autoregressive
+        models) is exactly the target."""
         src, tgt_out = batch["src"], batch["tgt_out"]
-        out = self.model.greedy(
+        out = self.model.generate(
             source=src, source_padding=src == PAD, max_new_tokens=tgt_out.shape[1], bos_id=BOS, eos_id=EOS
         )
-        if out.shape[1] < tgt_out.shape[1]:
-            out = F.pad(out, (0, tgt_out.shape[1] - out.shape[1]), value=PAD)
+        width = max(out.shape[1], tgt_out.shape[1])
+        out = F.pad(out, (0, width - out.shape[1]), value=PAD)
+        tgt_out = F.pad(tgt_out, (0, width - tgt_out.shape[1]), value=PAD)
         return (out == tgt_out).all(dim=1).sum()
 
     def metrics_from_sums(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
-        nll, scored, correct, n_seq, exact, decoded = sums.tolist()
+        nll, scored, correct, n_seq, exact, decoded, length_ok, length_n = sums.tolist()
         out: dict[str, float] = {}
         if self.kind == "classify":
             out[f"{prefix}/loss"] = nll / max(n_seq, 1)
@@ -443,6 +501,8 @@ class LitTransformer(L.LightningModule):
         out[f"{prefix}/token_acc"] = correct / max(scored, 1)
         if decoded:
             out[f"{prefix}/exact_match"] = exact / decoded
+        if length_n:
+            out[f"{prefix}/length_acc"] = length_ok / length_n
         return out
 
     @torch.no_grad()
@@ -450,7 +510,7 @@ class LitTransformer(L.LightningModule):
         """Metrics of a whole split in this process (used after training for the test splits)."""
         was_training = self.training
         self.eval()
-        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(8, dtype=torch.float64, device=self.device)
         for i, batch in enumerate(loader):
             batch = {k: v.to(self.device) for k, v in batch.items()}
             sums += self.batch_sums(batch, decode_batches is None or i < decode_batches)

@@ -2,13 +2,25 @@
 
 Notation: B batch, T sequence length, C model width (d_model), H heads, D head dim.
 
+A scheme (registered in ``POSITIONS``) is a ``Positions`` module with two slots:
+- the module itself, applied to the (scaled) token embeddings: ``forward(x, start, ids) -> x + PE``;
+- ``in_attention(cfg, causal)``: a module given to every self-attention layer (``AttentionPositions``),
+  which may rotate q and k (``rotate``) and add a bias to the scores (``bias``), or None.
+
+Positions are columns ``start .. start + T - 1`` unless ``ids`` (B, T) gives each token's position (left
+padded prompts). Attention-level schemes are relative: they depend on the distance between columns,
+which equals the distance between positions of two real tokens of a row, so they use columns.
+
 - ``sinusoidal`` (Vaswani et al. 2017, section 3.5): PE[p, 2i] = sin(p / 10000^(2i/C)),
   PE[p, 2i+1] = cos(p / 10000^(2i/C)), interleaved, added to the embeddings; any length.
-- ``learned``: a table of ``max_len`` vectors added to the embeddings; longer inputs are refused.
+- ``learned``: a table of ``max_len`` vectors added to the embeddings; longer inputs are refused. It starts
+  on the scale of the token embeddings (``position_init_std``).
 - ``none``: no position information (the model is permutation-equivariant apart from masks).
 - ``rotary`` (Su et al. 2021): q and k rotated by position-dependent angles inside attention
   (half-split convention of GPT-NeoX); any length.
-- ``alibi`` (Press et al. 2022): a per-head linear penalty -m_h * |i - j| on the attention scores.
+- ``alibi`` (Press et al. 2022): a per-head linear penalty on the attention scores. Causal: -m_h (i - j),
+  exactly Press et al. Bidirectional: past keys -m_h (i - j), future keys -m_{H-1-h} (j - i), so that every
+  head (but the middle one of an odd count) tells past from future; docs/components.md explains why.
 """
 
 from __future__ import annotations
@@ -18,6 +30,9 @@ import math
 import torch
 from torch import nn
 
+from models.config import ConfigError
+from models.registry import POSITIONS, SCORES
+
 
 class PositionError(ValueError):
     """An input that the position scheme cannot represent."""
@@ -26,89 +41,181 @@ class PositionError(ValueError):
 def sinusoid_table(length: int, dim: int, start: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
     """(length, dim) table of Vaswani's sinusoids for positions start .. start+length-1."""
     pos = torch.arange(start, start + length, device=device, dtype=torch.float64)[:, None]
-    i = torch.arange(0, dim, 2, device=device, dtype=torch.float64)
-    angle = pos / torch.pow(10000.0, i / dim)  # (T, ceil(C/2))
-    table = torch.zeros(length, dim, device=device, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
-    return table.to(dtype)
+    return sinusoids(pos, dim).to(dtype)
 
 
-class AbsolutePositions(nn.Module):
-    """Adds nothing (``none``, ``rotary``, ``alibi``): the embeddings pass through unchanged."""
+def sinusoids(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Vaswani's sinusoids (..., dim) for float64 positions (..., 1)."""
+    i = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, i / dim)  # (..., ceil(C/2))
+    table = torch.zeros(*pos.shape[:-1], dim, device=pos.device, dtype=torch.float64)
+    table[..., 0::2] = torch.sin(angle)
+    table[..., 1::2] = torch.cos(angle[..., : dim // 2])
+    return table
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+
+class AttentionPositions(nn.Module):
+    """What a position scheme does inside self-attention; the base does nothing.
+
+    ``rotate(q, k, start, ids)`` transforms q and k (B, H, T, D) of the tokens at columns start.. (or at
+    positions ``ids`` (B, T)); ``bias(dist)`` gives the (H, ...) float bias for signed distances
+    ``dist = query column - key column``, or None. ``has_bias`` says whether ``bias`` returns anything.
+    """
+
+    has_bias = False
+
+    def rotate(self, q, k, start: int = 0, ids: torch.Tensor | None = None):
+        return q, k
+
+    def bias(self, dist: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+
+class Positions(nn.Module):
+    """A position scheme. As a module it adds absolute positions to the embeddings (the base adds none).
+
+    Class attributes: ``needs_dot_product`` (the scheme acts through q.k, e.g. rotary),
+    ``takes_init_std`` (``position_init_std`` applies). ``check(cfg)`` refuses what the scheme cannot do.
+    """
+
+    needs_dot_product = False
+    takes_init_std = False
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, start: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
         return x
 
+    @classmethod
+    def in_attention(cls, cfg, causal: bool) -> AttentionPositions | None:
+        return None
 
-class SinusoidalPositions(AbsolutePositions):
-    def __init__(self, d_model: int, max_len: int) -> None:
-        super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoid_table(max_len, d_model), persistent=False)
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.position_init_std is not None and not cls.takes_init_std:
+            raise ConfigError(
+                f"position_init_std={cfg.position_init_std} sets the initial scale of a learned table; "
+                f"positions={cfg.positions!r} has none (remove it, or use positions='learned')"
+            )
+        if cls.needs_dot_product and not SCORES[cfg.score].dot_like:
+            raise ConfigError(
+                f"positions={cfg.positions!r} encodes offsets through the dot product q.k, which score="
+                f"{cfg.score!r} does not compute; use positions sinusoidal, learned, alibi or none with "
+                f"{cfg.score} scores"
+            )
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:  # x (B, T, C)
-        end = start + x.shape[1]
-        if end <= self.table.shape[0]:
+
+@POSITIONS.register("sinusoidal")
+class SinusoidalPositions(Positions):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.d_model = cfg.d_model
+        self.register_buffer("table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:  # x (B, T, C)
+        end = start + x.shape[1]  # positions never exceed columns: ids <= column
+        if ids is not None:
+            if end <= self.table.shape[0]:
+                pe = self.table[ids]  # (B, T, C)
+            else:
+                pe = sinusoids(ids.to(torch.float64)[..., None], self.d_model)
+        elif end <= self.table.shape[0]:
             pe = self.table[start:end]
         else:  # beyond the cached table: the closed form extrapolates to any position
             pe = sinusoid_table(x.shape[1], self.d_model, start, device=x.device)
         return x + pe.to(x.dtype)
 
 
-class LearnedPositions(AbsolutePositions):
-    def __init__(self, d_model: int, max_len: int) -> None:
-        super().__init__()
-        self.max_len = max_len
-        self.table = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.table.weight, std=0.02)
+@POSITIONS.register("learned")
+class LearnedPositions(Positions):
+    takes_init_std = True
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.max_len = cfg.max_len
+        self.table = nn.Embedding(cfg.max_len, cfg.d_model)
+        nn.init.normal_(self.table.weight, std=self.init_std(cfg))
+
+    @staticmethod
+    def init_std(cfg) -> float:
+        """``position_init_std``, by default the RMS of the token embeddings as they enter the stack
+        (initialised N(0, d^-0.5), times sqrt(d) when scale_embeddings)."""
+        if cfg.position_init_std is not None:
+            return float(cfg.position_init_std)
+        return 1.0 if cfg.scale_embeddings else cfg.d_model**-0.5
+
+    def forward(self, x: torch.Tensor, start: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
         end = start + x.shape[1]
-        if end > self.max_len:
+        if end > self.max_len and (ids is None or int(ids.max()) >= self.max_len):
+            reached = end - 1 if ids is None else int(ids.max())
             raise PositionError(
-                f"sequence reaches position {end - 1}, beyond the learned position table of max_len={self.max_len} "
+                f"sequence reaches position {reached}, beyond the learned position table of max_len={self.max_len} "
                 "(positions='learned'); raise model.max_len, shorten the input, or use positions "
                 "sinusoidal, rotary, alibi or none, which extrapolate"
             )
+        if ids is not None:
+            return x + self.table(ids).to(x.dtype)
         return x + self.table.weight[start:end].to(x.dtype)
 
 
-POSITIONS = {
-    "sinusoidal": SinusoidalPositions,
-    "learned": LearnedPositions,
-    "none": lambda d_model, max_len: AbsolutePositions(),
-    "rotary": lambda d_model, max_len: AbsolutePositions(),
-    "alibi": lambda d_model, max_len: AbsolutePositions(),
-}
+@POSITIONS.register("none")
+class NoPositions(Positions):
+    """No position information."""
 
 
-class Rotary(nn.Module):
+class Rotary(AttentionPositions):
     """Rotary position embedding of q and k, half-split convention: x -> x*cos + rotate_half(x)*sin."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, cached: int = 2048) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        cos, sin = self._angles(0, cached)
+        cos, sin = self._angles(torch.arange(cached, dtype=torch.float64))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def _angles(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(start, start + length, dtype=torch.float64, device=self.inv_freq.device)
-        angle = torch.outer(pos, self.inv_freq)  # (T, D/2)
-        angle = torch.cat([angle, angle], dim=-1)  # (T, D)
+    def _angles(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angle = pos.to(torch.float64)[..., None] * self.inv_freq  # (..., D/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (..., D)
         return angle.cos().float(), angle.sin().float()
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:  # x (B, H, T, D)
+    def forward(self, x: torch.Tensor, start: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, H, T, D) at columns start.. or at positions ids (B, T)."""
         T = x.shape[-2]
-        if start + T <= self.cos.shape[0]:
+        if ids is not None:
+            if start + T <= self.cos.shape[0]:  # ids never exceed the column
+                cos, sin = self.cos[ids], self.sin[ids]  # (B, T, D)
+            else:
+                cos, sin = self._angles(ids)
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
+        elif start + T <= self.cos.shape[0]:
             cos, sin = self.cos[start : start + T], self.sin[start : start + T]
         else:
-            cos, sin = self._angles(start, T)
+            cos, sin = self._angles(torch.arange(start, start + T, device=x.device))
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def rotate(self, q, k, start: int = 0, ids: torch.Tensor | None = None):
+        return self(q, start, ids), self(k, start, ids)
+
+
+@POSITIONS.register("rotary")
+class RotaryPositions(Positions):
+    needs_dot_product = True
+
+    @classmethod
+    def in_attention(cls, cfg, causal: bool) -> AttentionPositions:
+        return Rotary(cfg.head_size, cfg.rotary_base)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        if cfg.head_size % 2:
+            raise ConfigError(
+                f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {cfg.head_size})"
+            )
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -124,3 +231,43 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
         closest = 2 ** math.floor(math.log2(n_heads))
         slopes = power_of_two(closest) + alibi_slopes(2 * closest).tolist()[0::2][: n_heads - closest]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(AttentionPositions):
+    """Linear biases: -past_h * (i - j) for keys j <= i, -future_h * (j - i) for keys j > i.
+
+    Causal (Press et al. 2022): past = Press's slopes, future keys are never seen. Bidirectional: future
+    slopes are the same set in reversed head order, so head h looks far one way and near the other.
+    """
+
+    has_bias = True
+
+    def __init__(self, n_heads: int, causal: bool) -> None:
+        super().__init__()
+        past = alibi_slopes(n_heads)
+        self.register_buffer("past", past, persistent=False)
+        self.register_buffer("future", past if causal else past.flip(0), persistent=False)
+
+    def bias(self, dist: torch.Tensor) -> torch.Tensor:
+        """(H, ...) for signed distances dist (...) = query - key."""
+        shape = (-1,) + (1,) * dist.dim()
+        d = dist.to(self.past.dtype)
+        return torch.where(dist >= 0, -self.past.view(shape) * d, self.future.view(shape) * d)
+
+
+@POSITIONS.register("alibi")
+class ALiBiPositions(Positions):
+    @classmethod
+    def in_attention(cls, cfg, causal: bool) -> AttentionPositions:
+        return ALiBi(cfg.n_heads, causal)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        bidirectional = cfg.arch != "decoder"  # encoders, and the decoder of non-autoregressive seq2seq
+        if bidirectional and cfg.n_heads == 1:
+            raise ConfigError(
+                f"positions='alibi' in a bidirectional stack (arch={cfg.arch!r}) gives past and future keys the "
+                "slopes of two different heads; with n_heads=1 they coincide and the bias cannot tell a sequence "
+                "from its reverse. Use n_heads >= 2, or positions sinusoidal, learned or rotary"
+            )

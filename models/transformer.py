@@ -1,13 +1,21 @@
 """The Transformer: one config in, one model out.
 
-Notation: B batch, T target/sequence length, S source length, C model width, V vocabulary, K beams.
+Notation: B batch, T target/sequence length, S source length, C model width, V vocabulary, K beams,
+N new tokens at most.
 
 arch ``encoder``          tokens (B, T) -> class logits (B, n_classes) or per-token (B, T, n_classes)
 arch ``decoder``          tokens (B, T) -> next-token logits (B, T, V), causal
-arch ``encoder_decoder``  source (B, S), target (B, T) -> next-token logits (B, T, V)
+arch ``encoder_decoder``  source (B, S), target (B, T) -> next-token logits (B, T, V); with
+                          ``decoding='non_autoregressive'`` the decoder is not causal, its inputs are target
+                          tokens or a learned [MASK] embedding, and a length head reads the encoder
+                          (Gu et al. 2018; Ghazvininejad et al. 2019)
 
 Padding masks are boolean, True at padding. A causal stack does not need the padding of a right-padded
 batch: padding keys come after every real query and are never seen by one.
+
+Decoding (``generate``, ``greedy``, ``beam_search``, ``mask_predict``) reuses a key/value cache per layer
+(``models.attention.KVCache``); prompts of different lengths are batched by left padding
+(``prompt_padding``), each token then at its own position (``position_ids``).
 """
 
 from __future__ import annotations
@@ -19,12 +27,17 @@ import torch
 from torch import nn
 
 from models.attention import KVCache, MultiHeadAttention
-from models.blocks import NORMS, DecoderLayer, EncoderLayer
+from models.blocks import DecoderLayer, EncoderLayer
 from models.config import ModelConfig
-from models.positions import POSITIONS
+from models.registry import NORMS, POSITIONS
+
+NEG_INF = float("-inf")
 
 
 class Transformer(nn.Module):
+    # steps between checks of whether every sequence has finished (each check waits for the device)
+    check_every = 4
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -34,7 +47,7 @@ class Transformer(nn.Module):
             self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, C)
         else:
             self.tgt_embed = self.embed  # one table for source and target (Vaswani et al. share it)
-        self.positions = POSITIONS[cfg.positions](C, cfg.max_len)
+        self.positions = POSITIONS[cfg.positions](cfg)
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
         self.emb_scale = math.sqrt(C) if cfg.scale_embeddings else 1.0
 
@@ -42,11 +55,17 @@ class Transformer(nn.Module):
             return NORMS[cfg.norm_type](C, cfg.norm_eps) if cfg.norm == "pre" else nn.Identity()
 
         causal = cfg.arch == "decoder"
-        self.layers = nn.ModuleList(EncoderLayer(cfg, p, causal) for p in cfg.patterns_for(cfg.n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, la, causal) for la in cfg.attention_layers(cfg.n_layers))
         self.norm = final_norm()
         if cfg.arch == "encoder_decoder":
-            self.dec_layers = nn.ModuleList(DecoderLayer(cfg, p) for p in cfg.patterns_for(cfg.decoder_layers))
+            dec_causal = not cfg.non_autoregressive
+            self.dec_layers = nn.ModuleList(
+                DecoderLayer(cfg, la, dec_causal) for la in cfg.attention_layers(cfg.decoder_layers)
+            )
             self.dec_norm = final_norm()
+            if cfg.non_autoregressive:
+                self.length_head = nn.Linear(C, cfg.max_len + 1)  # target lengths 0 .. max_len
+                self.mask_embed = nn.Parameter(torch.empty(C))  # the [MASK] input of every unknown position
         if cfg.arch == "encoder":
             self.head = nn.Linear(C, cfg.n_classes)
         else:
@@ -56,24 +75,27 @@ class Transformer(nn.Module):
             self.head.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
-        for name, p in self.named_parameters():
-            if p.dim() < 2:
-                if name.endswith(".bias"):
-                    nn.init.zeros_(p)
-            elif "embed" in name:
-                nn.init.normal_(p, std=self.cfg.d_model**-0.5)
-            elif (
-                name.endswith("proj.weight")
-                or name.endswith("linear1.weight")
-                or name.endswith("linear2.weight")
-                or name == "head.weight"
-            ):
-                nn.init.xavier_uniform_(p)
+        """Token embeddings (and [MASK]) N(0, d^-0.5), then scaled by sqrt(d) when used: RMS 1 entering the
+        stack; every linear layer Xavier-uniform with zero biases; norms at 1 and 0 (torch's default). Scores
+        and learned positions initialise their own parameters (general: W = I; cosine: tau = 10; additive:
+        v ~ N(0, 1/D); learned positions: ``position_init_std``)."""
+        std = self.cfg.d_model**-0.5
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for table in {id(t): t for t in (self.embed, self.tgt_embed)}.values():
+            nn.init.normal_(table.weight, std=std)
+        if hasattr(self, "mask_embed"):
+            nn.init.normal_(self.mask_embed, std=std)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _embed(self, table: nn.Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        x = table(tokens) * self.emb_scale  # (B, T, C)
-        return self.emb_dropout(self.positions(x, start))
+    def _embed(self, table: nn.Embedding, tokens, start: int = 0, position_ids=None, masked=None) -> torch.Tensor:
+        x = table(tokens)  # (B, T, C)
+        if masked is not None:  # non-autoregressive decoding: unknown positions get the [MASK] embedding
+            x = torch.where(masked[..., None], self.mask_embed.to(x.dtype), x)
+        return self.emb_dropout(self.positions(x * self.emb_scale, start, position_ids))
 
     def encode(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
         """The (encoder) stack's output (B, T, C) after the final norm."""
@@ -82,8 +104,10 @@ class Transformer(nn.Module):
             x = layer(x, key_padding=padding)
         return self.norm(x)
 
-    def _decode(self, tokens, memory, memory_padding=None, padding=None, start=0, cache=None) -> torch.Tensor:
-        x = self._embed(self.tgt_embed, tokens, start)
+    def _decode(
+        self, tokens, memory, memory_padding=None, padding=None, start=0, cache=None, position_ids=None, masked=None
+    ) -> torch.Tensor:
+        x = self._embed(self.tgt_embed, tokens, start, position_ids, masked)
         for i, layer in enumerate(self.dec_layers):
             x = layer(
                 x,
@@ -91,14 +115,21 @@ class Transformer(nn.Module):
                 memory_padding=memory_padding,
                 key_padding=padding,
                 start=start,
+                position_ids=position_ids,
                 cache=None if cache is None else cache[i],
             )
         return self.head(self.dec_norm(x))
 
-    def _causal(self, tokens, padding=None, start=0, cache=None) -> torch.Tensor:
-        x = self._embed(self.embed, tokens, start)
+    def _causal(self, tokens, padding=None, start=0, cache=None, position_ids=None) -> torch.Tensor:
+        x = self._embed(self.embed, tokens, start, position_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, key_padding=padding, start=start, cache=None if cache is None else cache[i])
+            x = layer(
+                x,
+                key_padding=padding,
+                start=start,
+                position_ids=position_ids,
+                cache=None if cache is None else cache[i],
+            )
         return self.head(self.norm(x))
 
     # -- forward --------------------------------------------------------------------------------
@@ -109,9 +140,12 @@ class Transformer(nn.Module):
         *,
         padding: torch.Tensor | None = None,
         target_padding: torch.Tensor | None = None,
+        target_masked: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """encoder: tokens -> class logits; decoder: tokens -> logits; encoder_decoder: (source, target)
-        -> logits. ``padding`` (B, T) and ``target_padding`` (B, T) are True at padding."""
+        -> logits. ``padding`` (B, T) and ``target_padding`` (B, T) are True at padding. Non-autoregressive:
+        ``target`` holds the known target tokens and ``target_masked`` (B, T) is True where the input is
+        [MASK] (default: every position); the logits predict every target position."""
         arch = self.cfg.arch
         if arch == "decoder":
             return self._causal(tokens, padding)
@@ -119,6 +153,10 @@ class Transformer(nn.Module):
             if target is None:
                 raise ValueError("arch='encoder_decoder' needs the target tokens: model(source, target)")
             memory = self.encode(tokens, padding)
+            if self.cfg.non_autoregressive:
+                if target_masked is None:
+                    target_masked = torch.ones_like(target, dtype=torch.bool)
+                return self._decode(target, memory, padding, target_padding, masked=target_masked)
             return self._decode(target, memory, padding, target_padding)
         h = self.encode(tokens, padding)  # (B, T, C)
         if self.cfg.classifier == "token":
@@ -129,6 +167,79 @@ class Transformer(nn.Module):
             return self.head(h.mean(dim=1))
         keep = (~padding).unsqueeze(-1).to(h.dtype)  # (B, T, 1)
         return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+    # -- non-autoregressive decoding (Gu et al. 2018; Ghazvininejad et al. 2019) --------------------
+    def predict_length(self, memory: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, max_len + 1) of the target length, from the mean of the encoder output over real
+        source tokens (fairseq's NAT length predictor)."""
+        if not self.cfg.non_autoregressive:
+            raise ValueError("predict_length needs decoding='non_autoregressive'")
+        if padding is None:
+            pooled = memory.mean(dim=1)
+        else:
+            keep = (~padding).unsqueeze(-1).to(memory.dtype)
+            pooled = (memory * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+        return self.length_head(pooled)
+
+    def parallel_forward(self, source, target, *, padding=None, target_padding=None, target_masked=None):
+        """Non-autoregressive training pass: (token logits (B, T, V), length logits (B, max_len + 1))."""
+        if not self.cfg.non_autoregressive:
+            raise ValueError("parallel_forward needs decoding='non_autoregressive'")
+        memory = self.encode(source, padding)
+        if target_masked is None:
+            target_masked = torch.ones_like(target, dtype=torch.bool)
+        logits = self._decode(target, memory, padding, target_padding, masked=target_masked)
+        return logits, self.predict_length(memory, padding)
+
+    @torch.no_grad()
+    def mask_predict(
+        self,
+        source: torch.Tensor,
+        source_padding: torch.Tensor | None = None,
+        *,
+        iterations: int | None = None,
+        max_length: int | None = None,
+        eos_id: int | None = None,
+    ) -> torch.Tensor:
+        """Predict the length, then every target token in parallel; with ``iterations`` T > 1 (default
+        ``nat_iterations``), mask-predict: at iteration t = 1 .. T-1 the n = L (T - t) / T least confident
+        tokens are masked again and predicted anew (Ghazvininejad et al. 2019, section 3.2).
+
+        Returns (B, L_max + 1): the tokens, then ``eos_id`` (when given) and padding, as ``greedy`` does.
+        """
+        if not self.cfg.non_autoregressive:
+            raise ValueError("mask_predict needs decoding='non_autoregressive'")
+        T_iter = self.cfg.nat_iterations if iterations is None else iterations
+        pad_id = self.cfg.pad_id
+        memory = self.encode(source, source_padding)
+        lengths = self.predict_length(memory, source_padding).argmax(-1)  # (B,)
+        if max_length is not None:
+            lengths = lengths.clamp(max=max_length)
+        B = source.shape[0]
+        L = max(1, int(lengths.max()))  # one synchronisation: the width of the output
+        dev = source.device
+        pad = torch.arange(L, device=dev)[None, :] >= lengths[:, None]  # (B, L)
+        tokens = torch.full((B, L), pad_id, dtype=torch.long, device=dev)
+        masked = ~pad
+
+        def predict(tokens, masked):
+            logits = self._decode(tokens, memory, source_padding, pad, masked=masked).float()
+            logits[..., pad_id] = NEG_INF  # never generate the padding token
+            return torch.log_softmax(logits, -1).max(-1)  # (B, L) confidence, token
+
+        probs, tokens = predict(tokens, masked)
+        for t in range(1, T_iter):
+            n = torch.div(lengths * (T_iter - t), T_iter, rounding_mode="floor")  # (B,)
+            rank = probs.masked_fill(pad, float("inf")).argsort(1).argsort(1)  # 0 = least confident
+            masked = (rank < n[:, None]) & ~pad
+            new_p, new_t = predict(tokens, masked)
+            tokens = torch.where(masked, new_t, tokens)
+            probs = torch.where(masked, new_p, probs)
+        out = torch.full((B, L + 1), pad_id, dtype=torch.long, device=dev)
+        out[:, :L] = tokens.masked_fill(pad, pad_id)
+        if eos_id is not None:
+            out[torch.arange(B, device=dev), lengths] = eos_id
+        return out
 
     # -- head ablation (Michel et al. 2019) -----------------------------------------------------
     def attention_modules(self) -> Iterator[tuple[str, MultiHeadAttention]]:
@@ -159,19 +270,40 @@ class Transformer(nn.Module):
             module.head_gate = g
 
     # -- incremental decoding -------------------------------------------------------------------
-    def new_cache(self) -> list:
+    def new_cache(self, capacity: int | None = None) -> list:
+        """One cache per layer; ``capacity``: columns to preallocate (prompt + new tokens)."""
         if self.cfg.arch == "encoder_decoder":
-            return [(KVCache(), KVCache()) for _ in self.dec_layers]
-        return [KVCache() for _ in self.layers]
+            return [(KVCache(capacity), KVCache()) for _ in self.dec_layers]
+        return [KVCache(capacity) for _ in self.layers]
 
-    def step(self, tokens: torch.Tensor, cache: list, start: int, memory=None, memory_padding=None) -> torch.Tensor:
-        """Logits (B, T, V) for new tokens (B, T) at positions start.., reusing and extending ``cache``.
-        One step with T=1 costs O(cached keys), not a forward pass over the whole sequence."""
+    def _autoregressive(self, what: str) -> None:
+        if self.cfg.arch not in ("decoder", "encoder_decoder"):
+            raise ValueError(f"{what} needs arch 'decoder' or 'encoder_decoder'")
+        if self.cfg.non_autoregressive:
+            raise ValueError(
+                f"{what} decodes left to right; this model has decoding='non_autoregressive': use "
+                "model.mask_predict(source) or model.generate(source=...)"
+            )
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        cache: list,
+        start: int,
+        memory=None,
+        memory_padding=None,
+        *,
+        padding: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T, V) for new tokens (B, T) at columns start.., reusing and extending ``cache``.
+        One step with T=1 costs O(cached keys), not a forward pass over the whole sequence. ``padding``
+        (first call only) marks the left padding of the prompts; ``position_ids`` (B, T) their positions.
+        ``memory`` may have fewer rows than ``tokens`` (K beams per source share it)."""
+        self._autoregressive("incremental decoding")
         if self.cfg.arch == "encoder_decoder":
-            return self._decode(tokens, memory, memory_padding, start=start, cache=cache)
-        if self.cfg.arch != "decoder":
-            raise ValueError("incremental decoding needs arch 'decoder' or 'encoder_decoder'")
-        return self._causal(tokens, start=start, cache=cache)
+            return self._decode(tokens, memory, memory_padding, padding, start, cache, position_ids)
+        return self._causal(tokens, padding, start, cache, position_ids)
 
     @staticmethod
     def _reorder(cache: list, index: torch.Tensor) -> None:
@@ -179,9 +311,9 @@ class Transformer(nn.Module):
             for c in entry if isinstance(entry, tuple) else (entry,):
                 c.reorder(index)
 
-    def _start(self, prompt, source, source_padding, bos_id):
-        """Prime a decoding: returns (logits of the last position (B, V), cache, next position, memory, padding)."""
-        cache = self.new_cache()
+    def _start(self, prompt, prompt_padding, source, source_padding, bos_id, max_new_tokens):
+        """Prime a decoding: (logits of the last position (B, V), cache, next column, memory, next
+        position ids (B,) or None)."""
         if self.cfg.arch == "encoder_decoder":
             if source is None:
                 raise ValueError("arch='encoder_decoder' decodes from a source: pass source=")
@@ -192,14 +324,35 @@ class Transformer(nn.Module):
             memory = None
             if prompt is None:
                 raise ValueError("arch='decoder' continues a prompt: pass prompt= (B, T) tokens")
-        logits = self.step(prompt, cache, 0, memory, source_padding)
-        return logits[:, -1], cache, prompt.shape[1], memory, prompt
+        ids = None
+        if prompt_padding is not None:
+            if prompt_padding.shape != prompt.shape:
+                raise ValueError(
+                    f"prompt_padding {tuple(prompt_padding.shape)} must match prompt {tuple(prompt.shape)}"
+                )
+            if bool(prompt_padding[:, -1].any()):  # once per decoding
+                raise ValueError("prompts must be left-padded (padding first, the last column real) to be batched")
+            ids = ((~prompt_padding).long().cumsum(1) - 1).clamp(min=0)  # (B, T) position of each token
+        T = prompt.shape[1]
+        cache = self.new_cache(T + max_new_tokens)
+        logits = self.step(prompt, cache, 0, memory, source_padding, padding=prompt_padding, position_ids=ids)
+        return logits[:, -1], cache, T, memory, None if ids is None else ids[:, -1] + 1
+
+    @staticmethod
+    def _trim(out: torch.Tensor, eos_id: int | None) -> torch.Tensor:
+        """Drop the columns after every sequence's end of sequence (one synchronisation)."""
+        if eos_id is None or out.shape[1] == 0:
+            return out
+        is_eos = out == eos_id
+        end = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, out.shape[1])
+        return out[:, : int(end.max())]
 
     @torch.no_grad()
     def greedy(
         self,
         prompt: torch.Tensor | None = None,
         *,
+        prompt_padding: torch.Tensor | None = None,
         source: torch.Tensor | None = None,
         source_padding: torch.Tensor | None = None,
         max_new_tokens: int = 32,
@@ -207,29 +360,39 @@ class Transformer(nn.Module):
         eos_id: int | None = None,
     ) -> torch.Tensor:
         """Greedy decoding with the key/value cache. Returns the generated tokens (B, <= max_new_tokens);
-        after ``eos_id`` a sequence continues with pad_id."""
-        logits, cache, pos, memory, _ = self._start(prompt, source, source_padding, bos_id)
+        after ``eos_id`` a sequence continues with pad_id. The padding token is never generated."""
+        self._autoregressive("greedy")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        logits, cache, col, memory, ids = self._start(
+            prompt, prompt_padding, source, source_padding, bos_id, max_new_tokens
+        )
         B = logits.shape[0]
+        pad = self.cfg.pad_id
         done = torch.zeros(B, dtype=torch.bool, device=logits.device)
-        out = []
+        out = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=logits.device)
         for i in range(max_new_tokens):
-            tok = logits.argmax(-1)
-            tok = tok.masked_fill(done, self.cfg.pad_id)
-            out.append(tok)
+            logits[:, pad] = NEG_INF
+            tok = logits.argmax(-1).masked_fill(done, pad)
+            out[:, i] = tok
             if eos_id is not None:
                 done |= tok == eos_id
-                if bool(done.all()):
+                if (i + 1) % self.check_every == 0 and bool(done.all()):
                     break
             if i + 1 < max_new_tokens:
-                logits = self.step(tok[:, None], cache, pos, memory, source_padding)[:, -1]
-                pos += 1
-        return torch.stack(out, dim=1)
+                logits = self.step(
+                    tok[:, None], cache, col, memory, source_padding, position_ids=None if ids is None else ids[:, None]
+                )[:, -1]
+                col += 1
+                ids = None if ids is None else ids + 1
+        return self._trim(out, eos_id)
 
     @torch.no_grad()
     def beam_search(
         self,
         prompt: torch.Tensor | None = None,
         *,
+        prompt_padding: torch.Tensor | None = None,
         source: torch.Tensor | None = None,
         source_padding: torch.Tensor | None = None,
         beam_size: int = 4,
@@ -238,53 +401,124 @@ class Transformer(nn.Module):
         eos_id: int | None = None,
         length_penalty: float = 0.0,
     ) -> torch.Tensor:
-        """Beam search with the key/value cache; returns the best sequence per input (B, <= max_new_tokens).
+        """Beam search with the key/value cache; the best sequence per input (B, <= max_new_tokens), padded
+        after its end of sequence.
 
-        Scores are summed log-probabilities divided by length**length_penalty (0: none). Beam size 1 is
-        greedy decoding.
+        The scheme of fairseq and Hugging Face: K live hypotheses and a pool of the K best finished ones.
+        A hypothesis of n generated tokens (its end of sequence included) with summed log-probability s
+        scores s / n**length_penalty, in the pool and in the final choice alike. Each step ranks the 2K
+        best extensions of the live hypotheses (never by the padding token; live hypotheses of one
+        step have one length, so their ranking does not depend on the penalty); an extension by
+        ``eos_id`` among the first K joins the pool, and the first K others stay live. Hypotheses still
+        live after ``max_new_tokens`` join the pool with n = max_new_tokens.
+
+        Stopping rule: an input is finished when its pool holds K hypotheses and no live hypothesis can
+        beat the worst of them: its best reachable score is s / N**length_penalty when the penalty is
+        positive (s only decreases, the divisor grows up to N = max_new_tokens) and s / (n + 1)**penalty
+        otherwise; the search stops when every input is finished (checked every ``check_every`` steps).
+        The bound is exact, so stopping never changes the result. Beam size 1 is greedy decoding.
         """
-        K = beam_size
+        self._autoregressive("beam_search")
+        K, N, lp = beam_size, max_new_tokens, float(length_penalty)
         if K < 1:
             raise ValueError(f"beam_size={K} must be at least 1")
-        logits, cache, pos, memory, _ = self._start(prompt, source, source_padding, bos_id)
+        if N < 1:
+            raise ValueError(f"max_new_tokens={N} must be at least 1")
+        logits, cache, col, memory, ids = self._start(prompt, prompt_padding, source, source_padding, bos_id, N)
         B, V = logits.shape
         dev = logits.device
-        # every input's beams start identical: expand the cache, keep only beam 0 alive at first
-        index = torch.arange(B, device=dev).repeat_interleave(K)
-        self._reorder(cache, index)
-        if memory is not None:
-            memory = memory.index_select(0, index)
-            source_padding = None if source_padding is None else source_padding.index_select(0, index)
-        logp = torch.log_softmax(logits.float(), -1).index_select(0, index)  # (B*K, V)
-        scores = torch.full((B, K), float("-inf"), device=dev)
-        scores[:, 0] = 0.0
-        done = torch.zeros(B, K, dtype=torch.bool, device=dev)
-        lengths = torch.zeros(B, K, device=dev)
-        tokens = torch.empty(B, K, 0, dtype=torch.long, device=dev)
         pad = self.cfg.pad_id
-        for i in range(max_new_tokens):
-            step = logp.view(B, K, V).clone()
-            # a finished beam only continues with pad, at no cost
-            step[done] = float("-inf")
-            step[..., pad] = torch.where(done, torch.zeros_like(scores), step[..., pad])
-            total = (scores[..., None] + step).view(B, K * V)
-            scores, flat = total.topk(K, dim=-1)  # (B, K)
+        expand = torch.arange(B, device=dev).repeat_interleave(K)
+        self._reorder(cache, expand)  # the self-attention caches; memory and cross-attention stay per source
+        if ids is not None:
+            ids = ids.repeat_interleave(K)  # the beams of an input share their positions
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # scores in float32 at least
+        logp = torch.log_softmax(logits.to(dtype), -1).index_select(0, expand)  # (B*K, V)
+        live = torch.full((B, K), NEG_INF, dtype=dtype, device=dev)
+        live[:, 0] = 0.0  # the beams of an input start identical: only one is alive
+        seqs = torch.full((B, K, N), pad, dtype=torch.long, device=dev)
+        pool = torch.full((B, K), NEG_INF, dtype=dtype, device=dev)  # normalised scores, best first
+        pool_seqs = torch.full((B, K, N), pad, dtype=torch.long, device=dev)
+        rank = torch.arange(2 * K, device=dev)
+        rows = torch.arange(B, device=dev)[:, None]
+
+        def join(pool, pool_seqs, scores, cand_seqs):
+            best, which = torch.cat([pool, scores], 1).topk(K, dim=1)
+            return best, torch.cat([pool_seqs, cand_seqs], 1).gather(1, which[..., None].expand(-1, -1, N))
+
+        reached_end = False
+        for t in range(N):
+            n = t + 1  # generated tokens of the candidates, end of sequence included
+            cand = live[..., None] + logp.view(B, K, V)
+            cand[..., pad] = NEG_INF
+            top, flat = cand.view(B, K * V).topk(2 * K, dim=1)  # best first
             beam, tok = flat // V, flat % V
-            tokens = torch.cat([tokens.gather(1, beam[..., None].expand(-1, -1, tokens.shape[2])), tok[..., None]], 2)
-            done = done.gather(1, beam)
-            lengths = lengths.gather(1, beam) + (~done).float()
+            new = seqs.gather(1, beam[..., None].expand(-1, -1, N))
+            new[..., t] = tok
             if eos_id is not None:
-                done = done | (tok == eos_id)
-            if bool(done.all()) or i + 1 == max_new_tokens:
+                is_eos = tok == eos_id
+                fin = torch.where(is_eos & (rank < K), top / n**lp, torch.full_like(top, NEG_INF))
+                pool, pool_seqs = join(pool, pool_seqs, fin, new)
+                pick = (rank + 2 * K * is_eos).argsort(1)[:, :K]  # the first K that do not end here
+            else:
+                pick = rank[:K].expand(B, K)
+            live = top.gather(1, pick)
+            seqs = new.gather(1, pick[..., None].expand(-1, -1, N))
+            last = tok.gather(1, pick)
+            if n == N:
+                reached_end = True
                 break
-            flat_beam = (torch.arange(B, device=dev)[:, None] * K + beam).view(-1)
-            self._reorder(cache, flat_beam)
-            logits = self.step(tok.view(-1, 1), cache, pos, memory, source_padding)[:, -1]
-            logp = torch.log_softmax(logits.float(), -1)
-            pos += 1
-        final = scores / lengths.clamp(min=1.0) ** length_penalty if length_penalty else scores
-        best = final.argmax(-1)  # (B,)
-        return tokens[torch.arange(B, device=dev), best]
+            if eos_id is not None and n % self.check_every == 0 and bool(self._beams_done(live, pool, n, N, lp).all()):
+                break
+            self._reorder(cache, (rows * K + beam.gather(1, pick)).view(-1))
+            logits = self.step(
+                last.view(-1, 1), cache, col, memory, source_padding, position_ids=None if ids is None else ids[:, None]
+            )[:, -1]
+            logp = torch.log_softmax(logits.to(dtype), -1)
+            col += 1
+            ids = None if ids is None else ids + 1
+        if reached_end:
+            pool, pool_seqs = join(pool, pool_seqs, live / N**lp, seqs)
+        best = pool_seqs[torch.arange(B, device=dev), pool.argmax(1)]  # (B, N)
+        return self._trim(best, eos_id) if eos_id is not None else best[:, : t + 1]
+
+    @staticmethod
+    def _beams_done(live, pool, n: int, N: int, lp: float) -> torch.Tensor:
+        """(B,) True where no live hypothesis (n tokens so far) can still beat the worst of a full pool."""
+        best = live.max(1).values
+        bound = best / N**lp if lp > 0 else best / (n + 1) ** lp
+        worst = pool[:, -1]
+        return ((worst > NEG_INF) & (bound <= worst)) | (best == NEG_INF)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor | None = None,
+        *,
+        source: torch.Tensor | None = None,
+        source_padding: torch.Tensor | None = None,
+        prompt_padding: torch.Tensor | None = None,
+        max_new_tokens: int = 32,
+        bos_id: int = 1,
+        eos_id: int | None = None,
+        beam_size: int = 1,
+        length_penalty: float = 0.0,
+    ) -> torch.Tensor:
+        """The model's own decoding: mask-predict for non-autoregressive models (at most max_new_tokens - 1
+        tokens, then eos), beam search when beam_size > 1, else greedy."""
+        if self.cfg.non_autoregressive:
+            return self.mask_predict(source, source_padding, max_length=max(0, max_new_tokens - 1), eos_id=eos_id)
+        kw = dict(
+            prompt_padding=prompt_padding,
+            source=source,
+            source_padding=source_padding,
+            max_new_tokens=max_new_tokens,
+            bos_id=bos_id,
+            eos_id=eos_id,
+        )
+        if beam_size > 1:
+            return self.beam_search(prompt, beam_size=beam_size, length_penalty=length_penalty, **kw)
+        return self.greedy(prompt, **kw)
 
     # -- accounting -----------------------------------------------------------------------------
     def num_parameters(self) -> int:

@@ -62,12 +62,26 @@ def band_mask(T: int, window: int | None, dilation: int, causal: bool) -> torch.
     return allowed
 
 
-def oracle_attention(name, score, q, k, v, allowed, key_padding=None, slopes=None, dilation=1):
+PAST = torch.tensor([0.5, 0.125], dtype=torch.float64)
+FUTURE = torch.tensor([0.25, 0.0625], dtype=torch.float64)
+
+
+def asymmetric_bias(dist: torch.Tensor) -> torch.Tensor:
+    """An ALiBi-like bias with its own slopes for past (dist >= 0) and future keys: (H, ...)."""
+    d = dist.double()
+    shape = (-1,) + (1,) * dist.dim()
+    return torch.where(dist >= 0, -PAST.view(shape) * d, FUTURE.view(shape) * d)
+
+
+def oracle_attention(name, score, q, k, v, allowed, key_padding=None, alibi=False):
     s = oracle_scores(name, score, q, k)
-    if slopes is not None:
+    if alibi:  # written out per (i, j), apart from the kernels' vectorised bias
         T = q.shape[-2]
-        dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().double()
-        s = s - slopes.view(1, -1, 1, 1) * dist
+        bias = torch.zeros(2, T, T, dtype=torch.float64)
+        for i in range(T):
+            for j in range(T):
+                bias[:, i, j] = -PAST * (i - j) if j <= i else -FUTURE * (j - i)
+        s = s + bias[None]
     mask = allowed[None, None]
     if key_padding is not None:
         mask = mask & ~key_padding[:, None, None, :]
@@ -182,13 +196,13 @@ def test_local_and_dilated_equal_band_masked_full_attention(name, causal):
         padded, alibi = trial % 2 == 0, trial % 3 == 0
         score = make_score(name, 2, 4)
         q, k, v, pad = random_case(gen, T, padded=padded)
-        slopes = torch.tensor([0.5, 0.125], dtype=torch.float64) if alibi else None
+        bias = asymmetric_bias if alibi else None
         pattern = "local" if dilation == 1 else "dilated"
         out = kernel(
-            pattern, score, q, k, v, window, dilation, causal=causal, key_padding=pad if padded else None, slopes=slopes
+            pattern, score, q, k, v, window, dilation, causal=causal, key_padding=pad if padded else None, bias=bias
         )
         ref = oracle_attention(
-            name, score, q, k, v, band_mask(T, window, dilation, causal), pad if padded else None, slopes
+            name, score, q, k, v, band_mask(T, window, dilation, causal), pad if padded else None, alibi
         )
         assert torch.isfinite(out).all()
         assert_close_on_real_queries(out, ref, pad)
@@ -245,36 +259,128 @@ def test_additive_scores_match_definition_and_gradcheck_with_tiny_chunks():
     k = torch.randn(2, 3, 6, 4, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     ref = torch.einsum("bhtsd,hd->bhts", torch.tanh(q[:, :, :, None] + k[:, :, None]), v)
-    for budget in (1, 7, 24, 1 << 20):  # one (query, key) pair per chunk up to everything at once
+    for budget in (1, 7, 24, 100, 1 << 20):  # one (query, key) pair per block up to everything at once
         torch.testing.assert_close(additive_scores(q, k, v, budget), ref)
-    assert torch.autograd.gradcheck(lambda q, k, v: additive_scores(q, k, v, 13), (q, k, v))
+        g = torch.randn_like(ref)
+        got = torch.autograd.grad(additive_scores(q, k, v, budget), (q, k, v), g)
+        want = torch.autograd.grad(ref, (q, k, v), g, retain_graph=True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    small = [t[:1, :2, :3].detach().clone().requires_grad_(True) for t in (q, k)]
+    assert torch.autograd.gradcheck(lambda q, k, v: additive_scores(q, k, v, 13), (*small, v[:2]))
 
 
 class TensorSizes(TorchDispatchMode):
-    """Records the number of elements of every tensor an operation produces."""
+    """Records every operation, the number of elements of every tensor it produces, the elements of every
+    storage it allocates, and the peak of the elements alive at once in allocated storages of at least
+    ``watch`` elements (views and in-place results share a storage and count once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: int = 1 << 62) -> None:
         super().__init__()
         self.sizes: list[int] = []
+        self.allocs: list[int] = []
+        self.ops: list[str] = []
+        self.watch, self.alive, self.peak = watch, {}, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
         out = func(*args, **(kwargs or {}))
+        self.ops.append(str(func.overloadpacket.__name__))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.sizes.append(t.numel())
+                storage = t.untyped_storage()
+                key, n = storage.data_ptr(), storage.nbytes() // t.element_size()
+                if key not in self.alive:  # a new allocation, not a view or an in-place result
+                    self.allocs.append(n)
+                    self.alive[key] = n
+                    weakref.finalize(t, self.alive.pop, key, None)
+                    self.peak = max(self.peak, sum(m for m in self.alive.values() if m >= self.watch))
         return out
 
 
 def test_additive_memory_is_bounded_by_the_chunk_budget():
-    """No tensor in forward or backward comes near the whole (B, H, T, S, D) tensor."""
-    B, H, T, D = 1, 2, 256, 16
-    q, k = torch.randn(B, H, T, D, requires_grad=True), torch.randn(B, H, T, D, requires_grad=True)
-    v = torch.randn(H, D, requires_grad=True)
-    budget = 1 << 14
-    with TensorSizes() as watch:
+    """chunk_elements is a real bound: the (query, key, dimension) intermediates alive at any moment of the
+    forward and backward passes never exceed it (the scores and gradients themselves aside)."""
+    A, H, T, S, E = 1, 2, 64, 48, 16
+    q, k = torch.randn(A, H, T, E, requires_grad=True), torch.randn(A, H, S, E, requires_grad=True)
+    v = torch.randn(H, E, requires_grad=True)
+    budget = 5000  # not a multiple of anything: blocks of 312 (query, key) pairs = 4992 elements
+    outputs = {A * H * T * S, A * H * T * E, A * H * S * E, H * E}  # scores, gradients of q, k, v
+    with TensorSizes(watch=budget // 4) as watch:
         additive_scores(q, k, v, budget).sum().backward()
-    assert max(watch.sizes) <= max(budget, B * H * T * T)  # the chunk, or the (B, H, T, S) scores
-    assert max(watch.sizes) < B * H * T * T * D // 8
+    intermediates = [n for n in watch.sizes if n not in outputs]
+    assert max(intermediates) <= budget
+    assert watch.peak <= budget + sum(outputs)  # one block alive at a time, beside the scores and gradients
+    with TensorSizes() as one:  # everything fits: one block, one tanh, in forward
+        additive_scores(q, k, v, A * H * T * S * E)
+    assert one.ops.count("tanh_") == 1
+    blocks = list(__import__("models.attention", fromlist=["x"]).additive_blocks(A, H, T, S, E, budget))
+    assert all(
+        (b[0].stop - b[0].start) * (b[1].stop - b[1].start) * (b[2].stop - b[2].start) * (b[3].stop - b[3].start) * E
+        <= budget
+        for b in blocks
+    )
+
+
+def test_local_attention_tiles_follow_the_window_and_copy_keys_once():
+    """Tiles of b = W queries (no floor of 32), neighbourhoods as views: no tensor in the forward pass holds
+    the keys once per neighbouring tile (span = 3 tiles here)."""
+    from models.attention import tile_size
+
+    assert tile_size(8, 4096) == 8 and tile_size(3, 100) == 3 and tile_size(512, 4096) == 128
+    assert tile_size(8, 5) == 5
+    B, H, T, D, W = 1, 2, 512, 8, 8
+    score = SCORES["dot"](H, D, 1 << 16)
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    with TensorSizes() as watch:
+        out = local_attention(q, k, v, score, window=W, causal=False)
+    assert max(watch.allocs) < 2 * B * H * T * D  # one padded copy of K (or V), not span = 3 copies
+    assert "cat" not in watch.ops
+    ref = oracle_attention("dot", score, q.double(), k.double(), v.double(), band_mask(T, W, 1, False))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def sdpa_masks(fn) -> list:
+    """The attn_mask of every scaled_dot_product_attention call made by fn()."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
+        return real(*args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        fn()
+    finally:
+        F.scaled_dot_product_attention = real
+    return seen
+
+
+def test_no_mask_is_passed_where_none_is_needed():
+    """Flash kernels on GPU need attn_mask=None: full (causal or not) self-attention without padding, a
+    window that covers the sequence, cross-attention without padding, and a cached full-attention step."""
+    from models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    B, H, T, D = 2, 2, 16, 4
+    score = SCORES["dot"](H, D)
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    for causal in (False, True):
+        assert sdpa_masks(lambda c=causal: full_attention(q, k, v, score, causal=c)) == [None]
+        assert sdpa_masks(lambda c=causal: local_attention(q, k, v, score, window=T, causal=c)) == [None]
+    # the window covers the tiled neighbourhood: one call, full attention with a band mask
+    masks = sdpa_masks(lambda: local_attention(q, k, v, score, window=6, causal=False))
+    assert len(masks) == 1 and masks[0].shape[-2:] == (T, T)
+    model = Transformer(ModelConfig(arch="encoder_decoder", vocab_size=11, d_model=8, n_heads=2)).eval()
+    src, tgt = torch.randint(1, 11, (2, 5)), torch.randint(1, 11, (2, 4))
+    assert sdpa_masks(lambda: model(src, tgt)) == [None] * 6  # 2 encoder, 2 decoder self, 2 cross
+    cache = model.new_cache(8)
+    memory = model.encode(src)
+    model.step(tgt, cache, 0, memory)
+    assert sdpa_masks(lambda: model.step(tgt[:, :1], cache, 4, memory)) == [None] * 4
 
 
 @pytest.mark.parametrize("name", ALL_SCORES)
@@ -296,38 +402,125 @@ def test_windowed_attention_never_builds_a_length_squared_tensor(name, pattern):
 # --- reach and causality ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern,window,dilation", [("local", 3, 1), ("dilated", 2, 3)])
+def reach_reference(layers, T: int, causal: bool) -> torch.Tensor:
+    """(T, T) True where input position j can influence output position i through the stack, from dense
+    band masks: each layer passes its input on (the residual) or through any head's band."""
+    total = torch.eye(T, dtype=torch.bool)
+    for la in layers:
+        step = torch.eye(T, dtype=torch.bool)
+        for d in la.dilations:
+            step |= band_mask(T, la.window, d, causal) if la.window is not None else band_mask(T, None, 1, causal)
+        total = (step.double() @ total.double()) > 0
+    return total
+
+
+def stack_influence(cfg, layers, T: int, i: int, causal: bool, score: str) -> torch.Tensor:
+    """|d out[i] / d x[j]| summed over features: which inputs reach output i (gradients, the model itself)."""
+    from models.blocks import EncoderLayer
+
+    stack = nn.Sequential(*[EncoderLayer(cfg, la, causal=causal) for la in layers]).double()
+    x = torch.randn(1, T, cfg.d_model, dtype=torch.float64, requires_grad=True)
+    stack(x)[0, i].sum().backward()
+    return x.grad[0].abs().sum(-1) > 0  # (T,)
+
+
+DILATION_CASES = [
+    # (model keys, what it exercises)
+    dict(pattern="local", window=3),
+    dict(pattern="local", window=2, window_schedule="increasing"),
+    dict(pattern="local", window=2, window_schedule="decreasing"),
+    dict(pattern="local", layer_windows=[1, 4, 2]),
+    dict(pattern="dilated", window=2, dilation=3),  # Longformer's default: increasing, a quarter of the heads
+    dict(pattern="dilated", window=2, dilation=3, dilation_schedule="fixed"),
+    dict(pattern="dilated", window=2, dilation=3, dilation_schedule="decreasing"),
+    dict(pattern="dilated", window=2, dilation=2, dilated_heads=3),
+    dict(pattern="dilated", window=3, dilation=2, window_schedule="increasing", dilation_schedule="fixed"),
+    dict(pattern="dilated", window=2, layer_dilations=[1, 2, 4]),
+    dict(pattern="dilated", window=2, head_dilations=[1, 2, 3, 1]),
+    dict(pattern="dilated", window=1, head_dilations=[[2, 1, 2, 2], [1, 3, 3, 1], [4, 4, 4, 4]]),
+    dict(layer_patterns=["local", "dilated", "full"], window=2, dilation=3),
+]
+
+
+@pytest.mark.parametrize("keys", DILATION_CASES, ids=[str(c) for c in DILATION_CASES])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("score", ["dot", "additive"])
-def test_reach_of_stacked_windows(pattern, window, dilation, causal, score):
-    from models.blocks import EncoderLayer
+def test_reach_of_every_window_and_dilation_combination_equals_the_band_reference(keys, causal, score):
+    """Longformer (Beltagy et al. 2020, sections 3.1, 4.2): dilation per head, schedules per layer. What a
+    stack can see is exactly the composition of each layer's dense band masks (any head, or the residual)."""
     from models.config import ModelConfig
 
     torch.manual_seed(5)
-    L, T, i = 2, 41, 20
-    cfg = ModelConfig(
-        arch="decoder",
-        d_model=8,
-        n_heads=2,
-        n_layers=L,
-        pattern=pattern,
-        window=window,
-        dilation=dilation,
-        positions="none",
-        score=score,
-    )
-    layers = nn.Sequential(*[EncoderLayer(cfg, pattern, causal=causal) for _ in range(L)]).double()
-    x = torch.randn(1, T, 8, dtype=torch.float64, requires_grad=True)
-    layers(x)[0, i].sum().backward()
-    grad = x.grad[0].abs().sum(-1)  # (T,)
-    reach = L * window * dilation
-    for j in range(T):
-        dist = i - j
-        reachable = abs(dist) <= reach and dist % dilation == 0 and (dist >= 0 or not causal)
-        if reachable:
-            assert grad[j] > 0, f"position {j} (distance {dist}) should influence {i}"
-        else:
-            assert grad[j] == 0, f"position {j} (distance {dist}) is beyond the reach {reach}"
+    cfg = ModelConfig(arch="decoder", d_model=8, n_heads=4, n_layers=3, positions="none", score=score, **keys)
+    layers = cfg.attention_layers()
+    T = 61
+    ref = reach_reference(layers, T, causal)
+    for i in (0, 30, 60):
+        got = stack_influence(cfg, layers, T, i, causal, score)
+        assert torch.equal(got, ref[i]), (i, got.nonzero().flatten().tolist(), ref[i].nonzero().flatten().tolist())
+
+
+def test_longformer_default_keeps_heads_undilated_and_dilates_upper_layers():
+    """Old configs ``pattern: dilated, window: W, dilation: d`` now mean Longformer's scheme: a quarter of
+    the heads dilated (2 of 8), dilation rising from 1 in the bottom layer to d in the top one."""
+    from models.config import ModelConfig
+
+    cfg = ModelConfig(arch="decoder", n_heads=8, d_model=32, n_layers=4, pattern="dilated", window=8, dilation=3)
+    assert [la.dilations for la in cfg.attention_layers()] == [
+        (1,) * 8,
+        (1,) * 6 + (2, 2),
+        (1,) * 6 + (2, 2),
+        (1,) * 6 + (3, 3),
+    ]
+    assert [la.window for la in cfg.attention_layers()] == [8, 8, 8, 8]
+    inc = cfg.replace(window_schedule="increasing").attention_layers()
+    assert [la.window for la in inc] == [3, 6, 10, 13]  # mean 8: compute-matched with the fixed window
+    assert [la.window for la in cfg.replace(window_schedule="decreasing").attention_layers()] == [13, 10, 6, 3]
+
+
+PER_LAYER = ("layer_windows", "layer_dilations", "layer_patterns")
+DEPTH_CASES = [
+    (keys, depth)
+    for keys in DILATION_CASES
+    if "dilat" in str(keys)
+    for depth in (1, 3)
+    if depth == 3 or not (any(k in keys for k in PER_LAYER) or isinstance(keys.get("head_dilations", [0])[0], list))
+]
+
+
+@pytest.mark.parametrize("keys,depth", DEPTH_CASES, ids=[f"{k}-L{d}" for k, d in DEPTH_CASES])
+def test_a_stack_with_dilation_reaches_the_previous_token_at_depth_one(keys, depth):
+    """The defect Longformer avoids: if every head of a layer stack were dilated, token t would never see
+    t - 1. Every accepted configuration with dilated heads sees it after its first layer."""
+    from models.config import ModelConfig
+
+    cfg = ModelConfig(arch="decoder", d_model=8, n_heads=4, n_layers=depth, positions="none", **keys)
+    layers = cfg.attention_layers()
+    assert any(max(la.dilations) > 1 for la in layers) or depth == 1
+    torch.manual_seed(0)
+    for causal in (True, False):
+        got = stack_influence(cfg, layers[:1], 31, 20, causal, "dot")
+        assert got[19], "token t must see t - 1 after one layer"
+
+
+def test_a_stack_whose_bottom_layer_dilates_every_head_is_refused():
+    """Longformer (section 4.2) keeps the lower layers undilated; a bottom layer with every head dilated does
+    not see t - 1 after one layer, and a stack dilated everywhere never does."""
+    from models.config import ConfigError, ModelConfig
+
+    base = dict(n_heads=2, d_model=8, pattern="dilated", window=2)
+    for keys in (
+        dict(n_layers=1, dilation=2, dilated_heads=2),
+        dict(dilation=2, dilated_heads=2, dilation_schedule="decreasing"),
+        dict(head_dilations=[2, 3]),
+        dict(head_dilations=[[2, 2], [1, 2]]),
+        dict(layer_dilations=[2, 1], dilated_heads=2),
+    ):
+        with pytest.raises(
+            ConfigError, match=r"every head of the bottom layer is dilated.*t-1.*dilated_heads < n_heads"
+        ):
+            ModelConfig(**base, **keys)
+    ModelConfig(**base, dilation=2, dilated_heads=2)  # increasing: the bottom layer is not dilated
 
 
 VALID_COMBINATIONS = [

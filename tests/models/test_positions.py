@@ -7,13 +7,17 @@ import math
 import pytest
 import torch
 
-from models import ModelConfig, Transformer
-from models.positions import LearnedPositions, PositionError, Rotary, SinusoidalPositions, alibi_slopes
+from models import ConfigError, ModelConfig, Transformer
+from models.positions import ALiBi, LearnedPositions, PositionError, Rotary, SinusoidalPositions, alibi_slopes
+
+
+def cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{"arch": "decoder", "d_model": 8, "n_heads": 2, **kw})
 
 
 @pytest.mark.parametrize("d_model", [8, 13])
 def test_sinusoidal_equals_the_closed_form(d_model):
-    pe = SinusoidalPositions(d_model, max_len=16)
+    pe = SinusoidalPositions(cfg(d_model=d_model, n_heads=1, max_len=16))
     x = torch.zeros(1, 40, d_model)  # longer than the cached table: computed on the fly
     got = pe(x)[0].double()
     for pos in range(40):
@@ -23,10 +27,16 @@ def test_sinusoidal_equals_the_closed_form(d_model):
             assert abs(got[pos, i].item() - want) < 1e-6, (pos, i)
     # with an offset (cached decoding) the same table continues
     torch.testing.assert_close(pe(torch.zeros(1, 5, d_model), start=30)[0], got[30:35].float())
+    # position ids (left-padded prompts) select rows of the same closed form, in and beyond the table
+    ids = torch.tensor([[0, 0, 3, 17], [5, 6, 7, 8]])
+    torch.testing.assert_close(pe(torch.zeros(2, 4, d_model), start=36, ids=ids).double(), got[ids], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        pe(torch.zeros(2, 4, d_model), start=0, ids=ids % 4).double(), got[ids % 4], atol=1e-6, rtol=0
+    )
 
 
 def test_learned_table_refuses_longer_sequences_with_a_clear_error():
-    pe = LearnedPositions(8, max_len=10)
+    pe = LearnedPositions(cfg(positions="learned", max_len=10))
     pe(torch.zeros(2, 10, 8))
     with pytest.raises(PositionError, match=r"max_len=10.*positions='learned'.*sinusoidal"):
         pe(torch.zeros(2, 11, 8))
@@ -58,6 +68,10 @@ def test_rotary_scores_depend_only_on_the_offset():
     # rotation keeps the norm
     x = torch.randn(1, 1, 6, 8)
     torch.testing.assert_close(rot(x).norm(dim=-1), x.norm(dim=-1))
+    # position ids rotate each row by its own positions
+    ids = torch.tensor([[0, 1, 2, 3, 4, 9], [2, 3, 4, 5, 6, 7]])
+    both = rot(x.expand(2, 1, 6, 8), start=4, ids=ids)
+    torch.testing.assert_close(both[1], rot(x, start=2)[0])
 
 
 def test_alibi_slopes_are_press_et_al_geometric_sequence():
@@ -67,3 +81,88 @@ def test_alibi_slopes_are_press_et_al_geometric_sequence():
     six = alibi_slopes(6)
     torch.testing.assert_close(six[:4], alibi_slopes(4))
     torch.testing.assert_close(six[4:], alibi_slopes(8)[0::2][:2])
+
+
+def test_alibi_bias_causal_is_press_and_bidirectional_keeps_direction():
+    """Press et al. (2022) define -m_h (i - j) for keys j <= i (causal). Bidirectional stacks give future
+    keys the reversed set of slopes, m_{H-1-h}: each head penalises past and future differently."""
+    m = alibi_slopes(4)
+    dist = torch.arange(-5, 6)  # query - key
+    causal = ALiBi(4, causal=True).bias(dist)
+    for h in range(4):
+        for n, d in enumerate(dist.tolist()):
+            if d >= 0:
+                assert causal[h, n] == pytest.approx(-m[h].item() * d)
+    both = ALiBi(4, causal=False).bias(dist)
+    for h in range(4):
+        for n, d in enumerate(dist.tolist()):
+            want = -m[h].item() * d if d >= 0 else -m[3 - h].item() * -d
+            assert both[h, n] == pytest.approx(want)
+        assert not torch.allclose(both[h, :5].flip(0), both[h, 6:])  # past and future differ in every head
+
+
+def test_alibi_with_one_head_is_refused_where_it_cannot_tell_direction():
+    with pytest.raises(ConfigError, match=r"positions='alibi' in a bidirectional stack.*n_heads=1.*reverse"):
+        ModelConfig(arch="encoder_decoder", positions="alibi", n_heads=1, d_model=8)
+    ModelConfig(arch="decoder", positions="alibi", n_heads=1, d_model=8)  # causal: Press et al. exactly
+
+
+@pytest.mark.parametrize(
+    "positions,score",
+    [
+        (p, s)
+        for p in ("sinusoidal", "learned", "rotary", "alibi", "none")
+        for s in ("dot", "additive")
+        if (p, s) != ("rotary", "additive")  # refused: rotary needs a dot-product score
+    ],
+)
+def test_encoder_decoder_tells_a_source_from_its_reverse_unless_positions_are_none(positions, score):
+    """Cross-attention carries no positions, so the order of the source can reach the decoder only through
+    the encoder. Every scheme but `none` must make reverse(source) a different input (Press et al. 2022
+    for ALiBi, whose symmetric form -m|i - j| would not); `none` is permutation-equivariant, so the decoder
+    sees the same set of memory vectors and its output is identical (up to rounding)."""
+    torch.manual_seed(0)
+    model = Transformer(
+        ModelConfig(
+            arch="encoder_decoder", vocab_size=13, d_model=16, n_heads=4, n_layers=2, positions=positions, score=score
+        )
+    ).double()
+    model.eval()
+    src = torch.randint(4, 13, (3, 7))
+    tgt = torch.randint(4, 13, (3, 5))
+    a, b = model(src, tgt), model(src.flip(1), tgt)
+    if positions == "none":
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    else:
+        assert (a - b).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("scale_embeddings", [True, False])
+def test_initial_scale_of_every_position_scheme(scale_embeddings):
+    """What each scheme adds to the embeddings at initialisation, against the token embeddings' own RMS
+    (N(0, d^-0.5) times sqrt(d) when scaled: RMS 1). Sinusoids have RMS sqrt(1/2) (sin^2 + cos^2 = 1 per pair);
+    learned positions start on the token scale by default (BERT and GPT-2 also initialise both alike) so
+    that "learned learns slower" is not an artefact of a 50x smaller start; the others add nothing."""
+    torch.manual_seed(0)
+    d, T = 256, 400
+    rms = {}
+    for positions in ("sinusoidal", "learned", "rotary", "alibi", "none"):
+        model = Transformer(
+            ModelConfig(
+                arch="decoder", d_model=d, n_heads=4, positions=positions, max_len=T, scale_embeddings=scale_embeddings
+            )
+        )
+        x = torch.zeros(1, T, d)
+        rms[positions] = model.positions(x).pow(2).mean().sqrt().item()
+        tokens = model.embed.weight * model.emb_scale
+        token_rms = tokens.pow(2).mean().sqrt().item()
+    want_token = 1.0 if scale_embeddings else d**-0.5
+    assert token_rms == pytest.approx(want_token, rel=0.01)
+    assert rms["sinusoidal"] == pytest.approx(math.sqrt(0.5), rel=1e-6)
+    assert rms["learned"] == pytest.approx(want_token, rel=0.01)  # 102,400 draws: sampling error ~0.2%
+    assert rms["rotary"] == rms["alibi"] == rms["none"] == 0.0
+    # configurable: the old 0.02 start, or any other
+    small = Transformer(ModelConfig(arch="decoder", d_model=d, n_heads=4, positions="learned", position_init_std=0.02))
+    assert small.positions.table.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    with pytest.raises(ConfigError, match=r"position_init_std=0.02.*positions='sinusoidal' has none"):
+        ModelConfig(position_init_std=0.02)

@@ -1,76 +1,269 @@
-"""The whole model: decoding with the cache against the full forward pass, beam 1 against greedy,
-padding, heads removed at evaluation time, weight tying, shapes of every arch."""
+"""The whole model: decoding with the cache against the full forward pass, beam search against exhaustive
+search and a plain reference, batched prompts, padding, heads removed at evaluation time, weight tying,
+shapes of every arch."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import ModelConfig, Transformer
+
+PATTERNS = {
+    "full": {},
+    "local": {"pattern": "local", "window": 3},
+    "dilated": {"pattern": "dilated", "window": 3, "dilation": 2},  # Longformer's default: upper layer, 1 head
+    "per_head": {"pattern": "dilated", "window": 2, "head_dilations": [[1, 2], [3, 1], [1, 1]]},
+    "schedules": {
+        "layer_patterns": ["local", "dilated", "full"],
+        "window": 2,
+        "dilation": 3,
+        "window_schedule": "increasing",
+        "dilation_schedule": "fixed",
+    },
+}
 
 DECODING_CASES = [
     (arch, score, positions, pattern)
     for arch in ("decoder", "encoder_decoder")
     for score in ("dot", "general", "cosine", "additive")
-    for positions in ("sinusoidal", "learned", "rotary", "alibi")
-    for pattern in ("full", "local", "dilated")
+    for positions in ("sinusoidal", "learned", "rotary", "alibi", "none")
+    for pattern in PATTERNS
     if not (positions == "rotary" and score == "additive")
 ]
 
 
-def tiny(arch: str, **kw) -> Transformer:
+def tiny(arch: str, pattern: str = "full", **kw) -> Transformer:
     base = dict(arch=arch, vocab_size=17, d_model=16, n_heads=2, n_layers=2, max_len=64)
     if arch == "encoder":
         base["n_classes"] = 3
-    if kw.get("pattern") in ("local", "dilated"):
-        base["window"] = 3
-    if kw.get("pattern") == "dilated":
-        base["dilation"] = 2
+    base.update(PATTERNS[pattern])
+    if pattern in ("per_head", "schedules"):
+        base["n_layers"] = 3
     return Transformer(ModelConfig(**{**base, **kw})).double().eval()
 
 
 @pytest.mark.parametrize("arch,score,positions,pattern", DECODING_CASES)
 def test_cached_incremental_decoding_equals_the_full_forward(arch, score, positions, pattern):
+    """x-transformers' cache-vs-no-cache equality: a prompt, single steps, then a chunk of 3 tokens at once
+    (a ring buffer must grow for it), against one forward pass over the whole sequence."""
     torch.manual_seed(0)
-    model = tiny(
-        arch,
-        score=score,
-        positions=positions,
-        pattern=pattern,
-        n_decoder_layers=3 if arch == "encoder_decoder" else None,
-    )
+    model = tiny(arch, pattern, score=score, positions=positions)
     src, tgt = torch.randint(1, 17, (3, 9)), torch.randint(1, 17, (3, 16))
     memory = model.encode(src) if arch == "encoder_decoder" else None
     full = model(src, tgt) if arch == "encoder_decoder" else model(tgt)
     cache = model.new_cache()
     steps = [model.step(tgt[:, :4], cache, 0, memory)]  # a prompt, then one token at a time
-    steps += [model.step(tgt[:, t : t + 1], cache, t, memory) for t in range(4, 16)]
+    steps += [model.step(tgt[:, t : t + 1], cache, t, memory) for t in range(4, 13)]
+    steps += [model.step(tgt[:, 13:16], cache, 13, memory)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
-def test_local_cache_keeps_only_the_window():
-    model = tiny("decoder", pattern="dilated")  # window 3, dilation 2: 6 positions back at most
-    cache = model.new_cache()
+def test_windowed_causal_layers_keep_a_ring_of_reach_plus_one_keys():
+    """Mistral's rolling buffer cache: a layer that never looks further back than its reach keeps reach + 1
+    keys, written in place; full layers keep a preallocated buffer."""
+    model = tiny("decoder", "schedules")  # windows 1 and 3 (increasing, mean 2); dilation 3 on a head of layer 1
+    assert [la.window for la in model.cfg.attention_layers()] == [1, 3, None]
+    reach = [la.reach for la in model.cfg.attention_layers()]
+    assert reach == [1, 9, None]
+    cache = model.new_cache(40)
     tokens = torch.randint(1, 17, (1, 30))
     model.step(tokens[:, :10], cache, 0)
+    buffers = [c.k.data_ptr() for c in cache]
     for t in range(10, 30):
         model.step(tokens[:, t : t + 1], cache, t)
-        assert cache[0].k.shape[2] <= 3 * 2 + 1
+    assert [c.k.shape[2] for c in cache] == [2, 10, 40]
+    assert [c.k.data_ptr() for c in cache] == buffers  # written in place, never reallocated
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("pattern", ["full", "local", "per_head"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_steps_never_wait_for_the_device_nor_copy_the_cache(pattern, padded):
+    """No host synchronisation per step (.item(), bool(tensor), nonzero) and no torch.cat of the cache: a
+    step reads preallocated buffers written in place."""
+    model = tiny("decoder", pattern)
+    cache = model.new_cache(24)
+    prompt = torch.randint(1, 17, (2, 6))
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, :3] = padded
+    model.step(prompt, cache, 0, padding=pad if padded else None)
+    with Ops() as ops:
+        for t in range(6, 20):
+            model.step(torch.randint(1, 17, (2, 1)), cache, t)
+    for forbidden in ("_local_scalar_dense", "item", "nonzero", "cat", "is_nonzero"):
+        assert forbidden not in ops.names, forbidden
+
+
+def test_cross_attention_keys_and_values_are_computed_once_and_shared_by_the_beams():
+    model = tiny("encoder_decoder")
+    calls = []
+    for _, module in model.attention_modules():
+        if module.cross:
+            module.kv_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    model.beam_search(source=torch.randint(3, 17, (3, 7)), beam_size=4, max_new_tokens=8, eos_id=2)
+    assert calls == [3, 3]  # once per decoder layer, for the 3 sources (not 3 x 4 beams)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "alibi"])
+@pytest.mark.parametrize("pattern", ["full", "local", "dilated"])
+def test_batched_prompts_of_different_lengths_equal_each_prompt_alone(arch, positions, pattern):
+    """Left padding plus position ids (Hugging Face's batched generation): each prompt decodes as it would
+    alone, greedy and beam search alike."""
+    torch.manual_seed(2)
+    model = tiny(arch, pattern, positions=positions)
+    prompts = [torch.randint(3, 17, (n,)) for n in (5, 2, 7)]
+    T = max(len(p) for p in prompts)
+    batch = torch.zeros(3, T, dtype=torch.long)
+    pad = torch.ones(3, T, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        batch[i, T - len(p) :], pad[i, T - len(p) :] = p, False
+    src = torch.randint(3, 17, (3, 6)) if arch == "encoder_decoder" else None
+    kw = {"max_new_tokens": 6, "eos_id": 2}
+    for decode in ("greedy", "beam"):
+        fn = model.greedy if decode == "greedy" else (lambda **a: model.beam_search(beam_size=3, **a))
+        together = fn(prompt=batch, prompt_padding=pad, source=src, **kw)
+        for i, p in enumerate(prompts):
+            alone = fn(prompt=p[None], source=None if src is None else src[i : i + 1], **kw)
+            width = alone.shape[1]
+            torch.testing.assert_close(together[i, :width], alone[0], rtol=0, atol=0)
+            assert (together[i, width:] == model.cfg.pad_id).all()
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 @pytest.mark.parametrize("pattern", ["full", "local"])
 def test_beam_search_with_beam_one_equals_greedy(arch, pattern):
     torch.manual_seed(1)
-    model = tiny(arch, pattern=pattern)
+    model = tiny(arch, pattern)
     kw = (
         {"source": torch.randint(1, 17, (4, 7))}
         if arch == "encoder_decoder"
         else {"prompt": torch.randint(1, 17, (4, 5))}
     )
-    greedy = model.greedy(**kw, max_new_tokens=10, eos_id=2)
-    beam = model.beam_search(**kw, beam_size=1, max_new_tokens=10, eos_id=2)
-    torch.testing.assert_close(beam, greedy, rtol=0, atol=0)
+    for eos in (None, 2, 5):
+        greedy = model.greedy(**kw, max_new_tokens=10, eos_id=eos)
+        beam = model.beam_search(**kw, beam_size=1, max_new_tokens=10, eos_id=eos)
+        torch.testing.assert_close(beam, greedy, rtol=0, atol=0)
+
+
+def small_vocab_model(arch: str, seed: int) -> Transformer:
+    """V = 5 (pad 0, bos 1, eos 2, two symbols), with a likely end of sequence (its logit raised)."""
+    torch.manual_seed(seed)
+    model = (
+        Transformer(
+            ModelConfig(arch=arch, vocab_size=5, d_model=8, n_heads=2, n_layers=1, max_len=16, tie_embeddings=False)
+        )
+        .double()
+        .eval()
+    )
+    with torch.no_grad():
+        model.head.weight[2] += 0.5 * model.head.weight[2].sign()
+    return model
+
+
+def next_logprobs(model, arch, context, tokens) -> torch.Tensor:
+    """log p(. | context, tokens) from a full forward pass (no cache)."""
+    if arch == "decoder":
+        logits = model(torch.tensor([context + tokens]))[0, -1]
+    else:
+        logits = model(torch.tensor([context]), torch.tensor([[1] + tokens]))[0, -1]
+    return torch.log_softmax(logits.double(), -1)
+
+
+def reference_beam(model, arch, context, K, N, eos, lp, pad=0):
+    """The fairseq / Hugging Face scheme written out plainly for one input: every hypothesis scored by its
+    own forward pass, no early stopping (the pool is unbounded), hypotheses still live at N join the pool."""
+    V = model.cfg.target_vocab
+    live, pool = [([], 0.0)], []
+    for _ in range(N):
+        cands = []
+        for tokens, s in live:
+            logp = next_logprobs(model, arch, context, tokens)
+            cands += [(s + logp[v].item(), tokens + [v]) for v in range(V) if v != pad]
+        cands.sort(key=lambda c: -c[0])
+        live = []
+        for rank, (s, tokens) in enumerate(cands[: 2 * K]):
+            if eos is not None and tokens[-1] == eos:
+                if rank < K:
+                    pool.append((s / len(tokens) ** lp, tokens))
+            elif len(live) < K:
+                live.append((tokens, s))
+    pool += [(s / N**lp, tokens) for tokens, s in live]
+    return max(pool)[1]
+
+
+def exhaustive_best(model, arch, context, N, eos, lp, pad=0):
+    """The best of every sequence: ending in eos within N tokens, or N tokens without it."""
+    V = model.cfg.target_vocab
+    symbols = [v for v in range(V) if v not in (pad, eos)]
+    best = None
+    for n in range(1, N + 1):
+        for body in itertools.product(symbols, repeat=n - 1):
+            for last in [eos] + (symbols if n == N else []):
+                tokens = list(body) + [last]
+                s = sum(next_logprobs(model, arch, context, tokens[:i])[t].item() for i, t in enumerate(tokens))
+                score = s / n**lp
+                best = max(best, (score, tokens)) if best else (score, tokens)
+    return best[1]
+
+
+def beam(model, arch, context, **kw):
+    key = "prompt" if arch == "decoder" else "source"
+    out = model.beam_search(**{key: torch.tensor([context])}, **kw)[0].tolist()
+    return out[: out.index(2) + 1] if 2 in out else out
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("lp", [0.0, 0.6, 1.0, 2.0])
+def test_a_wide_enough_beam_equals_exhaustive_search(arch, lp):
+    """With K at least the number of candidates of any step (3 live x 4 tokens at most... 9 x 4 = 36 at N = 3),
+    nothing is pruned: beam search returns the best-scoring sequence of all (exact enumeration), with the
+    stopping rule on."""
+    for seed in range(3):
+        model = small_vocab_model(arch, seed)
+        context = [3, 4, 3] if arch == "decoder" else [3, 4, 4, 3]
+        want = exhaustive_best(model, arch, context, N=3, eos=2, lp=lp)
+        assert beam(model, arch, context, beam_size=36, max_new_tokens=3, eos_id=2, length_penalty=lp) == want
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("K", [2, 3])
+@pytest.mark.parametrize("lp", [0.0, 1.0, -0.5])
+def test_beam_search_equals_a_plain_reference_of_the_scheme(arch, K, lp):
+    """fairseq / Hugging Face: K live hypotheses, a pool of finished ones, the same length penalty when
+    finishing and choosing, eos only from the first K candidates, never the padding token."""
+    for seed in range(4):
+        model = small_vocab_model(arch, 10 + seed)
+        context = [3, 4] if arch == "decoder" else [4, 3, 3]
+        want = reference_beam(model, arch, context, K, N=6, eos=2, lp=lp)
+        assert beam(model, arch, context, beam_size=K, max_new_tokens=6, eos_id=2, length_penalty=lp) == want
+
+
+def test_decoding_never_generates_the_padding_token():
+    model = tiny("decoder", tie_embeddings=False)
+    with torch.no_grad():
+        model.head.weight[0] = 10 * model.head.weight.abs().max()  # the pad logit dominates
+    prompt = torch.randint(3, 17, (3, 4))
+    for out in (
+        model.greedy(prompt=prompt, max_new_tokens=6),
+        model.beam_search(prompt=prompt, beam_size=3, max_new_tokens=6),
+        model.beam_search(prompt=prompt, beam_size=3, max_new_tokens=6, eos_id=2),
+    ):
+        body = [row[: row.index(2) + 1] if 2 in row else row for row in out.tolist()]
+        assert all(0 not in row for row in body)
 
 
 def test_greedy_follows_the_argmax_of_full_forward_passes():
@@ -102,8 +295,8 @@ def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
 
 def test_padding_tokens_do_not_change_the_encoder_output():
     torch.manual_seed(4)
-    for pattern in ("full", "local", "dilated"):
-        model = tiny("encoder", pattern=pattern)
+    for pattern in PATTERNS:
+        model = tiny("encoder", pattern)
         x = torch.randint(1, 17, (2, 12))
         pad = torch.zeros(2, 12, dtype=torch.bool)
         pad[:, 8:] = True
@@ -169,7 +362,7 @@ def test_encoder_decoder_names_every_attention_module():
 
 
 def test_per_layer_patterns():
-    model = tiny("decoder", layer_patterns=["local", "full"], window=2)
-    assert [m.pattern for _, m in model.attention_modules()] == ["local", "full"]
+    model = tiny("decoder", "full", layer_patterns=["local", "full"], window=2)
+    assert [m.pattern.layer.pattern for _, m in model.attention_modules()] == ["local", "full"]
     x = torch.randint(1, 17, (1, 20))
     assert model(x).shape == (1, 20, 17)

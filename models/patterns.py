@@ -1,0 +1,157 @@
+"""Attention patterns: which keys a query sees in self-attention (``PATTERNS``).
+
+A pattern is one class: ``allowed(dist)`` says, for signed distances dist = query - key (T, S), which keys
+each head may see ((H or 1, T, S) bool, or None for every key); the causal rule and padding are applied
+by the caller. That alone is enough for a new pattern: the default ``attend`` runs full attention with
+that mask, cached decoding uses the same mask, and ``reach`` (the furthest distance seen, None when
+unbounded) lets a causal layer's cache keep only reach + 1 keys. A pattern with a faster exact kernel
+overrides ``attend``. Class attributes ``windowed`` (needs ``window``) and ``dilated`` (takes dilations)
+tell the config which keys apply.
+
+Built in:
+  full     every key (subject to causality)
+  local    keys at distance |i - j| <= W (only the past when causal): W is one-sided, 2W + 1 keys
+           (W + 1 causal); Longformer's window w is 2W, Mistral's sliding window W is W (docs/components.md)
+  dilated  Longformer (Beltagy et al. 2020, sections 3.1 and 4.2): dilation per head; head h sees keys at
+           distances that are multiples of d_h up to W * d_h. Heads with d_h = 1 are plain local heads;
+           ``ModelConfig.attention_layers`` resolves d_h for every layer and head from the config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.attention import dilated_attention, full_attention, local_attention
+from models.config import LayerAttention
+from models.registry import PATTERNS
+
+
+class Pattern:
+    """Which keys each head sees; built from one layer's ``LayerAttention`` geometry."""
+
+    windowed = False
+    dilated = False
+
+    def __init__(self, layer: LayerAttention) -> None:
+        self.layer = layer
+        self.window = layer.window
+        self.dilations = layer.dilations
+
+    @classmethod
+    def plain(cls, n_heads: int) -> Pattern:
+        return cls(LayerAttention(getattr(cls, "name", "full"), None, (1,) * n_heads))
+
+    @property
+    def reach(self) -> int | None:
+        return self.layer.reach
+
+    def allowed(self, dist: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        """q (B, H, T, D), k, v (B, H, S, D) of one sequence (queries aligned to the last keys)."""
+        T, S = q.shape[-2], k.shape[-2]
+        dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
+        return full_attention(
+            q,
+            k,
+            v,
+            score,
+            causal=causal,
+            key_padding=key_padding,
+            bias=bias,
+            allowed=self.allowed(dist),
+            dropout_p=dropout_p,
+        )
+
+    def context(self, length: int, causal: bool) -> float:
+        """Keys a query sees on average (for FLOPs): the full context unless the pattern bounds it."""
+        return (length + 1) / 2 if causal else float(length)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.layer})"
+
+
+@PATTERNS.register("full")
+class FullPattern(Pattern):
+    name = "full"
+
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        return full_attention(q, k, v, score, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p)
+
+
+@PATTERNS.register("local")
+class LocalPattern(Pattern):
+    name = "local"
+    windowed = True
+
+    def allowed(self, dist):
+        return (dist.abs() <= self.window)[None]
+
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        return local_attention(
+            q, k, v, score, window=self.window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
+        )
+
+    def context(self, length: int, causal: bool) -> float:
+        return min(super().context(length, causal), self.window + 1 if causal else 2 * self.window + 1)
+
+
+@PATTERNS.register("dilated")
+class DilatedPattern(LocalPattern):
+    """Per-head dilation: heads are grouped by their dilation and each group runs the residue-class kernel
+    (dilation 1: the plain local kernel)."""
+
+    name = "dilated"
+    dilated = True
+
+    def __init__(self, layer: LayerAttention) -> None:
+        super().__init__(layer)
+        groups: dict[int, list[int]] = {}
+        for h, d in enumerate(layer.dilations):
+            groups.setdefault(d, []).append(h)
+        self.groups = sorted(groups.items(), key=lambda item: item[1][0])  # [(d, heads)], by first head
+        order = [h for _, heads in self.groups for h in heads]
+        self.order = None if order == sorted(order) else torch.tensor(order).argsort()
+
+    def allowed(self, dist):
+        d = torch.tensor(self.dilations, device=dist.device).view(-1, 1, 1)  # (H, 1, 1)
+        return (dist.abs() <= self.window * d) & (dist % d == 0)
+
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        outs = []
+        for d, heads in self.groups:
+            if len(self.groups) == 1:
+                idx = slice(None)
+            elif heads == list(range(heads[0], heads[-1] + 1)):
+                idx = slice(heads[0], heads[-1] + 1)  # a view
+            else:
+                idx = torch.tensor(heads, device=q.device)
+            group_bias = None if bias is None else (lambda dist, idx=idx: bias(dist)[idx])
+            outs.append(
+                dilated_attention(
+                    q[:, idx],
+                    k[:, idx],
+                    v[:, idx],
+                    _HeadSubset(score, idx),
+                    window=self.window,
+                    dilation=d,
+                    causal=causal,
+                    key_padding=key_padding,
+                    bias=group_bias,
+                    dropout_p=dropout_p,
+                )
+            )
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out if self.order is None else out.index_select(1, self.order.to(out.device))
+
+
+class _HeadSubset:
+    """A score function restricted to some heads (its per-head parameters indexed accordingly)."""
+
+    def __init__(self, score, heads) -> None:
+        self.score, self.heads = score, heads
+        self.dot_like, self.scale = score.dot_like, score.scale
+
+    def scores(self, q, k):
+        return self.score.scores(q, k, self.heads)
