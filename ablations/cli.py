@@ -8,7 +8,6 @@ answers at once. Exit codes: 0 done (a diverged run is a result), 1 failed while
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -55,8 +54,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def print_summary(result) -> None:
-    from ablations import tracking
-
     status = result.status + (f" ({result.detail})" if result.detail else "")
     print(f"\nstatus: {status}")
     shown = [k for k in sorted(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]
@@ -68,17 +65,14 @@ def print_summary(result) -> None:
     width = max((len(k) for k in shown), default=0)
     for key in shown:
         print(f"  {key:<{width}}  {result.metrics[key]:.6g}")
-    exp = tracking.client(result.tracking_uri).get_experiment_by_name(result.experiment)
+    from ablations.ui import browse_hint
+
     print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({result.tracking_uri})")
-    if result.tracking_uri.startswith(("http://", "https://")):
-        print(f"open: {result.tracking_uri.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{result.run_id}")
-    else:
-        print(f"open: ablate ui, then http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{result.run_id}")
+    print(f"browse: {browse_hint(result.tracking_uri, result.experiment, result.run_id)}")
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from ablations.spec import SpecError
-    from ablations.study import load_study
+    from ablations.spec import SpecError, load_study
 
     try:
         study = load_study(args.study, seeds=_seeds(args.seeds))
@@ -89,7 +83,11 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         from ablations import tracking
 
-        uri = tracking.resolve_uri(args.tracking_uri)
+        uri = tracking.resolve_uri(args.tracking_uri, create=False)
+        if not tracking.store_exists(uri):  # a dry run writes nothing, not even an empty store
+            sweep.describe_plan(study, sweep.Plan(todo=list(study.cells), done={}, stale=[]))
+            print(f"(no store yet at {uri}: every cell is to train)")
+            return EXIT_OK
         sweep.describe_plan(study, sweep.plan(study, uri))
         try:
             sweep.check_no_live_submission(study, uri)
@@ -114,8 +112,10 @@ def _sweep(args: argparse.Namespace) -> int:
     print(sweep.format_rows(study, rows))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(result.counts.items()) if n)
     print(f"\n{study.name}: {counts}")
+    from ablations.ui import browse_hint
+
     flag = "" if args.tracking_uri is None else " --tracking-uri " + args.tracking_uri
-    print(f"report: ablate report {study.name}{flag}   browse: ablate ui{flag}  (experiment {study.name!r})")
+    print(f"report: ablate report {study.name}{flag}   browse: {browse_hint(result.tracking_uri, study.name)}")
     return EXIT_OK if result.complete else EXIT_FAILED
 
 
@@ -142,15 +142,10 @@ def _report(args: argparse.Namespace) -> int:
     beside = ", ".join(sorted(p.name for k, p in report.files.items() if k != "html"))
     print(f"report: {report.files['html'].resolve()}  (beside it: {beside})")
     if report.parent_run_id:
-        runs = report.runs
-        where = (
-            f"{uri.rstrip('/')}/"
-            if uri.startswith(("http://", "https://"))
-            else "ablate ui, then http://127.0.0.1:5000/"
-        )
-        print(
-            f"in MLflow: {where}#/experiments/{runs.experiment_id}/runs/{report.parent_run_id}/artifacts/report/report.html"
-        )
+        from ablations.ui import browse_hint
+
+        hint = browse_hint(uri, args.study, report.parent_run_id)
+        print(f"in MLflow: {hint}  (the parent run's artifacts: report/report.html)")
     return EXIT_OK
 
 
@@ -198,8 +193,7 @@ def _seeds(text: str | None) -> list[int] | None:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from ablations.search import format_best, load_search, run_search
-    from ablations.spec import SpecError
+    from ablations.spec import SpecError, load_search
 
     try:
         spec = load_search(args.spec)
@@ -207,6 +201,8 @@ def _search(args: argparse.Namespace) -> int:
         return error(str(err))
     if args.n_trials is not None:
         spec.n_trials = args.n_trials
+    from ablations.search import format_best, run_search
+
     try:
         result = run_search(
             spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage, num_cpus=args.cpus
@@ -217,7 +213,7 @@ def _search(args: argparse.Namespace) -> int:
         print("\ninterrupted: run the same command again to resume the search", file=sys.stderr)
         return 130
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
-    print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result)}")
+    print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result.best)}")
     print(
         f"Optuna storage: {result.storage}   (ablate ui --optuna{' --storage ' + args.storage if args.storage else ''})"
     )
@@ -232,9 +228,8 @@ def _ui(args: argparse.Namespace) -> int:
     from ablations.ui import serve_mlflow, serve_optuna
 
     if args.optuna:
-        return serve_optuna(args.storage, args.host, args.port or 8080)
-
-    return serve_mlflow(args.tracking_uri, args.host, args.port or int(os.environ.get("ABLATE_UI_PORT", "5000")))
+        return serve_optuna(args.storage, args.host, args.port)
+    return serve_mlflow(args.tracking_uri, args.host, args.port, experiment=args.experiment, run_id=args.run)
 
 
 def add_tracking_uri(p: argparse.ArgumentParser) -> None:
@@ -325,9 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
+    p.add_argument("experiment", nargs="?", default=None, help="open this study's (or run's) experiment")
+    p.add_argument("--run", default=None, help="open this run of the experiment")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=None, help="default 5000 (MLflow; $ABLATE_UI_PORT), 8080 (--optuna)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="default 5000 (MLflow; $ABLATE_UI_PORT), 8080 (--optuna), else a free one",
+    )
     p.add_argument("--optuna", action="store_true", help="start optuna-dashboard on the searches' storage instead")
     p.add_argument("--storage", default=None, help="with --optuna: the Optuna storage (default .ablate/optuna.db)")
     p.set_defaults(func=_ui)

@@ -71,7 +71,10 @@ def prepare_environment(address: str | None) -> None:
                 "ray was imported before the loopback settings could be applied; "
                 "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray"
             )
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # 127.0.0.1 everywhere (read at import)
+        # 127.0.0.1 everywhere (read at import). Ray has no public setting that keeps a node on loopback: it
+        # rewrites --node-ip-address=127.0.0.1 to the machine's external address (ray-project/ray#26293,
+        # ray-project/ray#59110); this variable, read by ray._private.services, is the one switch that works.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         # token authentication is for clusters reachable from elsewhere; a loopback cluster has none
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # fixed default ports of the metrics servers: move them to free ones

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ablations.spec import RunConfig
-from ablations.study import Resources
+from ablations.spec import Resources, RunConfig
 from ablations.train import Hook, RunResult, Tracking
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelJob:
     """What every rank needs (shipped to the Ray Train workers)."""
 
@@ -77,7 +76,7 @@ def run_data_parallel(
     r = job.resources
     per_worker = {"CPU": r.per_worker_cpus}
     if r.gpus:
-        per_worker["GPU"] = r.gpus / r.workers
+        per_worker["GPU"] = r.per_worker_gpus
     trainer = TorchTrainer(
         _worker,
         train_loop_config={"job": job},
@@ -94,22 +93,33 @@ def run_data_parallel(
 
 def _recorded_result(job: ParallelJob, key: str, lost: str) -> RunResult:
     """Rank 0's run, found by its tag; a run still RUNNING (rank 0 is gone) is ended as failed with ``lost``."""
-    from mlflow.entities import RunTag
-
-    from ablations import tracking
+    from ablations import records, tracking
     from ablations.train import experiment_name
 
     uri = tracking.resolve_uri(job.where.uri)
     experiment = experiment_name(job.run, job.where)
-    c = tracking.client(uri)
+    c = records.client(uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], f"tags.ray_train_run = '{key}'") if exp else []
     if not runs:
-        return RunResult("", tracking.STATUS_FAILED, f"rank 0 recorded no MLflow run ({lost})", {}, uri, experiment)
+        return RunResult(
+            run_id="",
+            status=records.STATUS_FAILED,
+            detail=f"rank 0 recorded no MLflow run ({lost})",
+            metrics={},
+            tracking_uri=uri,
+            experiment=experiment,
+        )
     run = runs[0]
-    status, _, detail = run.data.tags.get("status_detail", "").partition(": ")
+    status, detail = records.parse_status(run.data.tags.get(records.TAG_STATUS, ""))
     if run.info.status == "RUNNING" or not status:
-        status, detail = tracking.STATUS_FAILED, lost
-        c.log_batch(run.info.run_id, tags=[RunTag("status_detail", f"{status}: {detail}")])
-        c.set_terminated(run.info.run_id, tracking.MLFLOW_STATUS[status])
-    return RunResult(run.info.run_id, status, detail, dict(run.data.metrics), uri, experiment)
+        status, detail = records.STATUS_FAILED, lost
+        records.end_run(uri, run.info.run_id, status, detail)
+    return RunResult(
+        run_id=run.info.run_id,
+        status=status,
+        detail=detail,
+        metrics=dict(run.data.metrics),
+        tracking_uri=uri,
+        experiment=experiment,
+    )

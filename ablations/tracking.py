@@ -1,10 +1,7 @@
-"""The MLflow conventions, in one place.
+"""Writing to MLflow: where the store is, experiments, and one run's params, metrics, tags and artifacts.
 
-- One experiment per study (or per run name for single runs); one parent run per submission of a study;
-  one child run per cell with ``mlflow.parentRunId``.
-- Params: the flattened resolved run configuration (result-affecting fields only).
-- Tags: study, variant, seed, cell_id, code version (git sha + dirty flag), ray_node, status_detail
-  (finished / diverged: reason / failed: reason).
+The names of what is recorded (run kinds, tags, states) live in ``ablations.records``.
+
 - Metrics per step, written by a background thread in batches (``log_batch``), so that training never
   waits for the store; summary metrics at the end (best_*, final_*, test splits, cost_*).
 - Artifacts: the resolved configuration (config.yaml), the traceback of a failure, optionally the
@@ -16,7 +13,6 @@ under ``.ablate/`` in the working directory.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import queue
@@ -28,19 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ablations.records import MLFLOW_STATUS, STATUS_RUNNING, TAG_PARENT, TAG_STATUS, client, status_tag
+
 HOME_DIR = ".ablate"  # the embedded default's folder, in the working directory
 MAX_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 MAX_PARAMS = 100  # params per log_batch call (MLflow's limit)
-
-STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"
-STATUS_PRUNED = "pruned"  # stopped early by a search's pruner: a result, not a failure
-MLFLOW_STATUS = {
-    STATUS_PRUNED: "FINISHED",
-    STATUS_FINISHED: "FINISHED",
-    STATUS_DIVERGED: "FINISHED",
-    STATUS_FAILED: "FAILED",
-    STATUS_KILLED: "KILLED",
-}
 
 
 def home(root: str | Path | None = None) -> Path:
@@ -51,13 +39,20 @@ def embedded_uri(root: str | Path | None = None) -> str:
     return f"sqlite:///{home(root) / 'mlflow.db'}"
 
 
-def resolve_uri(uri: str | None = None, root: str | Path | None = None) -> str:
-    """The flag, else MLFLOW_TRACKING_URI, else the embedded SQLite store under .ablate/."""
+def resolve_uri(uri: str | None = None, root: str | Path | None = None, *, create: bool = True) -> str:
+    """The flag, else MLFLOW_TRACKING_URI, else the embedded SQLite store under .ablate/ (its folder is made
+    unless ``create`` is false: a dry run writes nothing)."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    home(root).mkdir(parents=True, exist_ok=True)
+    if create:
+        home(root).mkdir(parents=True, exist_ok=True)
     return embedded_uri(root)
+
+
+def store_exists(uri: str) -> bool:
+    """False for a SQLite store whose file is not there yet (nothing to read; reading would create it)."""
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
 
 
 def artifact_root(uri: str) -> str | None:
@@ -66,34 +61,6 @@ def artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
     return None
-
-
-@functools.lru_cache(maxsize=8)
-def client(uri: str):
-    from mlflow import MlflowClient
-
-    if not uri.startswith("sqlite:///"):
-        return MlflowClient(tracking_uri=uri)
-    with sqlite_first_use(uri):  # the client creates the store's tables as it is built
-        c = MlflowClient(tracking_uri=uri)
-        c.search_experiments(max_results=1)
-    return c
-
-
-@contextlib.contextmanager
-def sqlite_first_use(uri: str):
-    """Two processes opening a new SQLite store at once both create its schema and one fails ("table
-    _alembic_tmp_experiments already exists"): the first use of a store goes through a file lock."""
-    import fcntl
-
-    db = Path(uri.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def experiment_id(uri: str, name: str) -> str:
@@ -147,17 +114,6 @@ def code_version() -> dict[str, str]:
         "mlflow.source.git.commit": sha,
         "code_version": sha[:12] + ("-dirty" if dirty else ""),
     }
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
 
 
 class MetricWriter:
@@ -216,7 +172,7 @@ class MetricWriter:
             self._send(items)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunLogger:
     """One MLflow run: created, filled and ended through the conventions above."""
 
@@ -234,9 +190,9 @@ class RunLogger:
 
         t = time.perf_counter()
         c = client(self.uri)
-        tags = {**code_version(), **{k: str(v) for k, v in self.tags.items()}, "status_detail": "running"}
+        tags = {**code_version(), **{k: str(v) for k, v in self.tags.items()}, TAG_STATUS: STATUS_RUNNING}
         if self.parent_run_id:
-            tags["mlflow.parentRunId"] = self.parent_run_id
+            tags[TAG_PARENT] = self.parent_run_id
         run = c.create_run(experiment_id(self.uri, self.experiment), tags=tags, run_name=self.run_name)
         self.run_id = run.info.run_id
         items = [Param(k, str(v)) for k, v in params.items()]
@@ -302,7 +258,7 @@ class RunLogger:
             if summary:
                 self.writer.log(summary, step)
             self.writer.close()
-        tags = {"status_detail": status if not detail else f"{status}: {detail}"}
+        tags = {TAG_STATUS: status_tag(status, detail)}
         if self.writer is not None:
             tags["logging_seconds"] = f"{self.writer.seconds_sending:.3f}"
             if self.writer.errors:

@@ -23,7 +23,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from ablations import tracking
+from ablations import records, tracking
 from ablations.spec import RunConfig
 from models.lightning import LitTransformer, reset_peak_memory
 from models.tasks import TaskDataModule
@@ -42,7 +42,7 @@ class Tracking:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunResult:
     run_id: str
     status: str  # finished | diverged | failed | killed
@@ -219,10 +219,16 @@ def train(
             "config_hash": run.config_hash(),
             **where.tags,
         }
-        run_logger = tracking.RunLogger(uri, experiment, where.run_name or run.name, where.parent_run_id, tags)
+        run_logger = tracking.RunLogger(
+            uri=uri,
+            experiment=experiment,
+            run_name=where.run_name or run.name,
+            parent_run_id=where.parent_run_id,
+            tags=tags,
+        )
         run_logger.start(run.params(), run.to_dict())
 
-    status, detail, summary = tracking.STATUS_FAILED, "", {}
+    status, detail, summary = records.STATUS_FAILED, "", {}
     module = None
     started = time.perf_counter()
     try:
@@ -267,13 +273,13 @@ def train(
             trainer.fit(module, datamodule=data)
             extra: dict[str, float] = {}
             if module.diverged:
-                status, detail = tracking.STATUS_DIVERGED, module.diverged["reason"]
+                status, detail = records.STATUS_DIVERGED, module.diverged["reason"]
                 extra["diverged_step"] = float(module.diverged["step"])
             elif drain.stopped is not None:
                 status, detail, stop_step = drain.stopped
                 extra["stopped_step"] = float(stop_step)
             else:
-                status = tracking.STATUS_FINISHED
+                status = records.STATUS_FINISHED
             if trainer.is_global_zero and drain.stopped is None:
                 extra.update(_final_evaluation(module, data, drain))
                 if run_logger is not None and run.tracking.checkpoint:
@@ -284,17 +290,24 @@ def train(
             extra["cost/steps"] = float(trainer.global_step)
             summary = summarize(module, extra)
     except KeyboardInterrupt:
-        status, detail = tracking.STATUS_KILLED, "interrupted (Ctrl-C)"
+        status, detail = records.STATUS_KILLED, "interrupted (Ctrl-C)"
         raise
     except BaseException as err:
-        status, detail = tracking.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
+        status, detail = records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
         if run_logger is not None:
             run_logger.log_text(traceback.format_exc(), "traceback.txt")
         raise
     finally:
         if run_logger is not None:
             run_logger.end(status, detail, summary, step=module.global_step if module is not None else 0)
-    return RunResult(run_logger.run_id if run_logger else "", status, detail, summary, uri, experiment)
+    return RunResult(
+        run_id=run_logger.run_id if run_logger else "",
+        status=status,
+        detail=detail,
+        metrics=summary,
+        tracking_uri=uri,
+        experiment=experiment,
+    )
 
 
 def _final_evaluation(module, data, drain: Drain) -> dict[str, float]:

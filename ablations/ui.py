@@ -1,13 +1,23 @@
-"""``ablate ui``: the MLflow UI on the tracking store, bound to loopback unless the user says otherwise."""
+"""``ablate ui``: the MLflow UI (or optuna-dashboard) on the store, bound to loopback unless the user says
+otherwise. The server runs in its own process group; Ctrl-C and SIGTERM stop the whole group. Links are
+printed once the server answers, with the port it actually uses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
-from ablations import tracking
+from ablations import records, tracking
+
+DEFAULT_PORTS = {"mlflow": 5000, "optuna": 8080}
 
 
 def mlflow_server_command(uri: str, host: str, port: int) -> list[str]:
@@ -37,32 +47,97 @@ def lean_server_env() -> dict[str, str]:
     return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def serve_mlflow(uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> int:
+def experiment_link(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """A page of MLflow's UI in its model-training view (MLflow 3 opens experiments on its GenAI pages)."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{base.rstrip('/')}/{page}?workflowType=machine_learning"
+
+
+def browse_hint(uri: str, experiment: str, run_id: str | None = None) -> str:
+    """What to type (or open) to see an experiment or a run: a server's URL, else ``ablate ui ...``."""
+    if uri.startswith(("http://", "https://")):
+        exp = records.client(uri).get_experiment_by_name(experiment)
+        return experiment_link(uri, exp.experiment_id, run_id) if exp else uri
+    flag = "" if uri == tracking.resolve_uri(None) else f" --tracking-uri {uri}"
+    return f"ablate ui {experiment}" + (f" --run {run_id}" if run_id else "") + flag
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(host: str, asked: int | None, kind: str) -> tuple[int | None, str]:
+    """The port to serve on: the one asked for (refused if taken), else the default, else a free one."""
+    if asked is not None:
+        if _port_free(host, asked):
+            return asked, ""
+        return None, f"port {asked} on {host} is in use; pick another with --port"
+    default = int(os.environ.get("ABLATE_UI_PORT", DEFAULT_PORTS[kind])) if kind == "mlflow" else DEFAULT_PORTS[kind]
+    if _port_free(host, default):
+        return default, ""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    return port, f"port {default} is in use; serving on {port}"
+
+
+def _shown_host(host: str) -> str:
+    return "127.0.0.1" if host in ("127.0.0.1", "localhost", "0.0.0.0") else host
+
+
+def serve_mlflow(
+    uri: str | None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    *,
+    experiment: str | None = None,
+    run_id: str | None = None,
+) -> int:
     uri = tracking.resolve_uri(uri)
     if uri.startswith(("http://", "https://")):
-        print(f"the tracking store is a server already: open {uri}")
+        print(f"the tracking store is a server already: open {browse_hint(uri, experiment) if experiment else uri}")
         return 0
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
         print(f"no runs yet: {uri} does not exist (run `ablate run ablations/runs/quickstart.yaml` first)")
         return 2
+    exp_id = None
+    if experiment:
+        exp = records.client(uri).get_experiment_by_name(experiment)
+        if exp is None:
+            names = sorted(e.name for e in records.client(uri).search_experiments())
+            print(f"no experiment {experiment!r} in {uri}; experiments there: {', '.join(names)}", file=sys.stderr)
+            return 2
+        exp_id = exp.experiment_id
+    port, note = choose_port(host, port, "mlflow")
+    if port is None:
+        print(f"error: {note}", file=sys.stderr)
+        return 2
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding to {host} exposes the UI (and the store) beyond this machine", file=sys.stderr)
-    print(
-        f"MLflow UI on {uri}\nopen http://{'127.0.0.1' if host in ('127.0.0.1', 'localhost') else host}:{port} "
-        "(Ctrl-C stops it)",
-        flush=True,
+    base = f"http://{_shown_host(host)}:{port}"
+    links = [f"open {experiment_link(base, exp_id, run_id)}"] if exp_id else [f"open {base}"]
+    return serve(
+        mlflow_server_command(uri, host, port),
+        lean_server_env(),
+        ready=f"{base}/health",
+        lines=[f"MLflow UI on {uri}", *([note] if note else []), *links, "(Ctrl-C stops it)"],
     )
-    return _serve(mlflow_server_command(uri, host, port), lean_server_env())
 
 
 def optuna_dashboard_command(storage: str, host: str, port: int) -> list[str]:
-    """optuna-dashboard on an Optuna storage (a URL, or journal:PATH for a journal file)."""
+    """optuna-dashboard's own command on an Optuna storage (a URL, or journal:PATH for a journal file)."""
     target = storage.removeprefix("journal:") if storage.startswith("journal:") else storage
-    code = "import sys; from optuna_dashboard._cli import main; sys.argv[0] = 'optuna-dashboard'; sys.exit(main())"
-    return [sys.executable, "-c", code, target, "--host", host, "--port", str(port)]
+    beside = Path(sys.executable).with_name("optuna-dashboard")  # installed with this Python
+    program = str(beside) if beside.exists() else shutil.which("optuna-dashboard") or "optuna-dashboard"
+    return [program, target, "--host", host, "--port", str(port), "--quiet"]
 
 
-def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080) -> int:
+def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int | None = None) -> int:
     """``ablate ui --optuna``: optuna-dashboard on the searches' storage (loopback unless told otherwise)."""
     url = storage or os.environ.get("ABLATE_OPTUNA_STORAGE") or f"sqlite:///{tracking.home() / 'optuna.db'}"
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
@@ -70,20 +145,72 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int = 8080)
             f"no searches yet: {url} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)"
         )
         return 2
+    port, note = choose_port(host, port, "optuna")
+    if port is None:
+        print(f"error: {note}", file=sys.stderr)
+        return 2
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr
         )
-    print(f"optuna-dashboard on {url}\nopen http://{host}:{port} (Ctrl-C stops it)", flush=True)
-    return _serve(optuna_dashboard_command(url, host, port), dict(os.environ))
+    from ablations.secrets import redact_url
+
+    base = f"http://{_shown_host(host)}:{port}"
+    return serve(
+        optuna_dashboard_command(url, host, port),
+        dict(os.environ),
+        ready=f"{base}/api/studies",
+        lines=[
+            f"optuna-dashboard on {redact_url(url)}",
+            *([note] if note else []),
+            f"open {base}",
+            "(Ctrl-C stops it)",
+        ],
+    )
 
 
-def _serve(command: list[str], env: dict[str, str]) -> int:
-    """Run a server in the foreground until it exits or Ctrl-C stops it."""
-    proc = subprocess.Popen(command, env=env)
+class _Stop(Exception):
+    """SIGTERM, turned into an exception in the main thread."""
+
+
+def serve(command: list[str], env: dict[str, str], *, ready: str, lines: list[str], timeout: float = 120) -> int:
+    """Run a server in its own process group until it exits, Ctrl-C or SIGTERM (which stop the whole group).
+    ``lines`` are printed once ``ready`` answers."""
+
+    def on_term(signum, frame):
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(ready, timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.3)
+        if proc.poll() is not None:
+            return proc.returncode
+        print("\n".join(lines), flush=True)
         return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
+    except (KeyboardInterrupt, _Stop):
         return 0
+    finally:
+        _stop_group(proc)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after ``grace`` seconds."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
+        except ProcessLookupError:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # workers may outlive the leader
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -50,7 +50,7 @@ def write_study(folder: Path, name: str, base: dict, seeds: int, max_concurrent:
 def cell_runs(uri: str, name: str) -> list:
     from mlflow import MlflowClient
 
-    from ablations.sweep import KIND_CELL, search_all
+    from ablations.records import KIND_CELL, search_all
 
     exp = MlflowClient(uri).get_experiment_by_name(name)
     return search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_CELL}'")
@@ -59,8 +59,7 @@ def cell_runs(uri: str, name: str) -> list:
 def overhead(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
     import torch
 
-    from ablations.spec import load_run
-    from ablations.study import load_study
+    from ablations.spec import load_run, load_study
     from ablations.sweep import run_study
     from ablations.train import Tracking, train
 
@@ -117,7 +116,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
 
 
 def scale(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
-    from ablations.study import load_study
+    from ablations.spec import load_study
     from ablations.sweep import run_study
 
     base = {

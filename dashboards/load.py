@@ -1,6 +1,6 @@
 """A study's results from MLflow, as a tidy table: one row per cell (variant x seed), nothing else read.
 
-The conventions (ablations/tracking.py, DESIGN.md): one experiment per study; a parent run per submission
+The conventions (ablations/records.py, DESIGN.md): one experiment per study; a parent run per submission
 (tag ``kind=study``, the design as the artifact ``design.json``); a child run per attempt of a cell (tag
 ``kind=cell``, with ``variant``, ``seed``, ``cell_id``, ``axis.<key>`` and ``status_detail``). A cell's row
 is its result run (finished or diverged) when it has one, else its latest attempt (failed, killed, ...).
@@ -14,42 +14,23 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
+from ablations.records import (
+    DESIGN_ARTIFACT,
+    KIND_CELL,
+    KIND_STUDY,
+    RESULT_STATES,
+    TUNED_SETTING,
+    cell_state,
+    client,
+    kind_filter,
+    search_all,
+)
 
-KIND_CELL, KIND_STUDY = "cell", "study"
-RESULT_STATES = ("finished", "diverged")  # a cell with one of these is done
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 
 
 class NoResults(LookupError):
     """The store holds nothing to compare for this study (a clear message, never an empty table)."""
-
-
-def client(uri: str):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def cell_state(run) -> str:
-    """finished | diverged | failed | killed | running, from an MLflow run of a cell."""
-    detail = run.data.tags.get("status_detail", "")
-    if run.info.status == "RUNNING":
-        return "running"
-    if run.info.status == "FINISHED" and detail.startswith(RESULT_STATES):
-        return detail.split(":", 1)[0]
-    return "killed" if run.info.status == "KILLED" else "failed"
-
-
-def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
-    """Every run matching the filter (paged)."""
-    c = client(uri)
-    runs, token = [], None
-    while True:
-        page = c.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 @dataclass
@@ -83,7 +64,7 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
     c = client(uri)
     for parent in reversed(parents):
         try:
-            path = c.download_artifacts(parent.info.run_id, "design.json")
+            path = c.download_artifacts(parent.info.run_id, DESIGN_ARTIFACT)
         except Exception:  # an older submission without it
             continue
         with open(path) as f:
@@ -110,12 +91,10 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         names = sorted(e.name for e in c.search_experiments())
         raise NoResults(f"no study {study!r} in {uri}; studies there: {', '.join(names) or 'none'}")
     parents = sorted(
-        search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_STUDY}'"),
+        search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),
         key=lambda r: int(r.data.tags.get("submission", 0)),
     )
-    filt = f"tags.kind = '{KIND_CELL}'"
-    if submission is not None:
-        filt += f" and tags.submission = '{submission}'"
+    filt = kind_filter(KIND_CELL, **({"submission": str(submission)} if submission is not None else {}))
     runs = sorted(search_all(uri, [exp.experiment_id], filt), key=lambda r: r.info.start_time)
     if not runs:
         which = f"submission {submission} of " if submission is not None else ""
@@ -134,7 +113,11 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         row["variant"] = labels.get(row["cell_id"], row["variant"])
         # axes added after a cell ran are at the base's value in that cell: the design says which
         row.update(
-            {f"axis.{k}": str(v) for k, v in settings.get(row["variant"], {}).items() if not k.startswith("tuned:")}
+            {
+                f"axis.{k}": str(v)
+                for k, v in settings.get(row["variant"], {}).items()
+                if not k.startswith(TUNED_SETTING)
+            }
         )
     cells = pd.DataFrame(rows)
     return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)

@@ -150,6 +150,10 @@ def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard
 
 
 if __name__ == "__main__":
+    # No public Ray setting starts several nodes on loopback: `ray start --node-ip-address=127.0.0.1` is
+    # rewritten to the machine's external address (ray-project/ray#26293, ray-project/ray#59110), and the
+    # loopback switch (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) refuses a second node. This test helper patches the
+    # two internals involved, in its own process only.
     import ray._private.ray_constants as ray_constants
     import ray._private.services as services
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
+from mlflow import MlflowClient
 
 from ablations.train import Tracking, train
 from tests.ablations.test_train import short_copy
@@ -42,6 +47,73 @@ def test_ablate_ui_serves_the_store_on_loopback(tmp_path, store):
     finally:
         stop(proc)
     assert proc.returncode is not None
+
+
+def wait_for_line(log, prefix: str, proc, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if line.startswith(prefix):
+                return line
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.3)
+    raise AssertionError(f"no line starting with {prefix!r}:\n{log.read_text()}")
+
+
+@pytest.mark.slow
+def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm(tmp_path, store):
+    """The default port is taken: another is used, and the printed link says which; the link opens the study's
+    experiment in MLflow's model-training view; SIGTERM to `ablate ui` stops the server and its workers."""
+    result = train(short_copy(), Tracking(store, "ui-sigterm"))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    log = tmp_path / "ui.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ablations.cli",
+                "ui",
+                "ui-sigterm",
+                "--run",
+                result.run_id,
+                "--tracking-uri",
+                store,
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "ABLATE_UI_PORT": str(busy.getsockname()[1])},
+        )
+    try:
+        line = wait_for_line(log, "open http://127.0.0.1:", proc)
+        port = int(line.split(":")[2].split("/")[0])
+        assert port != busy.getsockname()[1] and f"port {busy.getsockname()[1]} is in use" in log.read_text()
+        exp = MlflowClient(store).get_experiment_by_name("ui-sigterm")
+        assert line.endswith(f"/#/experiments/{exp.experiment_id}/runs/{result.run_id}?workflowType=machine_learning")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            assert r.status == 200
+        group = os.getpgid(proc.pid)
+        servers = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True
+            ).stdout.split()
+        ]
+        assert servers and all(os.getpgid(p) != group for p in servers)  # the server has its own group
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True).stdout.split()
+        assert not left, left
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3)
+    finally:
+        busy.close()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_ablate_ui_without_runs_says_so(tmp_path):

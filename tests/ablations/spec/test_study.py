@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablations.spec import SpecError
-from ablations.study import load_study
+from ablations.spec import SpecError, load_study
 from tests.conftest import ROOT
 
 BASE = {
@@ -227,6 +226,7 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
         assert cell.cell_id in out.stdout
     assert "4 cells" in out.stdout and "to train" in out.stdout
     assert "Ray:" not in out.stdout  # nothing was started
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / ".ablate").exists()  # nothing was written
 
 
 def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):

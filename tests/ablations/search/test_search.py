@@ -18,8 +18,9 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from ablations.search import KIND_SEARCH, KIND_TRIAL, load_search, open_storage, run_search
-from ablations.spec import SpecError
+from ablations.records import KIND_SEARCH, KIND_TRIAL
+from ablations.search import open_storage, run_search
+from ablations.spec import load_search
 from tests.conftest import ROOT
 
 TINY = {
@@ -47,96 +48,13 @@ def write_spec(tmp_path: Path, name: str = "srch", **spec) -> Path:
     return path
 
 
-def refused(tmp_path: Path, **spec) -> SpecError:
-    path = write_spec(tmp_path, **spec)
-    with pytest.raises(SpecError) as info:
-        load_search(path)
-    assert str(path) in str(info.value)
-    return info.value
-
-
-@pytest.mark.parametrize(
-    ("spec", "key", "words"),
-    [
-        ({"space": {}}, "space", "empty"),
-        ({"space": {"training.lrr": {"type": "float", "low": 0.1, "high": 1}}}, "space.training.lrr", "unknown axis"),
-        ({"space": {"training.lr": {"type": "real", "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
-        ({"space": {"training.lr": {"type": "float", "low": 1, "high": 0.1}}}, "space.training.lr", "below"),
-        (
-            {"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},
-            "space.training.lr.low",
-            "log",
-        ),
-        ({"space": {"model.norm": {"type": "categorical", "choices": []}}}, "space.model.norm.choices", "non-empty"),
-        (
-            {"space": {**SPACE, "model.window": {"type": "int", "low": 2, "high": 8, "when": {"training.lr": 1}}}},
-            "space.model.window.when.training.lr",
-            "categorical",
-        ),
-        ({"sampler": "bayes"}, "sampler", "tpe"),
-        (
-            {
-                "pruner": "median",
-                "objectives": [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s", "direction": "maximize"}],
-            },
-            "pruner",
-            "single",
-        ),
-        ({"n_trials": None}, "n_trials", "an end"),
-        ({"resources": {"cpus": 1, "workers": 2}}, "resources.cpus", "one per worker"),
-        ({"prune_on": "train/loss"}, "prune_on", "validation"),
-        (
-            {"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}},
-            "space (model)",
-            "window",
-        ),
-        ({"colour": 1}, "colour", "unknown key"),
-    ],
-)
-def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spec, key, words):
-    err = refused(tmp_path, **spec)
-    assert err.key == key and words in str(err), str(err)
-
-
-def test_every_catalogue_search_loads():
-    paths = sorted((ROOT / "ablations" / "searches").glob("*.yaml"))
-    assert {p.stem for p in paths} >= {"quickstart_lr", "locality_window"}
-    for path in paths:
-        assert load_search(path).name == path.stem
-
-
-def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_path):
-    spec = load_search(
-        write_spec(
-            tmp_path,
-            space={
-                "model.pattern": {"type": "categorical", "choices": ["full", "local", "dilated"]},
-                "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.pattern": ["local", "dilated"]}},
-                "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}},
-            },
-        )
-    )
-    from ablations.search import _suggest
-
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    seen = set()
-    for _ in range(30):
-        trial = study.ask()
-        params = _suggest(spec, trial)
-        seen.add(params["model.pattern"])
-        assert ("model.window" in params) == (params["model.pattern"] != "full")
-        assert ("model.dilation" in params) == (params["model.pattern"] == "dilated")
-        study.tell(trial, 0.0)
-    assert seen == {"full", "local", "dilated"}
-
-
 def test_trials_that_did_not_end_by_themselves_are_asked_again_and_counted_once(tmp_path):
     """n_trials counts failures (a search whose trials all fail ends), but a trial lost to a dead process, to
     Ctrl-C or to a stale heartbeat is asked again, and only its retry counts."""
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from ablations.search import _fail_and_ask_again, counted_trials
+    from ablations.search.driver import counted_trials, fail_and_ask_again
 
     study = optuna.create_study(study_name="c", storage=open_storage(f"sqlite:///{tmp_path / 'o.db'}"))
     x = {"x": FloatDistribution(0, 1)}
@@ -144,7 +62,7 @@ def test_trials_that_did_not_end_by_themselves_are_asked_again_and_counted_once(
     study.add_trial(create_trial(state=TrialState.FAIL, params={"x": 0.2}, distributions=x))  # 1: failed by itself
     lost = study.ask(x)  # 2: running
     assert counted_trials(study) == 3
-    _fail_and_ask_again(study, lost.number, lost.params)  # 2 failed, 3 waiting with the same parameters
+    fail_and_ask_again(study, lost.number, lost.params)  # 2 failed, 3 waiting with the same parameters
     assert counted_trials(study) == 2
     retry = study.ask(x)  # define-by-run: the enqueued value comes back when the parameter is asked
     assert retry.params == lost.params and retry.user_attrs["retry_of"] == lost.number
@@ -163,8 +81,9 @@ def test_trials_that_did_not_end_by_themselves_are_asked_again_and_counted_once(
 def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     """The storage keeps no pruner: a trial's process must build the search's (Optuna's default median pruner
     waits for 5 finished trials; this search's waits for 2)."""
-    from ablations.search import TrialTask, make_pruner, pruning_hooks
-    from ablations.study import Resources
+    from ablations.search import make_pruner
+    from ablations.search.trial import TrialTask, pruning_hooks
+    from ablations.spec import Resources
     from ablations.train import StopTraining
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -175,9 +94,21 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
         study.tell(t, 1.0)
     trial = study.ask()
     task = TrialTask(
-        "p", url, trial._trial_id, trial.number, {}, {}, "", "", "", [("final/val_loss", "minimize")], "val/loss",
-        pruner, {}, Resources(), str(tmp_path)
-    )  # fmt: skip
+        spec_name="p",
+        storage=url,
+        number=trial.number,
+        params={},
+        run_data={},
+        uri="",
+        experiment="",
+        parent_run_id="",
+        objectives=[("final/val_loss", "minimize")],
+        prune_on="val/loss",
+        pruner=pruner,
+        code={},
+        resources=Resources(),
+        ray_storage=str(tmp_path),
+    )
     (hook,) = pruning_hooks(task, last_step=20)
     hook(5, {"train/loss": 9.0})  # not the metric it prunes on: ignored
     if stops:
@@ -440,7 +371,7 @@ def test_two_search_processes_share_one_study(tmp_path, store):
     study = optuna.load_study(study_name="srch", storage=storage)
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert 6 <= len(complete) <= 7, [t.state for t in study.trials]  # both may ask the last trial at once
-    drivers = {t.system_attrs["ablate:pid"] for t in study.trials}
+    drivers = {t.user_attrs["ablate:pid"] for t in study.trials}
     assert drivers == {p.pid for p in procs}  # both processes worked on it
     assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2
     assert len(runs_of_kind(store, "srch", KIND_TRIAL)) == len(study.trials)
@@ -472,7 +403,7 @@ def test_postgresql_storage(tmp_path, store):
 
 @pytest.mark.slow
 def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch):
-    from ablations.study import load_study
+    from ablations.spec import load_study
     from ablations.sweep import run_study
 
     monkeypatch.chdir(tmp_path)
@@ -520,20 +451,3 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
     assert again.parent_run_id is None
     assert len(c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'cell'")) == 4
-
-
-def test_tune_section_is_checked_with_the_study(tmp_path):
-    from ablations.study import load_study
-
-    path = tmp_path / "t.yaml"
-    base = {"name": "t", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}}
-    path.write_text(
-        yaml.safe_dump(
-            {**base, "tune": {"space": {"model.norm": {"type": "categorical", "choices": ["pre"]}}, "n_trials": 2}}
-        )
-    )
-    with pytest.raises(SpecError, match="tune.space.model.norm.*also an axis"):
-        load_study(path)
-    path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))
-    with pytest.raises(SpecError, match="tune.n_trials.*an end"):
-        load_study(path)

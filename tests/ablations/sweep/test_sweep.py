@@ -19,8 +19,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.study import load_study
-from ablations.sweep import KIND_CELL, KIND_STUDY, cell_state, run_study
+from ablations.records import KIND_CELL, KIND_STUDY, cell_state
+from ablations.spec import load_study
+from ablations.sweep import run_study
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
 
@@ -230,6 +231,17 @@ def test_failures_are_results(tmp_path, store):
     assert again.counts == {"finished": 3, "diverged": 1, "skipped": 0}
 
 
+def wait_for(driver, log: Path, store: str, study: str, condition, what: str, timeout: float = 300) -> None:
+    """Poll the store until ``condition(runs)`` holds, while the driver is alive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition(runs_of(store, study)):
+            return
+        assert driver.poll() is None, log.read_text()
+        time.sleep(0.3)
+    pytest.fail(f"the study never had {what}\n" + log.read_text())
+
+
 def test_driver_killed_then_the_same_command_again(tmp_path, store):
     """SIGKILL the driver mid-study; the same command again trains only what is missing."""
     path = write_study(
@@ -247,18 +259,15 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
             command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # kill it with some cells finished and one running
-            runs = runs_of(store, "crash")
-            if any(r.info.status == "FINISHED" for r in runs) and any(r.info.status == "RUNNING" for r in runs):
-                break
-            assert driver.poll() is None, (tmp_path / "first.log").read_text()
-            time.sleep(0.3)
-        else:
-            pytest.fail("the study never had a finished and a running cell\n" + (tmp_path / "first.log").read_text())
+        log = tmp_path / "first.log"
+        running = lambda runs: any(r.info.status == "RUNNING" for r in runs)  # noqa: E731
+        wait_for(driver, log, store, "crash", running, "a running cell")
         # while it runs, a second submission of the same study is refused: both would train the same cells
         second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
         assert second.returncode == 2 and "is still running" in second.stderr, second.stdout + second.stderr
+        finished = lambda runs: any(r.info.status == "FINISHED" for r in runs)  # noqa: E731
+        both = lambda runs: finished(runs) and running(runs)  # noqa: E731
+        wait_for(driver, log, store, "crash", both, "a finished and a running cell")  # kill it then
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:

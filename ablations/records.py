@@ -1,0 +1,176 @@
+"""The MLflow record: the one place that names what is written and read.
+
+Writers (ablations/tracking.py, the sweep and search drivers) and readers (dashboards/) import these names;
+no other module defines them.
+
+- Run kinds (tag ``kind``): one parent run per submission of a study (``study``) or per search process
+  (``search``); one child run per attempt of a cell (``cell``) or per Optuna trial (``trial``).
+- Tags of a cell: study, variant, seed, cell_id, submission, attempt, ``axis.<key>`` (the design's values),
+  ``tuned.<key>`` (what a tuned study's search chose), code version, ray_node, status_detail.
+- States: a run's ``status_detail`` tag is ``<state>`` or ``<state>: <reason>``; finished and diverged runs
+  are results (MLflow status FINISHED), failed and killed ones are not (FAILED, KILLED).
+- Params: the flattened resolved run configuration (``flatten``), result-affecting fields only.
+- The cell ledger: a cell's runs, oldest first; its result is the first finished or diverged one.
+
+Nothing here imports mlflow at module level: the names are cheap to import everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# --- run kinds (tag "kind") ----------------------------------------------------------------------------
+TAG_KIND = "kind"
+KIND_STUDY, KIND_CELL = "study", "cell"  # a submission of a study; one attempt of one cell
+KIND_SEARCH, KIND_TRIAL = "search", "trial"  # a search process; one Optuna trial
+
+# --- tags ------------------------------------------------------------------------------------------------
+TAG_STUDY, TAG_VARIANT, TAG_SEED, TAG_CELL_ID = "study", "variant", "seed", "cell_id"
+TAG_SUBMISSION, TAG_ATTEMPT = "submission", "attempt"
+TAG_STATUS = "status_detail"
+TAG_PARENT = "mlflow.parentRunId"
+AXIS_PREFIX = "axis."  # axis.<dotted key>: the value of a design axis in this cell
+TUNED_PREFIX = "tuned."  # tuned.<dotted key>: what the variant's own search chose
+PARAM_PREFIX = "param."  # param.<dotted key>: a search trial's parameters
+TUNED_SETTING = "tuned:"  # the prefix of a tuned value in a variant's settings (design.json)
+
+# --- artifacts of a study's parent run -------------------------------------------------------------------
+DESIGN_ARTIFACT = "design.json"  # kind, axes, variants [{name, settings}], seeds, metric, direction, cells
+
+# --- states ------------------------------------------------------------------------------------------------
+STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"
+STATUS_PRUNED = "pruned"  # stopped early by a search's pruner: a result, not a failure
+STATUS_RUNNING = "running"
+RESULT_STATES = (STATUS_FINISHED, STATUS_DIVERGED)  # a cell with one of these is done
+MLFLOW_STATUS = {
+    STATUS_PRUNED: "FINISHED",
+    STATUS_FINISHED: "FINISHED",
+    STATUS_DIVERGED: "FINISHED",
+    STATUS_FAILED: "FAILED",
+    STATUS_KILLED: "KILLED",
+}
+
+
+def status_tag(status: str, detail: str = "") -> str:
+    """The value of ``status_detail``: ``finished``, ``diverged: loss rose ...``, ``failed: ValueError ...``."""
+    return status if not detail else f"{status}: {detail}"
+
+
+def parse_status(tag: str) -> tuple[str, str]:
+    """``status_detail`` -> (state, reason)."""
+    state, _, detail = tag.partition(": ")
+    return state, detail
+
+
+def cell_state(run) -> str:
+    """finished | diverged | failed | killed | running, from an MLflow run of a cell (or trial)."""
+    detail = run.data.tags.get(TAG_STATUS, "")
+    if run.info.status == "RUNNING":
+        return STATUS_RUNNING
+    if run.info.status == "FINISHED" and detail.startswith(RESULT_STATES):
+        return detail.split(":", 1)[0]
+    return STATUS_KILLED if run.info.status == "KILLED" else STATUS_FAILED
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"n_heads": 4}} -> {"model.n_heads": 4}: the params of a run."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def kind_filter(kind: str, **tags: str) -> str:
+    """An MLflow search filter for runs of one kind with the given tags."""
+    parts = [f"tags.{TAG_KIND} = '{kind}'"] + [f"tags.{k} = '{v}'" for k, v in tags.items()]
+    return " and ".join(parts)
+
+
+# --- the store ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def client(uri: str):
+    """An MlflowClient on ``uri``; a new SQLite store's tables are created under a file lock."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    for name in ("mlflow.store.db.utils", "alembic"):  # a new store's schema migration is not news to a user
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    with sqlite_first_use(uri):  # the client creates the store's tables as it is built
+        c = MlflowClient(tracking_uri=uri)
+        c.search_experiments(max_results=1)
+    return c
+
+
+@contextlib.contextmanager
+def sqlite_first_use(uri: str):
+    """Two processes opening a new SQLite store at once both create its schema and one fails ("table
+    _alembic_tmp_experiments already exists"): the first use of a store goes through a file lock."""
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
+    """Every run matching the filter (paged)."""
+    c = client(uri)
+    runs, token = [], None
+    while True:
+        page = c.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+# --- the cell ledger -----------------------------------------------------------------------------------------
+
+
+def cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[str, list]:
+    """cell_id -> its runs (every attempt of every submission), oldest first; one cell's only, if given."""
+    exp = client(uri).get_experiment_by_name(study)
+    if exp is None:
+        return {}
+    out: dict[str, list] = {}
+    query = kind_filter(KIND_CELL, **({TAG_CELL_ID: cell_id} if cell_id else {}))
+    for run in sorted(search_all(uri, [exp.experiment_id], query), key=lambda r: r.info.start_time):
+        out.setdefault(run.data.tags.get(TAG_CELL_ID, ""), []).append(run)
+    return out
+
+
+def result_run(runs: Iterable):
+    """A cell's result: its first finished or diverged run, else None."""
+    return next((r for r in runs if cell_state(r) in RESULT_STATES), None)
+
+
+def end_run(uri: str, run_id: str, status: str, detail: str = "") -> None:
+    """Tag a run's state and terminate it with the matching MLflow status."""
+    from mlflow.entities import RunTag
+
+    c = client(uri)
+    c.log_batch(run_id, tags=[RunTag(TAG_STATUS, status_tag(status, detail))])
+    c.set_terminated(run_id, MLFLOW_STATUS[status])
+
+
+def mark_killed(uri: str, run, reason: str) -> None:
+    """A run whose process or submission stopped before it ended."""
+    end_run(uri, run.info.run_id, STATUS_KILLED, reason)

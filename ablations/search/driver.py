@@ -1,0 +1,299 @@
+"""``ablate search SPEC``: an Optuna search over run-configuration keys, its trials on Ray, tracked in MLflow.
+
+The driver asks Optuna for trials (define-by-run, so conditional keys work), runs each as a Ray task with
+the trial's resources (``ablations.search.trial``), and tells Optuna the result as it arrives (the sampler
+learns from every finished trial). Inside the task, every validation reports the ``prune_on`` metric to
+Optuna through the shared storage and asks whether to stop; a pruned trial ends early as a result. Running
+the same command again resumes the study up to ``n_trials``; a trial left running by a dead process is failed
+and asked again with the same parameters. Several processes may work on one study at once through a shared
+storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ablations import records, tracking
+from ablations.search.results import best_trials, counts, finish_parent
+from ablations.search.setup import make_pruner, make_sampler, open_storage, storage_url
+from ablations.search.trial import TrialTask, run_trial
+from ablations.spec import SearchSpec, SpecError, resolve_run
+
+HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
+
+
+@dataclass(kw_only=True)
+class SearchResult:
+    name: str
+    storage: str
+    parent_run_id: str
+    counts: dict[str, int]
+    best: list[dict[str, Any]]  # the best trial (several on a Pareto front): number, params, values
+    tracking_uri: str
+
+
+def stale_trials(study) -> list:
+    """RUNNING trials whose driver is gone: asked on this machine by a process that no longer exists."""
+    from optuna.trial import TrialState
+
+    stale = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        host, pid = t.user_attrs.get(HOST_ATTR), t.user_attrs.get(PID_ATTR)
+        if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                stale.append(t)
+            except PermissionError:
+                pass
+    return stale
+
+
+def counted_trials(study) -> int:
+    """Trials asked so far, failed ones included (a search whose trials all fail ends), except those that did
+    not end by themselves (a dead process, Ctrl-C, a stale heartbeat): they are asked again, and the retry
+    counts instead."""
+    import optuna
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    with warnings.catch_warnings():  # Optuna marks its retry bookkeeping experimental
+        warnings.simplefilter("ignore")
+        for t in trials:  # trials whose heartbeat stopped, asked again by Optuna's own callback
+            retried.update(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(t))
+    return sum(
+        t.state != TrialState.WAITING and not (t.state == TrialState.FAIL and t.number in retried) for t in trials
+    )
+
+
+def fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
+    """A trial that did not end by itself (its process died, or Ctrl-C): failed, and queued again with the same
+    parameters; the retry, not the lost trial, counts towards ``n_trials``."""
+    from optuna.trial import TrialState
+
+    study.tell(number, state=TrialState.FAIL)
+    study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
+
+
+def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
+    """The Optuna study (created or resumed), its lost trials failed and asked again."""
+    import optuna
+
+    study = optuna.create_study(
+        study_name=spec.name,
+        storage=open_storage(url),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec.pruner),
+        directions=spec.directions,
+        load_if_exists=True,
+    )
+    known = study.user_attrs.get("objectives")
+    if known and [tuple(o) for o in known] != spec.objectives:
+        raise ValueError(
+            f"the Optuna study {spec.name!r} in {url} was created with objectives {known}; this spec has "
+            f"{spec.objectives}: give the search another name"
+        )
+    study.set_user_attr("objectives", [list(o) for o in spec.objectives])
+    # trials a dead process left running: failed, and asked again with the same parameters (on this machine by
+    # the pid of the process that asked them; elsewhere, RDB storages, by their heartbeat)
+    for t in stale_trials(study):
+        fail_and_ask_again(study, t.number, t.params)
+        out(f"trial {t.number} was left running by a process that stopped: failed, and asked again")
+    with contextlib.suppress(Exception), warnings.catch_warnings():  # storages without heartbeats: nothing to do
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+    return study
+
+
+def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str) -> str:
+    from mlflow.entities import Param as MLParam
+
+    c = records.client(uri)
+    parent = c.create_run(
+        tracking.experiment_id(uri, experiment),
+        run_name=f"search {spec.name}",
+        tags={
+            records.TAG_KIND: records.KIND_SEARCH,
+            records.TAG_STUDY: spec.name,
+            "storage": url if "@" not in url else url.split("@")[-1],
+            "sampler": spec.sampler,
+            "pruner": spec.pruner,
+            records.TAG_STATUS: records.STATUS_RUNNING,
+            **tracking.code_version(),
+        },
+    )
+    c.log_batch(
+        parent.info.run_id,
+        params=[
+            MLParam("sampler", spec.sampler),
+            MLParam("pruner", spec.pruner),
+            MLParam("objectives", ",".join(f"{m}:{d}" for m, d in spec.objectives)),
+            MLParam("n_trials", str(spec.n_trials)),
+            MLParam("space", ",".join(p.key for p in spec.space)),
+        ],
+    )
+    if os.path.exists(spec.source):
+        c.log_artifact(parent.info.run_id, spec.source)
+    return parent.info.run_id
+
+
+def run_search(
+    spec: SearchSpec,
+    *,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    num_cpus: int | None = None,
+    experiment: str | None = None,
+    out: Callable[[str], None] = print,
+) -> SearchResult:
+    """Ask, run on Ray, tell, until the study has ``n_trials`` or this process's ``timeout`` ends."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from ablations.cluster import check_fits, connect, is_loopback_address
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    uri = tracking.resolve_uri(tracking_uri)
+    url = storage_url(spec, storage)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not is_loopback_address(address) and (
+        uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
+    ):
+        raise ValueError(
+            f"the Ray cluster at {address} cannot write to local stores ({uri}, {url}); use an MLflow "
+            "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
+        )
+    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
+    study = _open_study(spec, url, out)
+    experiment = experiment or spec.name
+    parent_id = _open_parent(spec, uri, url, experiment)
+    code = tracking.code_version()
+
+    parallel = spec.resources.workers > 1
+    conn = connect(address, num_cpus=num_cpus, dashboard=parallel)
+    import ray
+
+    # a data-parallel trial's task only drives: its workers get the resources, in their own placement group
+    remote = ray.remote(run_trial).options(
+        num_cpus=0 if parallel else spec.resources.cpus,
+        num_gpus=None if parallel else spec.resources.gpus or None,
+        max_retries=0,
+    )
+    running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
+    t0, status = time.monotonic(), records.STATUS_FAILED
+
+    def can_ask() -> bool:
+        if spec.timeout is not None and time.monotonic() - t0 > spec.timeout:
+            return False
+        return spec.n_trials is None or counted_trials(study) < spec.n_trials
+
+    out(
+        f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
+        f"storage {url}; MLflow parent run {parent_id}"
+    )
+    try:
+        while True:
+            while len(running) < spec.concurrency and can_ask():
+                with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": we beat them ourselves
+                    warnings.simplefilter("ignore", UserWarning)
+                    trial = study.ask()
+                params = spec.suggest(trial)
+                trial.set_user_attr(HOST_ATTR, socket.gethostname())
+                trial.set_user_attr(PID_ATTR, os.getpid())
+                try:
+                    data = spec.run_data(params)
+                    resolve_run({**data, "name": spec.name}, f"{spec.source} (trial {trial.number})")
+                except SpecError as err:  # an impossible combination: a failed trial with its reason
+                    study.tell(trial, state=TrialState.FAIL)
+                    out(f"trial {trial.number} refused: {err.message} ({params})")
+                    continue
+                task = TrialTask(
+                    spec_name=spec.name,
+                    storage=url,
+                    number=trial.number,
+                    params=params,
+                    run_data=data,
+                    uri=uri,
+                    experiment=experiment,
+                    parent_run_id=parent_id,
+                    objectives=spec.objectives,
+                    prune_on=spec.prune_on,
+                    pruner=spec.pruner,
+                    code=code,
+                    resources=spec.resources,
+                    ray_storage=str(tracking.home() / "ray_results"),
+                )
+                running[remote.remote(task)] = (trial.number, time.monotonic())
+            if not running:
+                break
+            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
+            for ref in done:
+                number, started = running.pop(ref)
+                result = ray.get(ref)
+                state = tell(study, number, result)
+                if result.get("run_id"):
+                    records.client(uri).set_tag(result["run_id"], "optuna_state", state)
+                out(progress_line(study, spec, number, state, result, time.monotonic() - started, len(running), t0))
+        status = records.STATUS_FINISHED
+    except KeyboardInterrupt:
+        status = records.STATUS_KILLED
+        for ref in running:
+            ray.cancel(ref, force=True)
+        for number, _ in running.values():  # interrupted, not failed by itself: the next run asks it again
+            fail_and_ask_again(study, number, study.trials[number].params)
+        raise
+    finally:
+        n, best = finish_parent(uri, parent_id, spec, study, status)
+        conn.close()
+    return SearchResult(name=spec.name, storage=url, parent_run_id=parent_id, counts=n, best=best, tracking_uri=uri)
+
+
+def tell(study, number: int, result: dict[str, Any]) -> str:
+    from optuna.trial import TrialState
+
+    status, values = result["status"], result.get("values")
+    if status == records.STATUS_PRUNED:
+        study.tell(number, state=TrialState.PRUNED)
+        return "PRUNED"
+    if status == records.STATUS_FINISHED and values and all(v is not None and math.isfinite(v) for v in values):
+        study.tell(number, values if len(values) > 1 else values[0])
+        return "COMPLETE"
+    study.tell(number, state=TrialState.FAIL)  # diverged, failed, or no value for an objective
+    return "FAIL"
+
+
+def progress_line(
+    study, spec: SearchSpec, number: int, state: str, result: dict, seconds: float, running: int, t0: float
+) -> str:
+    c = counts(study)
+    done = c.get("COMPLETE", 0) + c.get("PRUNED", 0)
+    goal = f"/{spec.n_trials}" if spec.n_trials else ""
+    value = ""
+    if state == "COMPLETE":
+        value = " " + ", ".join(f"{m}={v:.4g}" for (m, _), v in zip(spec.objectives, result["values"]))
+    elif result.get("reason"):
+        value = f" ({result['reason'][:120]})"
+    elif state == "FAIL" and result.get("values"):
+        missing = [m for (m, _), v in zip(spec.objectives, result["values"]) if v is None or not math.isfinite(v)]
+        value = f" (the run recorded no finite {', '.join(missing)})" if missing else f" ({result['status']})"
+    best = ""
+    if len(spec.objectives) == 1 and c.get("COMPLETE"):
+        with contextlib.suppress(ValueError):
+            best = f"; best {study.best_value:.4g} (trial {study.best_trial.number})"
+    return (
+        f"[{int(time.monotonic() - t0)}s] trial {number} {state.lower()}{value} in {seconds:.0f}s; "
+        f"{done}{goal} done, {c.get('FAIL', 0)} failed, {running} running{best}"
+    )
+
+
+__all__ = ["SearchResult", "best_trials", "counted_trials", "run_search"]

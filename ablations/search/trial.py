@@ -1,0 +1,135 @@
+"""One trial of a search, in a Ray worker: train, report the intermediate metric to Optuna, stop when pruned.
+
+A trial never raises: a failure is a result (status failed with its reason). Its heartbeat tells a later
+process that it is alive (RDB storages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ablations import records
+from ablations.search.setup import make_pruner, open_storage, trial_id
+from ablations.spec import Resources, resolve_run
+
+if TYPE_CHECKING:
+    from ablations.train import Hook
+
+
+@dataclass(kw_only=True)
+class TrialTask:
+    spec_name: str
+    storage: str
+    number: int
+    params: dict[str, Any]
+    run_data: dict[str, Any]
+    uri: str
+    experiment: str
+    parent_run_id: str
+    objectives: list[tuple[str, str]]
+    prune_on: str
+    pruner: str
+    code: dict[str, str]
+    resources: Resources
+    ray_storage: str  # where Ray Train keeps a data-parallel trial's state
+
+
+def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -> list[Hook]:
+    """Report ``prune_on`` to the trial at every validation and stop training when the pruner says so, except at
+    ``last_step`` (pruning there saves nothing and loses a finished result). Optuna takes intermediate values
+    from single-objective studies only: a multi-objective trial reports nothing."""
+    import optuna
+
+    from ablations.train import StopTraining
+
+    if len(task.objectives) > 1:
+        return []
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = storage or open_storage(task.storage)
+    study = optuna.load_study(study_name=task.spec_name, storage=storage, pruner=make_pruner(task.pruner))
+    # optuna.trial.Trial(study, trial_id) is the public way to act on a trial another process asked
+    trial = optuna.trial.Trial(study, trial_id(storage, task.spec_name, task.number))
+
+    def hook(step: int, metrics: dict[str, float]) -> None:
+        value = metrics.get(task.prune_on)
+        if value is None or not math.isfinite(value):
+            return
+        trial.report(value, step)
+        if task.pruner != "none" and (last_step is None or step < last_step) and trial.should_prune():
+            raise StopTraining(
+                records.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
+            )
+
+    return [hook]
+
+
+def trial_tags(task: TrialTask) -> dict[str, str]:
+    return {
+        records.TAG_KIND: records.KIND_TRIAL,
+        records.TAG_STUDY: task.spec_name,
+        "trial": str(task.number),
+        "pid": str(os.getpid()),
+        "host": socket.gethostname(),
+        "workers": str(task.resources.workers),
+        **task.code,
+        **{f"{records.PARAM_PREFIX}{k}": str(v) for k, v in task.params.items()},
+    }
+
+
+def run_trial(task: TrialTask) -> dict[str, Any]:
+    """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result).
+
+    With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
+    from ablations.train import Tracking, train
+
+    storage = open_storage(task.storage)
+    stop = threading.Event()
+
+    def beat(tid: int) -> None:  # tells a later process that this trial is alive (RDB storages)
+        while not stop.wait(5):
+            with contextlib.suppress(Exception):
+                storage.record_heartbeat(tid)
+
+    if hasattr(storage, "record_heartbeat"):
+        threading.Thread(target=beat, args=(trial_id(storage, task.spec_name, task.number),), daemon=True).start()
+    try:
+        run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
+        where = Tracking(
+            uri=task.uri,
+            experiment=task.experiment,
+            parent_run_id=task.parent_run_id,
+            run_name=f"trial {task.number}",
+            tags=trial_tags(task),
+        )
+        if task.resources.workers > 1:
+            from functools import partial
+
+            from ablations.parallel import ParallelJob, run_data_parallel
+
+            job = ParallelJob(
+                run=run,
+                where=where,
+                resources=task.resources,
+                rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps),
+            )
+            result = run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
+        else:
+            result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
+    except Exception as err:
+        return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
+    finally:
+        stop.set()
+    values = [result.metrics.get(m) for m, _ in task.objectives]
+    return {
+        "status": result.status,
+        "reason": result.detail,
+        "values": values,
+        "run_id": result.run_id,
+        "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, float)},
+    }

@@ -1,0 +1,245 @@
+"""What the run, study and search files share: where a value came from (file, line, --set), the translation of
+pydantic's errors into one line a person can act on, resources and budgets per trial, and the dotted keys a
+design or a search may set.
+
+Imports no ray, mlflow or optuna.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ablations.spec.errors import SpecError, dotted, suggest, unknown_key_message
+from ablations.spec.yamlfile import Document
+
+NAME = re.compile(r"[\w.\-]+")
+
+
+class Strict(BaseModel):
+    """Every file section: unknown keys are errors, types are not coerced ("3" is not 3, true is not 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- where a value came from -----------------------------------------------------------------------------
+
+
+@dataclass
+class Origin:
+    """The file a configuration came from (with the line of every key) and the keys ``--set`` overrode.
+
+    ``prefix`` is where this data sits in the file (a study's inline base run sits under ``base``)."""
+
+    source: str | None
+    doc: Document | None = None
+    overrides: dict[tuple, str] = field(default_factory=dict)  # key path -> "--set model.n_heads=3"
+    prefix: tuple = ()
+    label: str = ""  # what the data is, when it is not the file itself: "variant 'post'"
+
+    @classmethod
+    def of(cls, source: str | Origin | None) -> Origin:
+        return source if isinstance(source, Origin) else cls(source)
+
+    def under(self, *path: Any, label: str | None = None) -> Origin:
+        return Origin(
+            self.source, self.doc, self.overrides, (*self.prefix, *path), self.label if label is None else label
+        )
+
+    def error(self, path: Sequence[Any], message: str, *, key: str | None = None) -> SpecError:
+        """A SpecError at ``path`` (relative to this data): its key, its line, and ``--set`` if overridden there."""
+        path = tuple(path)
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.overrides:
+                return SpecError("--set", self.overrides[path[:n]], message)
+        for over, item in self.overrides.items():  # a cross-field refusal that names an overridden key
+            if over and over[:-1] == path[: len(over) - 1] and f"{over[-1]}=" in message:
+                return SpecError("--set", item, message)
+        full = (*self.prefix, *path)
+        line = self.doc.line(full) if self.doc is not None else None
+        shown = key if key is not None else dotted(full)
+        if self.label:
+            shown = f"{self.label}: {shown}" if shown else self.label
+        return SpecError(self.source, shown or None, message, line)
+
+
+# --- pydantic errors -> one line -------------------------------------------------------------------------
+
+_KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type": "text"}
+
+
+def _message(e: dict[str, Any], valid: Iterable[str], section: str) -> str:
+    kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return unknown_key_message(str(e["loc"][-1]), valid, section)
+    if kind == "missing":
+        return "is required"
+    if kind in _KINDS:
+        return f"{value!r} must be {_KINDS[kind]}"
+    if kind in ("int_from_float", "int_parsing"):
+        return f"{value!r} must be an integer"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping of keys to values (got {type(value).__name__})"
+    if kind == "list_type":
+        return f"must be a list (got {type(value).__name__})"
+    if kind == "greater_than":
+        return f"{value!r} must be more than {ctx.get('gt')}"
+    if kind == "greater_than_equal":
+        if ctx.get("ge") == 0 and isinstance(value, int):
+            return f"{value!r} must be a non-negative integer"
+        if ctx.get("ge") == 1 and isinstance(value, int):
+            return f"{value!r} must be a positive integer"
+        return f"{value!r} must be at least {ctx.get('ge')}"
+    if kind in ("less_than", "less_than_equal"):
+        return f"{value!r} must be {'below' if kind == 'less_than' else 'at most'} {ctx.get('lt', ctx.get('le'))}"
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        hint = ""
+        if isinstance(value, str):
+            import difflib
+
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{value!r} is not a valid choice{hint}; valid: {', '.join(choices) or expected}"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind in ("value_error", "assertion_error"):
+        err = ctx.get("error")
+        return str(err) if err is not None else e["msg"]
+    return e["msg"]
+
+
+def validate(model: type[BaseModel], data: Any, origin: Origin, valid: Iterable[str] = (), path: tuple = ()):
+    """``model.model_validate(data)``; the first error becomes a SpecError with its file, line, key and a hint.
+
+    ``valid``: every dotted key of the file (for "did you mean"); ``path``: where ``data`` sits in it."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        e = err.errors(include_url=False)[0]
+        loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
+        if e["type"] in ("value_error", "assertion_error") and isinstance(_error_path(e), tuple):
+            loc = loc + _error_path(e)
+        full = (*path, *loc)
+        section = (
+            ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
+        )
+        raise origin.error(full, _message(e, valid, section)) from None
+
+
+def _error_path(e: dict[str, Any]):
+    """A validator may name the key it judged: ``KeyedError(("low",), "...")``."""
+    err = (e.get("ctx") or {}).get("error")
+    return getattr(err, "path", None)
+
+
+class KeyedError(ValueError):
+    """Raised inside a model validator to blame a key below the model: ``KeyedError(("low",), "must be ...")``."""
+
+    def __init__(self, path: tuple, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def check_name(value: Any, what: str) -> Any:
+    if value is not None and (not isinstance(value, str) or not NAME.fullmatch(value)):
+        raise ValueError(f"{value!r} must be letters, digits, '_', '-' or '.' ({what})")
+    return value
+
+
+# --- resources and budgets per trial ------------------------------------------------------------------------
+
+
+class Resources(Strict):
+    """What one trial gets: CPUs and GPUs (fractions allowed) and data-parallel workers (DDP when > 1)."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+    workers: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Resources:
+        if self.workers > 1 and self.cpus < self.workers:
+            raise KeyedError(
+                ("cpus",), f"{self.cpus:g} CPUs cannot feed {self.workers} workers; give at least one per worker"
+            )
+        return self
+
+    @property
+    def per_worker_cpus(self) -> float:
+        return self.cpus / self.workers
+
+    @property
+    def per_worker_gpus(self) -> float:
+        return self.gpus / self.workers
+
+    def describe(self) -> str:
+        parts = [f"{self.cpus:g} CPU"]
+        if self.gpus:
+            parts.append(f"{self.gpus:g} GPU")
+        if self.workers > 1:
+            parts.append(f"{self.workers} workers (DDP)")
+        return ", ".join(parts)
+
+
+class Budget(Strict):
+    """Per trial: optimisation steps and/or seconds of training."""
+
+    steps: int | None = Field(None, ge=1)
+    time: float | None = Field(None, gt=0)
+
+    def overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.steps is not None:
+            out["training.max_steps"] = self.steps
+        if self.time is not None:
+            out["training.max_time"] = float(self.time)
+        return out
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("steps", self.steps), ("time", self.time)) if v is not None}
+
+
+def trial_overrides(resources: Resources, budget: Budget) -> dict[str, Any]:
+    """What a study or search sets in every trial's run: its budget, and torch threads that follow the CPUs of a
+    worker whatever the run file says (2 trials x 2 threads on 2 cores would each run at half speed)."""
+    return {"resources.threads": max(1, int(resources.per_worker_cpus)), **budget.overrides()}
+
+
+# --- the keys a design or a search may set ---------------------------------------------------------------
+
+
+def check_axis(origin: Origin, path: tuple, key: Any, valid: list[str]) -> str:
+    """``key`` must be a dotted key of the base's run; else a SpecError with the nearest valid keys."""
+    if isinstance(key, str) and key in valid:
+        return key
+    section, _, leaf = str(key).rpartition(".")
+    hint = suggest(leaf, valid, section=section) if isinstance(key, str) else ""
+    if not hint:
+        near = [k for k in valid if isinstance(key, str) and key.split(".")[-1] in k] or valid
+        hint = "valid keys look like " + ", ".join(near[:12]) + (" ..." if len(near) > 12 else "")
+    raise origin.error(path, f"unknown axis {key!r}; {hint}")
+
+
+def short(key: str) -> str:
+    """model.norm -> norm (for variant labels)."""
+    return key.split(".", 1)[1] if "." in key else key
+
+
+def settings_overrides(settings: dict[str, Any]) -> list[tuple[list[str], Any]]:
+    return [(k.split("."), v) for k, v in settings.items()]
+
+
+def mapping(origin: Origin, path: tuple, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise origin.error(path, f"must be a mapping of keys to values (got {type(value).__name__})")
+    return value
+
+
+def join(items: Iterable[Any]) -> str:
+    return ", ".join(str(i) for i in items)

@@ -1,0 +1,83 @@
+"""Errors in configuration files: one line that names the file, the line, the key, what is wrong and the fix.
+
+``SpecError`` is the only error a loader raises for bad input. ``suggest`` finds what a misspelt or misplaced
+key was meant to be, across every section of the file ("did you mean training.lr?").
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A configuration that cannot run: ``str(err)`` is one line, ``FILE:LINE: KEY: message``.
+
+    ``source`` is the file (or ``--set`` for a command-line override), ``line`` 1-based when known, ``key``
+    the dotted key (``model.n_heads``, ``design.variants[2].name``)."""
+
+    def __init__(self, source: str | None, key: str | None, message: str, line: int | None = None) -> None:
+        self.source, self.key, self.message, self.line = source, key, message, line
+        where = f"{source}:{line}" if source and line else source
+        text = ": ".join(p for p in (where, key) if p)
+        super().__init__(f"{text}: {message}" if text else message)
+
+
+def dotted(path: Sequence[Any]) -> str:
+    """("design", "variants", 2, "set") -> "design.variants[2].set"."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
+    """A hint for an unknown ``key`` (a leaf name) found under ``section`` (dotted, "" for the top level).
+
+    ``valid`` lists every dotted key the file may hold (all sections). The hint is, in order of preference:
+    the same name in another section ("lr belongs under training: did you mean training.lr?"), a close
+    spelling in this section ("did you mean model.positions?"), a close spelling anywhere. Empty if none."""
+    valid = list(dict.fromkeys(valid))
+    here = f"{section}." if section else ""
+    full = here + key
+    same_leaf = [v for v in valid if v.rsplit(".", 1)[-1] == key and v != full]
+    if same_leaf:
+        shown = " or ".join(same_leaf[:3])
+        where = _parent(same_leaf[0])
+        place = f"under {where}:" if where else "at the top level of the file"
+        return f"did you mean {shown}? ({key} belongs {place})"
+    siblings = [v for v in valid if _parent(v) == section]
+    close = _closest(key, [v.rsplit(".", 1)[-1] for v in siblings], 0.6)
+    if close:
+        return "did you mean " + " or ".join(here + c for c in close) + "?"
+    depth = full.count(".")
+    peers = [v for v in valid if v.count(".") == depth and _parent(v) != section]
+    close = _closest(full, peers, 0.75)
+    if close:
+        return "did you mean " + " or ".join(close) + "?"
+    return ""
+
+
+def _closest(word: str, options: list[str], cutoff: float) -> list[str]:
+    """The closest options (the best, and any as close), at least ``cutoff`` similar."""
+    scored = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in dict.fromkeys(options)), reverse=True)
+    scored = [(r, o) for r, o in scored if r >= cutoff]
+    return [o for r, o in scored if r >= scored[0][0] - 0.02][:3] if scored else []
+
+
+def _parent(dotted_key: str) -> str:
+    return dotted_key.rsplit(".", 1)[0] if "." in dotted_key else ""
+
+
+def unknown_key_message(key: str, valid: Iterable[str], section: str = "", listed: Sequence[str] = ()) -> str:
+    """``unknown key; did you mean ...? valid: a, b, c`` for a key under ``section``."""
+    hint = suggest(key, valid, section=section)
+    if hint:
+        return f"unknown key; {hint}"
+    options = list(listed) or [v.rsplit(".", 1)[-1] for v in valid if _parent(v) == section]
+    shown = ", ".join(options[:40]) + (" ..." if len(options) > 40 else "")
+    return "unknown key" + (f"; valid: {shown}" if shown else "")

@@ -1,0 +1,318 @@
+"""Run files: loaded from YAML, validated strictly, resolved against the task.
+
+A run file has these sections (only ``task`` is required)::
+
+    name: quickstart          # optional; names the MLflow run and, for single runs, the experiment
+    seed: 0
+    model:    {...}           # models.ModelConfig fields; vocab_size and n_classes default to the task's
+    task:     {name: copy, ...}
+    training: {...}           # models.lightning.TrainingConfig fields
+    tracking: {experiment: ..., log_every: 10, checkpoint: false}   # operational: not in params or ids
+    resources: {threads: 1}                                          # operational
+
+The file's structure is the pydantic model ``RunFile``; the ``model``, ``training`` and ``task`` sections are
+checked by the configuration classes of ``models`` (which stay free of this package's dependencies). Every
+problem is one line naming the file, the line, the key and the fix (``SpecError``), before anything starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from ablations.records import flatten
+from ablations.spec.common import Origin, Strict, check_name, validate
+from ablations.spec.errors import SpecError, unknown_key_message
+from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
+from models.config import ConfigError, ModelConfig
+
+SECTIONS = ("name", "seed", "model", "task", "training", "tracking", "resources")
+
+
+class TrackingSection(Strict):
+    experiment: str | None = Field(None, min_length=1)  # default: the run's name, else "runs"
+    log_every: int = Field(10, ge=1)  # steps between logged training metrics
+    checkpoint: bool = False  # log the final weights as an artifact
+
+
+class ResourcesSection(Strict):
+    threads: int | None = Field(None, ge=1)  # torch threads; default: the CPUs given to the run
+
+
+class RunFile(Strict):
+    """The sections of a run file (``model``, ``task`` and ``training`` are checked by ``resolve_run``)."""
+
+    name: str | None = None
+    seed: int = Field(0, ge=0)
+    model: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any]
+    training: dict[str, Any] = Field(default_factory=dict)
+    tracking: TrackingSection = TrackingSection()
+    resources: ResourcesSection = ResourcesSection()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return check_name(v, "it names the MLflow run")
+
+    @field_validator("model", "training", "tracking", "resources", "seed", "name", mode="before")
+    @classmethod
+    def _null_is_default(cls, v, info):  # "training:" with nothing under it is an empty section
+        if v is None and info.field_name in ("model", "training"):
+            return {}
+        if v is None and info.field_name in ("tracking", "resources"):
+            return {}
+        return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """A resolved run: every default filled in, everything checked."""
+
+    task_spec: dict[str, Any]
+    model: ModelConfig
+    training: Any  # models.lightning.TrainingConfig (imported lazily: it pulls in lightning)
+    seed: int = 0
+    name: str | None = None
+    tracking: TrackingSection = field(default_factory=TrackingSection)
+    resources: ResourcesSection = field(default_factory=ResourcesSection)
+
+    @property
+    def task(self):
+        from models.tasks import make_task
+
+        return make_task(self.task_spec)
+
+    def result_config(self) -> dict[str, Any]:
+        """What determines the result: model, task, training and seed (not names, paths or resources)."""
+        return {
+            "seed": self.seed,
+            "model": self.model.to_dict(),
+            "task": dict(self.task_spec),
+            "training": self.training.to_dict(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, **self.result_config()}
+        out["tracking"] = self.tracking.model_dump()
+        out["resources"] = self.resources.model_dump()
+        return out
+
+    def params(self) -> dict[str, Any]:
+        return flatten(self.result_config())
+
+    def config_hash(self) -> str:
+        """Stable id of the result-affecting configuration (seed included)."""
+        blob = json.dumps(self.result_config(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_keys(base: dict[str, Any]) -> list[str]:
+    """Every dotted key of a run file, for the base's task (model.*, training.*, task.*, tracking.*, ...)."""
+    from models.lightning import TrainingConfig
+    from models.tasks import TASKS
+
+    keys = ["name", "seed", "model", "task", "training", "tracking", "resources"]
+    keys += [f"model.{f.name}" for f in fields(ModelConfig)]
+    keys += [f"training.{f.name}" for f in fields(TrainingConfig)]
+    keys += [f"tracking.{k}" for k in TrackingSection.model_fields]
+    keys += [f"resources.{k}" for k in ResourcesSection.model_fields]
+    task = base.get("task") if isinstance(base, dict) else None
+    keys.append("task.name")
+    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) else None
+    if task_cls is not None:
+        keys += [f"task.{f.name}" for f in fields(task_cls.Params)]
+    return keys
+
+
+def axis_keys(base: dict[str, Any]) -> list[str]:
+    """The dotted keys a design axis or a search parameter may set (result-affecting sections only)."""
+    return [k for k in run_keys(base) if k.startswith(("model.", "training.", "task."))]
+
+
+# --- overrides ----------------------------------------------------------------------------------------------
+
+
+def parse_overrides(overrides: list[str] | None, source: str | None = None) -> list[tuple[list[str], Any]]:
+    """``["model.n_heads=8", "training.lr=3e-4"]`` -> [(["model", "n_heads"], 8), ...]; values are YAML."""
+    out = []
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError("--set", repr(item), "is not KEY=VALUE (for example --set model.n_heads=8)")
+        path = key.strip().split(".")
+        if path[0] not in SECTIONS:
+            raise SpecError("--set", item, unknown_key_message(path[0], SECTIONS, listed=SECTIONS))
+        try:
+            value = load_yaml(raw) if raw.strip() else None
+        except YamlFileError as err:
+            raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
+        out.append((path, value))
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]) -> dict[str, Any]:
+    data = json.loads(json.dumps(data, default=str))  # a deep copy of plain YAML data
+    for path, value in overrides:
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    return data
+
+
+# --- reading ------------------------------------------------------------------------------------------------
+
+
+def read_document(path: str | Path) -> Document:
+    """A configuration file as a Document (data + lines); SpecError if it cannot be read as one."""
+    source = str(path)
+    try:
+        doc = read(path)
+    except OSError as err:
+        raise SpecError(source, None, f"cannot read the file ({err.strerror or err})") from None
+    except YamlFileError as err:
+        raise SpecError(source, None, err.message, err.line) from None
+    if not isinstance(doc.data, dict):
+        raise SpecError(source, None, "must be a YAML mapping with the sections " + ", ".join(SECTIONS))
+    return doc
+
+
+def load_base(origin: Origin, value: Any, folder: Path) -> tuple[dict[str, Any], Origin]:
+    """The base run (a file relative to the study, or inline) and where its keys come from."""
+    if isinstance(value, str):
+        path = (folder / value).resolve()
+        if not path.exists():
+            raise origin.error(("base",), f"run file {value!r} not found (looked for {path})")
+        doc = read_document(path)
+        return dict(doc.data), Origin(str(path), doc)
+    return dict(_mapping(origin, ("base",), value)), origin.under("base")
+
+
+def _mapping(origin: Origin, path: tuple, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise origin.error(path, f"must be a mapping of keys to values (got {type(value).__name__})")
+    return value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    return read_document(path).data
+
+
+# --- resolving ----------------------------------------------------------------------------------------------
+
+
+def _key_of(message: str) -> str | None:
+    """The field a ConfigError message starts with ("window=8 requires ..." -> "window")."""
+    m = re.match(r"([a-z_]+)(\[\d+\])?=", message)
+    return m.group(1) if m else None
+
+
+def _section(origin: Origin, section: str, build, data: dict[str, Any], names: list[str], valid: list[str]):
+    """Build a section with a configuration class of ``models``; its errors name the key and its line."""
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise origin.error((section, unknown[0]), unknown_key_message(str(unknown[0]), valid, section))
+    try:
+        return build(data)
+    except ConfigError as err:
+        key = _key_of(str(err))
+        raise origin.error((section, key) if key else (section,), str(err)) from None
+    except TypeError as err:  # a dataclass given a value it cannot take
+        raise origin.error((section,), str(err)) from None
+
+
+def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
+    """Check a run's sections and fill in what the task determines. Raises SpecError."""
+    from models.lightning import TrainingConfig
+    from models.tasks import TASKS, make_task
+
+    origin = Origin.of(source)
+    valid = run_keys(data)
+    if not isinstance(data, dict):
+        raise origin.error((), "must be a mapping with the sections " + ", ".join(SECTIONS))
+    if "task" not in data:
+        raise origin.error(("task",), "is required (for example task: {name: copy})")
+    file = validate(RunFile, data, origin, valid)
+
+    task_data = dict(file.task)
+    task_name = task_data.get("name")
+    task_cls = TASKS.get(task_name)
+    if task_cls is None:
+        raise origin.error(
+            ("task", "name"), f"name={task_name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}"
+        )
+    task_fields = ["name", *(f.name for f in fields(task_cls.Params))]
+    task = _section(origin, "task", make_task, task_data, task_fields, valid)
+    task_spec = task.to_dict()
+
+    model_data = dict(file.model)
+    arch = model_data.setdefault("arch", task.archs[0])
+    if arch not in task.archs:
+        raise origin.error(
+            ("model", "arch"),
+            f"{arch!r} does not fit task {task.name!r}, which needs arch " + " or ".join(repr(a) for a in task.archs),
+        )
+    model_data.setdefault("vocab_size", task.vocab_size)
+    if isinstance(model_data["vocab_size"], int) and model_data["vocab_size"] < task.vocab_size:
+        raise origin.error(
+            ("model", "vocab_size"),
+            f"{model_data['vocab_size']} is smaller than the vocabulary of "
+            f"task {task.name!r} ({task.vocab_size}); remove it to use the task's",
+        )
+    if task.n_classes is not None:
+        model_data.setdefault("n_classes", task.n_classes)
+        if model_data["n_classes"] != task.n_classes:
+            raise origin.error(
+                ("model", "n_classes"),
+                f"{model_data['n_classes']} differs from the "
+                f"{task.n_classes} classes of task {task.name!r}; remove it to use the task's",
+            )
+    if model_data.get("positions", "sinusoidal") == "learned":
+        model_data.setdefault("max_len", max(512, task.max_length))
+        if isinstance(model_data["max_len"], int) and model_data["max_len"] < task.max_length:
+            raise origin.error(
+                ("model", "max_len"),
+                f"{model_data['max_len']} is shorter than the longest sequence of "
+                f"task {task.name!r} ({task.max_length}) for learned positions; raise it",
+            )
+    model_fields = [f.name for f in fields(ModelConfig)]
+    model = _section(origin, "model", ModelConfig.from_dict, model_data, model_fields, valid)
+    training_fields = [f.name for f in fields(TrainingConfig)]
+    training = _section(origin, "training", TrainingConfig.from_dict, dict(file.training), training_fields, valid)
+    if training.sampling == "scheduled" and task.kind == "classify":
+        raise origin.error(
+            ("training", "sampling"),
+            f"'scheduled' feeds predictions back to a decoder; task "
+            f"{task.name!r} trains an encoder classifier (use 'teacher_forcing')",
+        )
+    return RunConfig(
+        task_spec=task_spec,
+        model=model,
+        training=training,
+        seed=file.seed,
+        name=file.name,
+        tracking=file.tracking,
+        resources=file.resources,
+    )
+
+
+def override_origin(doc: Document, overrides: list[str], parsed: list[tuple[list[str], Any]]) -> Origin:
+    """The file's origin, with each overridden key blamed on its ``--set``."""
+    return Origin(doc.source, doc, {tuple(path): item for item, (path, _) in zip(overrides, parsed)})
+
+
+def load_run(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override (``--set section.key=value``), check and resolve a run file."""
+    doc = read_document(path)
+    parsed = parse_overrides(overrides, str(path))
+    data = apply_overrides(doc.data, parsed)
+    return resolve_run(data, override_origin(doc, overrides or [], parsed))

@@ -1,0 +1,308 @@
+"""Search files: an Optuna search over run-configuration keys.
+
+```yaml
+name: lr_warmup                        # the Optuna study and the MLflow experiment
+base: ../runs/quickstart.yaml          # a run file (relative to this file), or the run inline
+space:
+  training.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}
+  training.warmup_steps: {type: int, low: 0, high: 200, step: 50}
+  model.pattern: {type: categorical, choices: [full, local]}
+  model.window: {type: int, low: 4, high: 32, when: {model.pattern: [local, dilated]}}   # conditional
+objectives:                            # one or more; several: a Pareto front (nsga2)
+  - {metric: final/val_loss, direction: minimize}
+sampler: tpe                           # tpe | random | cmaes | gp | nsga2
+pruner: median                         # median | successive_halving | hyperband | wilcoxon | none
+prune_on: val/loss                     # the intermediate metric reported from inside training
+n_trials: 20                           # in total, across every process on the study; failed trials count
+timeout: 600                           # seconds this process asks for new trials (optional)
+concurrency: 2                         # trials at once in this process
+resources: {cpus: 1, gpus: 0}          # per trial; workers: 2 trains each trial data-parallel
+budget: {steps: 300}                   # per trial
+seed: 0                                # of the sampler
+storage: null                          # default: SQLite in .ablate/optuna.db; or a URL, or journal:PATH
+```
+
+The file's structure is the pydantic model ``SearchFile``; ``load_search`` checks it against the base run
+(every key of the space is a key of the run; both ends of every range make a valid run) and returns a
+``SearchSpec``. Imports no optuna: the samplers and pruners are built by ``ablations.search``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ablations.spec.common import (
+    Budget,
+    KeyedError,
+    Origin,
+    Resources,
+    Strict,
+    check_axis,
+    check_name,
+    mapping,
+    trial_overrides,
+    validate,
+)
+from ablations.spec.errors import SpecError
+from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run
+
+SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
+PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
+PARAM_TYPES = ("float", "int", "categorical")
+_ALLOWED = {
+    "float": {"type", "low", "high", "log", "step", "when"},
+    "int": {"type", "low", "high", "log", "step", "when"},
+    "categorical": {"type", "choices", "when"},
+}
+
+
+class Param(Strict):
+    """One key of the space: a float or int range (log scale or a step), or categorical choices; ``when``
+    makes it conditional on categorical parameters (a value, or a list of values)."""
+
+    key: str = ""  # the dotted run key (set from the space's mapping)
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+    when: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") in _ALLOWED:
+            extra = sorted(set(data) - _ALLOWED[data["type"]] - {"key"})
+            if extra:
+                raise KeyedError(
+                    (extra[0],),
+                    f"unknown key for a {data['type']} parameter; valid: {', '.join(sorted(_ALLOWED[data['type']]))}",
+                )
+            if isinstance(data.get("choices"), list):
+                data = {**data, "choices": tuple(data["choices"])}
+        return data
+
+    @model_validator(mode="after")
+    def _range(self) -> Param:
+        if self.type == "categorical":
+            if not self.choices:
+                raise KeyedError(("choices",), "must be a non-empty list of values")
+            return self
+        for name in ("low", "high"):
+            v = getattr(self, name)
+            if v is None or (self.type == "int" and v != int(v)):
+                raise KeyedError((name,), f"{v!r} must be {'an integer' if self.type == 'int' else 'a number'}")
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low:g} must be below high={self.high:g}")
+        if self.log and self.low <= 0:
+            raise KeyedError(("low",), f"a log scale needs low > 0 (got {self.low:g})")
+        if self.step is not None and (self.step <= 0 or self.log):
+            raise KeyedError(("step",), f"{self.step!r} must be a positive number, and cannot go with log: true")
+        return self
+
+    def active(self, params: dict[str, Any]) -> bool:
+        """Whether the conditions hold: each ``when`` key has its value (or one of a list of values)."""
+        return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in self.when.items())
+
+    def end(self, pick: int) -> Any:
+        """The value at the low (0) or high (-1) end of the range."""
+        if self.type == "categorical":
+            return self.choices[pick]
+        value = self.low if pick == 0 else self.high
+        return int(value) if self.type == "int" else value
+
+
+class Objective(Strict):
+    metric: str
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v):
+        if "/" not in v:
+            raise ValueError(f"{v!r} must name a summary metric such as final/val_loss or cost/tokens_per_s")
+        return v
+
+
+class SearchFile(Strict):
+    name: str
+    description: str = ""
+    base: str | dict[str, Any] | None = None
+    space: dict[str, dict[str, Any]]
+    objectives: list[Objective] | None = Field(None, min_length=1)
+    metric: str | None = None
+    direction: Literal["minimize", "maximize"] | None = None
+    sampler: Literal["tpe", "random", "cmaes", "gp", "nsga2"] | None = None
+    pruner: Literal["median", "successive_halving", "hyperband", "wilcoxon", "none"] | None = None
+    prune_on: str = "val/loss"
+    n_trials: int | None = Field(None, ge=1)
+    timeout: float | None = Field(None, gt=0)
+    concurrency: int = Field(1, ge=1)
+    resources: Resources = Resources()
+    budget: Budget = Budget()
+    seed: int = 0
+    storage: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return check_name(v, "it names the Optuna study and the MLflow experiment")
+
+    @field_validator("prune_on")
+    @classmethod
+    def _prune_on(cls, v):
+        if not v.startswith("val/"):
+            raise ValueError(f"{v!r} must be a validation metric reported while training, e.g. val/loss")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SearchFile:
+        if not self.space:
+            raise KeyedError(("space",), "is empty: name at least one key with its range")
+        if self.objectives is not None and (self.metric is not None or self.direction is not None):
+            raise KeyedError(("objectives",), "give either objectives (a list) or metric and direction, not both")
+        several = self.objectives is not None and len(self.objectives) > 1
+        if self.sampler == "cmaes" and several:
+            raise KeyedError(("sampler",), "cmaes optimises one objective; use nsga2 (or tpe, gp) for several")
+        if self.pruner not in (None, "none") and several:
+            raise KeyedError(("pruner",), "Optuna prunes single-objective searches only; set pruner: none")
+        if self.n_trials is None and self.timeout is None:
+            raise KeyedError(("n_trials",), "give n_trials, timeout, or both: a search needs an end")
+        return self
+
+
+SEARCH_KEYS = tuple(SearchFile.model_fields)
+
+
+@dataclass(kw_only=True)
+class SearchSpec:
+    name: str
+    description: str
+    source: str
+    base: dict[str, Any]
+    space: list[Param]
+    objectives: list[tuple[str, str]]  # (metric, direction)
+    sampler: str
+    pruner: str
+    prune_on: str
+    n_trials: int | None
+    timeout: float | None
+    concurrency: int
+    resources: Resources
+    budget: Budget
+    seed: int
+    storage: str | None
+
+    @property
+    def directions(self) -> list[str]:
+        return [d for _, d in self.objectives]
+
+    def run_data(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The run configuration of a trial: the base, the budget, the trial's parameters."""
+        overrides = {**trial_overrides(self.resources, self.budget), **params}
+        return apply_overrides(self.base, [(k.split("."), v) for k, v in overrides.items()])
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """The trial's parameters (define-by-run: a conditional key is asked only when its condition holds)."""
+        params: dict[str, Any] = {}
+        for p in self.space:
+            if p.active(params):
+                params[p.key] = suggest_param(p, trial)
+        return params
+
+
+def suggest_param(p: Param, trial) -> Any:
+    if p.type == "float":
+        return trial.suggest_float(p.key, p.low, p.high, log=p.log, step=p.step)
+    if p.type == "int":
+        return trial.suggest_int(p.key, int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+    return trial.suggest_categorical(p.key, list(p.choices))
+
+
+def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param]:
+    space = []
+    for key, spec in body.items():
+        check_axis(origin, ("space", key), key, valid)
+        mapping(origin, ("space", key), spec)
+        space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
+    keys = {p.key: p for p in space}
+    for p in space:
+        for k, v in p.when.items():
+            if k not in keys or keys[k].type != "categorical":
+                raise origin.error(("space", p.key, "when", k), "must name a categorical parameter of the space")
+            for one in v if isinstance(v, list) else [v]:
+                if one not in keys[k].choices:
+                    raise origin.error(
+                        ("space", p.key, "when", k), f"{one!r} is not one of its choices {list(keys[k].choices)}"
+                    )
+    ordered: list[Param] = []  # conditions first: a parameter comes after the ones its `when` names
+    while len(ordered) < len(space):
+        ready = [p for p in space if p not in ordered and all(keys[k] in ordered for k in p.when)]
+        if not ready:
+            raise origin.error(("space",), "the `when` conditions form a cycle")
+        ordered += ready
+    return ordered
+
+
+def load_search(
+    path: str | Path | Origin, data: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None
+) -> SearchSpec:
+    """Read and check a search file (or a study's ``tune:`` section, with its base). Raises SpecError."""
+    if isinstance(path, Origin):
+        origin, folder = path, Path(path.source or ".").parent
+    else:
+        doc = read_document(path) if data is None else None
+        origin, folder = Origin(str(path), doc), Path(path).parent
+        data = doc.data if doc is not None else data
+    data = dict(data or {})
+    for required in ("name", "space") + (("base",) if base is None else ()):
+        if required not in data:
+            raise origin.error((required,), "is required")
+    if base is None:
+        base, _ = load_base(origin, data["base"], folder)
+    base = dict(base)
+    base.pop("name", None)
+    valid = axis_keys(base)
+    file_keys = list(SEARCH_KEYS) + [f"budget.{k}" for k in Budget.model_fields]
+    file_keys += [f"resources.{k}" for k in Resources.model_fields]
+    file = validate(SearchFile, data, origin, file_keys + valid)
+    space = _space(origin, file.space, valid)
+    objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
+    objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
+    spec = SearchSpec(
+        name=file.name,
+        description=file.description,
+        source=origin.source or "",
+        base=base,
+        space=space,
+        objectives=objectives,
+        sampler=file.sampler or ("tpe" if len(objectives) == 1 else "nsga2"),
+        pruner=file.pruner or ("median" if len(objectives) == 1 else "none"),
+        prune_on=file.prune_on,
+        n_trials=file.n_trials,
+        timeout=file.timeout,
+        concurrency=file.concurrency,
+        resources=file.resources,
+        budget=file.budget,
+        seed=file.seed,
+        storage=file.storage,
+    )
+    # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17)
+    for pick in (0, -1):
+        params: dict[str, Any] = {}
+        for p in space:
+            if p.active(params):
+                params[p.key] = p.end(pick)
+        try:
+            resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
+        except SpecError as err:
+            end = "low" if pick == 0 else "high"
+            raise origin.error(
+                ("space",), f"{err.message} (with the space at its {end} end: {params})", key=f"space ({err.key})"
+            ) from None
+    return spec

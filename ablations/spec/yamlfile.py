@@ -1,0 +1,237 @@
+"""Reading a configuration file: a small UTF-8 YAML mapping, or one line that says why not, in well under a second.
+
+Refused before any YAML is built: files over ``MAX_BYTES``, binary files, other encodings (UTF-16 and UTF-32,
+with or without a byte-order mark, Latin-1, ...). Refused while composing, before any Python object exists:
+nesting deeper than ``MAX_DEPTH``, documents that expand to more than ``MAX_NODES`` values through aliases
+(the "billion laughs"), anchors that refer to themselves, tags that would build objects (``!!python/...``,
+any ``!custom`` tag), duplicate keys and several documents in one file.
+
+What is kept: the data (plain dicts, lists and scalars) and the line of every key and list item, so that an
+error can point at the line to fix (``Document.line``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1_000_000  # a configuration file, not a dataset
+MAX_DEPTH = 50  # levels of nesting
+MAX_NODES = 100_000  # values after expanding aliases
+
+Path_ = tuple  # a key path: ("model", "n_heads"), ("design", "variants", 2, "set")
+
+# the tags a plain configuration may carry (implicit ones included: 3e-4 is a float, 2024-01-01 a timestamp)
+PLAIN_TAGS = {
+    f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "merge")
+}
+
+
+class YamlFileError(ValueError):
+    """The file cannot be read as a configuration; ``line`` is 1-based when known."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
+class Loader(yaml.SafeLoader):
+    """yaml.SafeLoader (no code, no arbitrary objects) that also reads 3e-4 as a float, not a string
+    (YAML 1.1 wants 3.0e-4; researchers write 3e-4)."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+@dataclass
+class Document:
+    """A parsed file: its data and the line of each key path."""
+
+    source: str
+    data: Any
+    lines: dict[Path_, int] = field(default_factory=dict)
+
+    def line(self, path: Path_ | list) -> int | None:
+        """The line of ``path``, else of its nearest enclosing key that the file holds."""
+        path = tuple(path)
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return None
+
+
+# --- bytes -> text -----------------------------------------------------------------------------------------
+
+_BOMS = [
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+]
+
+
+def decode(raw: bytes) -> str:
+    """UTF-8 text (a UTF-8 byte-order mark is allowed), else YamlFileError naming what the file looks like."""
+    if len(raw) > MAX_BYTES:
+        raise YamlFileError(f"is over {MAX_BYTES:,} bytes; a configuration file is smaller (is this the right file?)")
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            raise YamlFileError(f"is {name} text; save it as UTF-8")
+    if b"\x00" in raw:
+        sample = raw[:4096]
+        zeros_odd = sample[1::2].count(0) > len(sample) // 4
+        zeros_even = sample[0::2].count(0) > len(sample) // 4
+        if zeros_odd != zeros_even:
+            raise YamlFileError("is UTF-16 text (no byte-order mark); save it as UTF-8")
+        raise YamlFileError("is a binary file, not YAML text")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise YamlFileError(
+            f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at line {line}); save it as UTF-8", line
+        ) from None
+
+
+# --- text -> checked node graph -> data ------------------------------------------------------------------
+
+
+def _check_graph(root: yaml.Node) -> dict[Path_, int]:
+    """Depth, size after aliases, tags and duplicate keys, on the composed node graph (no object built yet).
+    Returns the line of every key path (first occurrence of a shared node)."""
+    lines: dict[Path_, int] = {}
+    sizes: dict[int, int] = {}  # id(node) -> values it expands to
+    # iterative post-order walk; aliases make the graph a DAG (PyYAML shares the aliased node object)
+    stack: list[tuple[yaml.Node, Path_, int, bool]] = [(root, (), 1, False)]
+    on_path: set[int] = set()
+    total_guard = 0
+    while stack:
+        node, path, depth, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            if isinstance(node, yaml.MappingNode):
+                children = [n for pair in node.value for n in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            else:
+                children = []
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_NODES:
+                raise YamlFileError(
+                    f"expands to more than {MAX_NODES:,} values (aliases repeat a large anchor); "
+                    "a configuration file does not need that many",
+                    node.start_mark.line + 1,
+                )
+            continue
+        if key in on_path:
+            raise YamlFileError("has an anchor that refers to itself", node.start_mark.line + 1)
+        if node.tag not in PLAIN_TAGS:
+            raise YamlFileError(
+                f"uses the YAML tag {node.tag!r}; a configuration file holds plain values only "
+                "(numbers, text, true/false, lists, mappings)",
+                node.start_mark.line + 1,
+            )
+        if depth > MAX_DEPTH:
+            raise YamlFileError(f"nests deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
+        total_guard += 1
+        if total_guard > 4 * MAX_NODES:  # distinct nodes: a huge flat file (already bounded by MAX_BYTES)
+            raise YamlFileError(f"holds more than {4 * MAX_NODES:,} values")
+        if key in sizes:  # an alias of a node already checked
+            continue
+        on_path.add(key)
+        stack.append((node, path, depth, True))
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else None
+                if name == "<<":  # a merge key: its mapping's keys join this one
+                    stack.append((k, (*path, "<key>"), depth + 1, False))
+                    stack.append((v, path, depth + 1, False))
+                    continue
+                line = k.start_mark.line + 1
+                if name in seen:
+                    where = ".".join(str(p) for p in (*path, name))
+                    raise YamlFileError(f"{where} appears twice (lines {seen[name]} and {line}); keep one", line)
+                if name is not None:
+                    seen[name] = line
+                    lines.setdefault((*path, _scalar_key(name)), line)
+                stack.append((k, (*path, "<key>"), depth + 1, False))
+                stack.append((v, (*path, _scalar_key(name)), depth + 1, False))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines.setdefault((*path, i), item.start_mark.line + 1)
+                stack.append((item, (*path, i), depth + 1, False))
+    return lines
+
+
+def _scalar_key(name: str) -> Any:
+    """The key as the data will hold it (YAML keys are mostly strings; ``1: x`` is an int key)."""
+    try:
+        value = yaml.load(name, Loader=Loader)  # noqa: S506  (Loader is a SafeLoader)
+    except yaml.YAMLError:
+        return name
+    return value if isinstance(value, (str, int, float, bool)) or value is None else name
+
+
+def _flow_depth_guard(text: str) -> None:
+    """PyYAML composes recursively: thousands of nested [ or { cost seconds before Python's recursion limit
+    stops them. Count the nesting of flow brackets first (quoted brackets may over-count: still refused
+    only past MAX_DEPTH)."""
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise YamlFileError(f"nests deeper than {MAX_DEPTH} levels", text.count("\n", 0, m.start()) + 1)
+
+
+def parse(text: str, source: str = "<text>") -> Document:
+    """YAML text -> Document; YamlFileError for anything that is not one plain YAML document."""
+    _flow_depth_guard(text)
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return Document(source, None)
+        lines = _check_graph(node)
+        data = loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if "expected a single document" in str(err):
+            problem = "a second YAML document starts here (---); keep one document per file"
+        raise YamlFileError(f"is not valid YAML{where}: {problem}", mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise YamlFileError(f"nests deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+    return Document(source, data, lines)
+
+
+def load_yaml(text: str) -> Any:
+    """The data of a YAML text (checked as a configuration file)."""
+    return parse(text).data
+
+
+def read(path: str | Path) -> Document:
+    """Read and parse a configuration file (OSError and YamlFileError propagate)."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_BYTES + 1)  # never more: a huge file is refused without reading it whole
+    return parse(decode(raw), str(path))

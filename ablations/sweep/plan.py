@@ -1,0 +1,92 @@
+"""A study's cells against what MLflow holds: what is done, what is left, and the summary table.
+
+MLflow is the record of what has been done: a cell with a finished or diverged run is done and never trained
+again; runs left RUNNING by a submission that died are stale (marked KILLED by the next submission).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ablations import records
+from ablations.spec import Cell, Study
+
+
+@dataclass
+class Plan:
+    todo: list[Cell]
+    done: dict[str, Any]  # cell_id -> its finished/diverged run
+    stale: list[Any]  # runs left RUNNING by a submission that died
+
+
+def plan(study: Study, uri: str) -> Plan:
+    runs = records.cell_runs(uri, study.name)
+    todo, done, stale = [], {}, []
+    for cell in study.cells:
+        cell_runs = runs.get(cell.cell_id, [])
+        result = records.result_run(cell_runs)
+        if result is not None:
+            done[cell.cell_id] = result
+        else:
+            todo.append(cell)
+        stale += [r for r in cell_runs if r.info.status == "RUNNING"]
+    return Plan(todo, done, stale)
+
+
+def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> None:
+    width = max(len(c.variant) for c in study.cells)
+    out(
+        f"study {study.name!r} ({study.design}, {len(study.variants)} variants x {len(study.seeds)} seeds): "
+        f"{len(study.cells)} cells, {len(p.done)} done in MLflow, {len(p.todo)} to train"
+    )
+    budget = study.budget.as_dict() or "from the run file"
+    out(f"each trial: {study.resources.describe()}; budget {budget}; metric {study.metric} ({study.direction})")
+    out(f"{'variant':<{width}}  seed  cell id           state")
+    for cell in study.cells:
+        state = f"done ({records.cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
+        out(f"{cell.variant:<{width}}  {cell.seed:>4}  {cell.cell_id}  {state}")
+    for s in study.skipped:
+        out(f"{s.variant:<{width}}  {s.seed:>4}  {'-' * 16}  skipped: {s.reason}")
+    if p.stale:
+        out(f"{len(p.stale)} run(s) left RUNNING by an earlier submission will be marked KILLED")
+
+
+def summarize(study: Study, uri: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """One row per cell from MLflow: its final state (its best attempt), metric and run."""
+    runs = records.cell_runs(uri, study.name)
+    rows, counts = [], Counter()
+    for cell in study.cells:
+        cell_runs = runs.get(cell.cell_id, [])
+        result = records.result_run(cell_runs)
+        run = result or (cell_runs[-1] if cell_runs else None)
+        state = records.cell_state(run) if run is not None else "to train"
+        counts[state] += 1
+        value = run.data.metrics.get(study.metric) if run is not None else None
+        rows.append(
+            {
+                "variant": cell.variant,
+                "seed": cell.seed,
+                "cell_id": cell.cell_id,
+                "state": state,
+                study.metric: value,
+                "attempts": len(cell_runs),
+                "run_id": run.info.run_id if run else "",
+            }
+        )
+    counts["skipped"] = len(study.skipped)
+    return dict(counts), rows
+
+
+def format_rows(study: Study, rows: list[dict[str, Any]]) -> str:
+    width = max([len(r["variant"]) for r in rows] + [7])
+    lines = [f"{'variant':<{width}}  seed  {'state':<9}  {study.metric:>20}  attempts  run"]
+    for r in rows:
+        v = r[study.metric]
+        value = f"{v:.4g}" if isinstance(v, (int, float)) else "-"
+        lines.append(
+            f"{r['variant']:<{width}}  {r['seed']:>4}  {r['state']:<9}  {value:>20}  {r['attempts']:>8}  {r['run_id']}"
+        )
+    return "\n".join(lines)

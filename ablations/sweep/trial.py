@@ -1,0 +1,144 @@
+"""One cell of a study in a Ray Tune trial: check MLflow, train (or reuse), record whatever happens.
+
+A retried or restored trial never trains a finished cell twice: the trial checks MLflow again before
+training, marks its own lost earlier attempts KILLED, trains with ``ablations.train.train`` into a child run
+(or, with ``workers > 1``, data-parallel through Ray Train with rank 0 logging) and records anything that goes
+wrong as a failed run with the traceback, then raises so that Tune retries it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablations import records, tracking
+from ablations.spec import Cell, Resources
+
+
+@dataclass(kw_only=True)
+class TrialContext:
+    """What every trial needs to know about its submission (shipped to the workers)."""
+
+    uri: str
+    study: str
+    parent_run_id: str
+    submission: int
+    resources: Resources
+    storage: str
+    metric: str
+    code: dict[str, str] = field(default_factory=dict)
+
+
+def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
+    import ray
+
+    tags = {
+        records.TAG_KIND: records.KIND_CELL,
+        records.TAG_STUDY: ctx.study,
+        records.TAG_VARIANT: cell.variant,
+        records.TAG_SEED: str(cell.seed),
+        records.TAG_CELL_ID: cell.cell_id,
+        records.TAG_SUBMISSION: str(ctx.submission),
+        records.TAG_ATTEMPT: str(attempt),
+        "pid": str(os.getpid()),
+        "workers": str(ctx.resources.workers),
+        **ctx.code,
+    }
+    if ray.is_initialized():
+        rc = ray.get_runtime_context()
+        tags["ray_node"] = rc.get_node_id()
+        tags["ray_node_ip"] = ray.util.get_node_ip_address()
+    tags["code_dir"] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
+    for k, v in cell.settings.items():  # the design's axes, and what a tuned study's search chose
+        if k.startswith(records.TUNED_SETTING):
+            tags[records.TUNED_PREFIX + k.removeprefix(records.TUNED_SETTING)] = str(v)
+        else:
+            tags[records.AXIS_PREFIX + k] = str(v)
+    return tags
+
+
+def run_name(cell: Cell) -> str:
+    return f"{cell.variant} | seed {cell.seed}"
+
+
+def _record_early_failure(cell: Cell, ctx: TrialContext, tags: dict[str, str], err: BaseException) -> None:
+    """A failure before train() opened a run (data missing on this node, say) is recorded all the same."""
+    logger = tracking.RunLogger(
+        uri=ctx.uri, experiment=ctx.study, run_name=run_name(cell), parent_run_id=ctx.parent_run_id, tags=tags
+    )
+    logger.start(cell.run.params(), cell.run.to_dict())
+    logger.log_text("".join(traceback.format_exception(err)), "traceback.txt")
+    logger.end(records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000])
+
+
+def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> dict[str, Any]:
+    """Train one cell unless MLflow already holds its result. Raises when training fails (Tune retries)."""
+    import torch
+
+    from ablations.train import Tracking, train
+
+    torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
+    runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
+    done = records.result_run(runs)
+    if done is not None:  # trained by an earlier attempt or submission: never twice
+        out = {"status": records.cell_state(done), "run_id": done.info.run_id, "reused": True}
+        report(out)
+        return out
+    for run in runs:
+        if run.info.status == "RUNNING":  # an attempt whose process or node died
+            records.mark_killed(ctx.uri, run, "lost: its process or node stopped before it finished; retried")
+    attempt = 1 + len(runs)  # every earlier run of this cell, whichever submission made it
+    tags = cell_tags(cell, ctx, attempt)
+    where = Tracking(
+        uri=ctx.uri, experiment=ctx.study, parent_run_id=ctx.parent_run_id, run_name=run_name(cell), tags=tags
+    )
+
+    def hook(step: int, metrics: dict[str, float]) -> None:
+        if any(k.startswith("val/") for k in metrics):
+            report({**metrics, "step": step})
+
+    try:
+        if ctx.resources.workers > 1:
+            result = _run_data_parallel(cell, ctx, where)
+        else:
+            result = train(cell.run, where, hooks=[hook])
+    except Exception as err:
+        recorded = any(
+            r.data.tags.get(records.TAG_ATTEMPT) == str(attempt)
+            for r in records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
+        )
+        if not recorded:
+            _record_early_failure(cell, ctx, tags, err)
+        raise
+    out = {"status": result.status, "run_id": result.run_id, "reused": False}
+    if ctx.metric in result.metrics:
+        out[ctx.metric] = result.metrics[ctx.metric]
+    report(out)
+    return out
+
+
+def _run_data_parallel(cell: Cell, ctx: TrialContext, where):
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from ablations.parallel import ParallelJob, run_data_parallel
+
+    job = ParallelJob(run=cell.run, where=where, resources=ctx.resources, report_validation=True)
+    name = f"ddp-{cell.cell_id}-{where.tags.get(records.TAG_ATTEMPT, '1')}"
+    return run_data_parallel(job, name=name, storage_path=ctx.storage, callbacks=[TuneReportCallback()])
+
+
+def trainable(config: dict, cells: dict[str, Cell], ctx: TrialContext) -> None:
+    """The Tune function trainable: ``config["cell_id"]`` names the cell."""
+    from ray import tune
+
+    run_cell(cells[config["cell_id"]], ctx, lambda metrics: tune.report(tune_safe(metrics)))
+
+
+def tune_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Tune's metric names cannot hold '/'."""
+    return {k.replace("/", "_"): v for k, v in metrics.items()}

@@ -1,0 +1,110 @@
+"""Search files: malformed ones are refused before anything starts, with the file, the line and the key;
+conditional parameters are asked only when their condition holds."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import yaml
+
+from ablations.spec import SpecError, load_search
+from tests.ablations.search.test_search import SPACE, TINY, write_spec
+from tests.conftest import ROOT
+
+
+def refused(tmp_path, **spec) -> SpecError:
+    path = write_spec(tmp_path, **spec)
+    with pytest.raises(SpecError) as info:
+        load_search(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "words"),
+    [
+        ({"space": {}}, "space", "empty"),
+        ({"space": {"training.lrr": {"type": "float", "low": 0.1, "high": 1}}}, "space.training.lrr", "unknown axis"),
+        ({"space": {"training.lr": {"type": "real", "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
+        ({"space": {"training.lr": {"type": "float", "low": 1, "high": 0.1}}}, "space.training.lr", "below"),
+        (
+            {"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},
+            "space.training.lr.low",
+            "log",
+        ),
+        ({"space": {"model.norm": {"type": "categorical", "choices": []}}}, "space.model.norm.choices", "non-empty"),
+        (
+            {"space": {**SPACE, "model.window": {"type": "int", "low": 2, "high": 8, "when": {"training.lr": 1}}}},
+            "space.model.window.when.training.lr",
+            "categorical",
+        ),
+        ({"sampler": "bayes"}, "sampler", "tpe"),
+        (
+            {
+                "pruner": "median",
+                "objectives": [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s", "direction": "maximize"}],
+            },
+            "pruner",
+            "single",
+        ),
+        ({"n_trials": None}, "n_trials", "an end"),
+        ({"resources": {"cpus": 1, "workers": 2}}, "resources.cpus", "one per worker"),
+        ({"prune_on": "train/loss"}, "prune_on", "validation"),
+        (
+            {"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}},
+            "space (model)",
+            "window",
+        ),
+        ({"colour": 1}, "colour", "unknown key"),
+    ],
+)
+def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spec, key, words):
+    err = refused(tmp_path, **spec)
+    assert err.key == key and words in str(err), str(err)
+
+
+def test_every_catalogue_search_loads():
+    paths = sorted((ROOT / "ablations" / "searches").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"quickstart_lr", "locality_window"}
+    for path in paths:
+        assert load_search(path).name == path.stem
+
+
+def test_conditional_parameters_are_asked_only_when_their_condition_holds(tmp_path):
+    spec = load_search(
+        write_spec(
+            tmp_path,
+            space={
+                "model.pattern": {"type": "categorical", "choices": ["full", "local", "dilated"]},
+                "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.pattern": ["local", "dilated"]}},
+                "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}},
+            },
+        )
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        params = spec.suggest(trial)
+        seen.add(params["model.pattern"])
+        assert ("model.window" in params) == (params["model.pattern"] != "full")
+        assert ("model.dilation" in params) == (params["model.pattern"] == "dilated")
+        study.tell(trial, 0.0)
+    assert seen == {"full", "local", "dilated"}
+
+
+def test_tune_section_is_checked_with_the_study(tmp_path):
+    from ablations.spec import load_study
+
+    path = tmp_path / "t.yaml"
+    base = {"name": "t", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}}
+    path.write_text(
+        yaml.safe_dump(
+            {**base, "tune": {"space": {"model.norm": {"type": "categorical", "choices": ["pre"]}}, "n_trials": 2}}
+        )
+    )
+    with pytest.raises(SpecError, match="tune.space.model.norm.*also an axis"):
+        load_study(path)
+    path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))
+    with pytest.raises(SpecError, match="tune.n_trials.*an end"):
+        load_study(path)

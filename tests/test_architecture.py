@@ -1,0 +1,146 @@
+"""The architecture's rules, checked on the source (issue: one way through ablations/).
+
+- No import circles, module-level or inside functions, across models/, ablations/ and dashboards/.
+- No module imports another module's private names.
+- The declarations (ablations/spec/) import no ray, mlflow or optuna.
+- One module (ablations/records.py) defines the MLflow record vocabulary.
+- Modules of ablations/ stay small (one concern each); dataclasses with many (over 6) fields are keyword-only.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGES = ("models", "ablations", "dashboards")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import in the file, at any depth."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            for a in node.names:  # "from pkg import module" imports the module
+                full = f"{base}.{a.name}"
+                out.append((full if full in MODULES else base, [] if full in MODULES else [a.name], node.lineno))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for name, path in MODULES.items():
+        for target, _, _ in imports(name, path):
+            if target in MODULES and target != name:
+                edges[name].add(target)
+    return edges
+
+
+def test_no_import_circles():
+    edges = graph()
+    # a package's __init__ importing its own submodules is not a circle through the package
+    for name in edges:
+        edges[name] = {t for t in edges[name] if not (name.startswith(t + ".") and t in MODULES)}
+    seen: dict[str, int] = {}  # 0 on the path, 1 done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 0
+        for nxt in sorted(edges[node]):
+            if seen.get(nxt) == 0:
+                cycles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in seen:
+                visit(nxt, path + [nxt])
+        seen[node] = 1
+
+    for m in sorted(edges):
+        if m not in seen:
+            visit(m, [m])
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = []
+    for name, path in MODULES.items():
+        for target, names, line in imports(name, path):
+            for n in names:
+                if n.startswith("_") and not n.startswith("__") and target != name:
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {n} from {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_declarations_import_no_ray_mlflow_or_optuna():
+    code = (
+        "import sys, ablations.spec, ablations.spec.study, ablations.spec.search, ablations.records; "
+        "print(sorted(m for m in ('ray', 'mlflow', 'optuna') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+VOCABULARY = ("KIND_", "STATUS_", "TAG_")
+
+
+def test_one_module_defines_the_mlflow_record_vocabulary():
+    owners: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for t in targets:  # NAME = ... or A, B = ... (not tags[NAME] = ...)
+                for n in t.elts if isinstance(t, ast.Tuple) else [t]:
+                    if isinstance(n, ast.Name) and (
+                        n.id.startswith(VOCABULARY) or n.id in ("MLFLOW_STATUS", "RESULT_STATES")
+                    ):
+                        owners.setdefault(n.id, []).append(name)
+    assert owners, "the vocabulary was not found"
+    strays = {k: v for k, v in owners.items() if v != ["ablations.records"]}
+    assert not strays, strays
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("ablations")])
+def test_ablations_modules_stay_small(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= 450, f"{MODULES[name].relative_to(ROOT)} has {lines} lines: split it by concern"
+
+
+def test_dataclasses_with_many_fields_are_keyword_only():
+    bad = []
+    for name, path in MODULES.items():
+        if not name.startswith("ablations"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            deco = [d for d in node.decorator_list if "dataclass" in ast.unparse(d)]
+            fields = [s for s in node.body if isinstance(s, ast.AnnAssign)]
+            if deco and len(fields) > 6 and "kw_only=True" not in ast.unparse(deco[0]):
+                bad.append(f"{path.relative_to(ROOT)}: {node.name} has {len(fields)} fields")
+    assert not bad, "\n".join(bad)
