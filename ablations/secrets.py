@@ -182,6 +182,24 @@ def redact_url(url: str) -> str:
     return redact(urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
 
 
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """``(url without its user:password@, user, password)``, decoded. For a tracking URI given with credentials
+    (``http://user:pw@mlflow:5000``): pass the clean URI to MLflow and the credentials as
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, so that no URI the process holds (and MLflow prints,
+    e.g. its "View run at" lines) carries the password. The password is registered for masking too."""
+    try:
+        parts = urlsplit(url)
+        username, password = parts.username, parts.password
+    except ValueError:
+        return url, None, None
+    if username is None and password is None:
+        return url, None, None
+    hostport = parts.netloc.rpartition("@")[2]
+    clean = urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
+    register_url(url)
+    return clean, unquote(username) if username else username, unquote(password) if password is not None else None
+
+
 def redact_mapping(mapping: Mapping[str, object]) -> dict[str, object]:
     """A copy of ``mapping`` (MLflow params or tags, a config) with every string value redacted, nested
     mappings and lists included; a value whose key names a secret (``password``, ``token``...) is masked whole."""

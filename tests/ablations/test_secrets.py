@@ -12,7 +12,16 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
-from ablations.secrets import MASK, redact, redact_mapping, redact_url, register, register_url, secret_values
+from ablations.secrets import (
+    MASK,
+    redact,
+    redact_mapping,
+    redact_url,
+    register,
+    register_url,
+    secret_values,
+    split_credentials,
+)
 
 PASSWORDS = ["s3cr3t-pw_0123", "p@ss:w/rd?#&=%", "äöü ünïcødé", "x" * 64]
 
@@ -185,3 +194,13 @@ def test_redact_mapping_masks_nested_values_and_secret_keys():
     assert out["tracking"]["password"] == MASK and out["tracking"]["token"] == ""
     assert out["storage"] == "postgresql://optuna:***@postgres/optuna"
     assert params["tracking"]["password"] == "map-pw-3"  # a copy: the input is untouched
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_split_credentials_takes_them_out_of_the_uri(password):
+    url = f"http://ray%40lab:{quote(password, safe='')}@mlflow:5000/sub?x=1"
+    clean, user, pw = split_credentials(url)
+    assert (clean, user, pw) == ("http://mlflow:5000/sub?x=1", "ray@lab", password)
+    assert redact(f"later, a driver error: {password}") == f"later, a driver error: {MASK}"  # registered
+    assert split_credentials("http://mlflow:5000") == ("http://mlflow:5000", None, None)
+    assert split_credentials("sqlite:///x.db") == ("sqlite:///x.db", None, None)
