@@ -156,7 +156,7 @@ class Analysis(BaseModel):
             return f"value (a failed seed counts as {metric} = {self.failure_values[metric]:g})"
         shown = "" if worst is None else f" = {worst:.4g}"
         fallback = " (no failure_values entry for this metric)" if self.failure_rule == "value" else ""
-        return f"worst{fallback} (a failed seed counts as the worst {metric} observed in the study{shown})"
+        return f"worst{fallback} (a failed seed counts as the worst {metric} any finished cell of the study reached{shown})"
 
 
 def _loc(loc: tuple[Any, ...], where: str) -> str:

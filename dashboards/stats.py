@@ -510,6 +510,8 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     from statsmodels.stats.multitest import multipletests
 
     p = np.array([float(x) if x is not None and math.isfinite(float(x)) else 1.0 for x in pvalues])
+    if len(p) == 1:  # a family of one: nothing to correct (multipletests would also run a full gc.collect())
+        return [float(p[0])]
     return [float(v) for v in multipletests(p, method="holm")[1]]
 
 

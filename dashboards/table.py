@@ -278,8 +278,9 @@ def build(
                 notes.append(f"analysis.{key} names {m!r}, which no run of this study logged")
     kinds = [outcome(row, metric, never) for row in cells.to_dict("records")]
     cells = cells.assign(_outcome=kinds)
-    successes = cells[cells["_outcome"] == "success"]
-    observed = [v for v in (_float(x) for x in successes[metric]) if math.isfinite(v)]
+    # the values cells reached by finishing (learned or not); a diverged run's last value is not a measurement
+    finished = cells[cells["_outcome"].isin(["success", "not_learned"])]
+    observed = [v for v in (_float(x) for x in finished[metric]) if math.isfinite(v)]
     worst = (max(observed) if direction == "minimize" else min(observed)) if observed else math.nan
     if analysis.failure_rule == "value" and metric in analysis.failure_values:
         fill = float(analysis.failure_values[metric])
@@ -303,7 +304,7 @@ def build(
 
     values = {v: rule_values(v) for v in variants}
     if analysis.failure_rule != "exclude" and any(k not in ("success", "pending") for k in kinds) and not observed:
-        notes.append(f"no successful cell has {metric}: failed seeds have no worst value to take")
+        notes.append(f"no finished cell has {metric}: failed seeds have no worst value to take")
 
     pairs = analysis.pairs(variants, baseline)
     axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in cells.columns]
@@ -367,6 +368,15 @@ def build(
             family_size=max(1, family_size),
         )
     contrasts = stats.correct(contrasts, analysis.alpha, direction)
+    if is_grid:
+        spreads = [stats.describe(values[v].values()).std for v in variants]
+        spreads = [x for x in spreads if math.isfinite(x) and x > 0]
+        if len(spreads) > 1 and max(spreads) > 10 * min(spreads):
+            notes.append(
+                f"the variants' spreads over seeds differ up to {max(spreads) / min(spreads):.0f}x: the factorial "
+                "effects' OLS assumes one spread for every cell, so their p-values and intervals lean on the "
+                "noisiest and quietest cells alike; the paired contrasts do not assume it"
+            )
 
     rows = []
     for v in variants:

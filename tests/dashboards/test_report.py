@@ -11,10 +11,12 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from scipy import stats as sps
 
 from ablations import tracking
@@ -79,14 +81,12 @@ def fill(
                 **{f"axis.{k}": v for k, v in settings[variant].items()},
             }
             run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
-            if value is not None:
-                c.log_metric(run.info.run_id, metric, value)
-            for key, v in (extra or {}).get((variant, seed), {}).items():
-                c.log_metric(run.info.run_id, key, v)
-            for step in (10, 20):
-                c.log_metric(run.info.run_id, "val/loss", 1.0 / step + seed * 0.01, step=step)
-            for key, v in (cost or {"cost/wall_time_s": 10.0, "cost/n_params": 1000.0}).items():
-                c.log_metric(run.info.run_id, key, v)
+            now = int(time.time() * 1000)
+            points = [(metric, value, 0)] if value is not None else []
+            points += [(k, v, 0) for k, v in (extra or {}).get((variant, seed), {}).items()]
+            points += [("val/loss", 1.0 / step + seed * 0.01, step) for step in (10, 20)]
+            points += [(k, v, 0) for k, v in (cost or {"cost/wall_time_s": 10.0, "cost/n_params": 1000.0}).items()]
+            c.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, step) for k, v, step in points])
             c.set_terminated(run.info.run_id, "FINISHED" if state in ("finished", "diverged") else "FAILED")
     return pid
 
@@ -285,7 +285,7 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path)
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert "| baseline |" in out.stdout and "report.html" in out.stdout and "artifacts/report/report.html" in out.stdout
+    assert "| baseline |" in out.stdout and "report.html" in out.stdout and "report/report.html" in out.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "report", "nope", "--tracking-uri", store],
         capture_output=True,

@@ -56,7 +56,8 @@ def test_failed_seeds_enter_under_the_worst_rule_and_are_never_best_unmarked(sto
     assert r["failure_rule"] == "worst"
     md = to_markdown(table)
     assert "0.95† ±" not in md and "0.95†" in md  # no spread among the survivors: no ± either
-    assert f"failure rule: worst (a failed seed counts as the worst test/acc observed in the study = {worst:.4g})" in md
+    rule = f"failure rule: worst (a failed seed counts as the worst test/acc any finished cell of the study reached = {worst:.4g})"
+    assert rule in md
     assert "3/5 [0.15, 0.95]" in md  # Clopper-Pearson of 3 of 5
     # under 'exclude' the survivors make it best: bold, but marked, and a note says why
     fill(store, "excl", values, states=states, analysis={"failure_rule": "exclude"})
@@ -126,6 +127,10 @@ def test_never_learned_cells_are_failures(store):
     r = {r["variant"]: r for r in table.as_records()}["stuck"]
     assert (r["successes"], r["not_learned"], r["finished"], r["cells"]) == (3, 2, 5, 5)
     assert r["mean"] == pytest.approx(0.7)  # the mean over the cells that learned
+    # the worst value a finished cell reached is the stuck cells' own 0.1: a failure never scores better than that
+    assert table.worst == pytest.approx(0.1)
+    d = np.array([(0.1 if s < 2 else 0.7) - base[s] for s in SEEDS5])
+    assert r["diff"] == pytest.approx(d.mean()) and r["p"] == pytest.approx(flips(d))
     assert "not learned" in to_markdown(table).splitlines()[0]
 
 
@@ -267,3 +272,27 @@ def test_every_rendering_carries_the_same_numbers(store):
     for field in ("successes", "success_low", "p", "p_holm", "verdict", "p_tost", "hedges_g", "detectable",
                   "correlation", "failure_rule", "test", "min_p"):  # fmt: skip
         assert field in header
+
+
+def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
+    """For the sweep's dry run: an earlier submission is the pilot for the study file's analysis section."""
+    from dashboards.analysis import parse_analysis
+    from dashboards.plan import pilot_plan
+
+    assert pilot_plan(store, "nothing") is None  # no earlier submission: nothing to say
+    rng = np.random.default_rng(9)
+    base = base_values(SEEDS5, rng)
+    values = {
+        "baseline": base,
+        "a": {s: v + 0.01 + 0.01 * rng.standard_normal() for s, v in base.items()},
+        "b": {s: v + 0.02 * rng.standard_normal() for s, v in base.items()},
+    }
+    fill(store, "pilot", values)  # submitted without an analysis section
+    assert "declare analysis.detect.test/acc" in pilot_plan(store, "pilot")
+    analysis = parse_analysis({"detect": {"test/acc": 0.01}, "contrasts": {"pairs": [["a", "b"], ["a", "baseline"]]}})
+    text = pilot_plan(store, "pilot", analysis)
+    for a, b in (("a", "b"), ("a", "baseline")):
+        d = [values[a][s] - values[b][s] for s in SEEDS5]
+        n = stats.seeds_needed(d, 0.01, family_size=2)
+        assert f"  {a} vs {b}: {n} (pilot: 5 seeds, sd of Δ {np.std(d, ddof=1):.3g})" in text
+    assert "at 0.05/2 (Holm's strictest step" in text
