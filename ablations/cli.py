@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -340,7 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sigterm(signum, frame) -> None:
+    """SIGTERM stops a command the way Ctrl-C does: runs are recorded as killed, servers and Ray stopped."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):

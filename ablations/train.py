@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -95,6 +97,7 @@ class Drain(L.Callback):
         self.run_logger, self.hooks = run_logger, hooks
         self.stopped: tuple[str, str, int] | None = None  # (status, reason, step) when a hook stopped training
         self.fitting = False  # hooks run while training only: what is drained after it is logged, not judged
+        self.exception: BaseException | None = None  # what ended fit(), if anything did
 
     def drain(self, module) -> None:
         while module.pending:
@@ -130,6 +133,30 @@ class Drain(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self.drain(pl_module)
         self.fitting = False  # the final evaluation runs on rank 0 alone: no hook may wait for the other ranks
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.exception = exception
+
+
+def fit(trainer, module, data, drain: Drain) -> None:
+    """``trainer.fit``, interruptible. Lightning turns Ctrl-C into ``sys.exit(1)`` and ignores every later Ctrl-C,
+    and SIGTERM into a SystemExit at the next step; either would end a run as failed and leave the caller (a
+    sweep, a test session) running. Both come back as KeyboardInterrupt, with Ctrl-C working again."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
+    drain.exception = None
+    try:
+        trainer.fit(module, datamodule=data)
+    except SystemExit as err:
+        if main:
+            signal.signal(signal.SIGINT, sigint)
+        if isinstance(err, SIGTERMException):
+            raise KeyboardInterrupt("SIGTERM") from None
+        if isinstance(drain.exception, KeyboardInterrupt):
+            raise KeyboardInterrupt(*drain.exception.args) from None
+        raise
 
 
 class Progress(L.Callback):
@@ -270,7 +297,7 @@ def train(
             trainer = L.Trainer(**options)
             if prepare is not None:
                 trainer = prepare(trainer)
-            trainer.fit(module, datamodule=data)
+            fit(trainer, module, data, drain)
             extra: dict[str, float] = {}
             if module.diverged:
                 status, detail = records.STATUS_DIVERGED, module.diverged["reason"]
@@ -289,8 +316,11 @@ def train(
             extra["cost/wall_time_s"] = time.perf_counter() - started
             extra["cost/steps"] = float(trainer.global_step)
             summary = summarize(module, extra)
-    except KeyboardInterrupt:
-        status, detail = records.STATUS_KILLED, "interrupted (Ctrl-C)"
+    except KeyboardInterrupt as err:
+        status, detail = (
+            records.STATUS_KILLED,
+            "interrupted (SIGTERM)" if str(err) == "SIGTERM" else "interrupted (Ctrl-C)",
+        )
         raise
     except BaseException as err:
         status, detail = records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]

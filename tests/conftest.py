@@ -3,14 +3,15 @@ on free loopback ports, and are stopped by their PID."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,54 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray: loopback only
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+# --- the session: Ctrl-C and SIGTERM stop it, and every process it started, at once ---------------------
+#
+# Every process the suite starts (subprocesses, Ray's daemons and workers, servers) inherits this marker in its
+# environment; whatever still carries it when the session ends, or is interrupted, is killed. Lightning turns
+# Ctrl-C inside training into sys.exit(1) (and SIGTERM into a SystemExit): ablations.train.fit gives both back
+# as KeyboardInterrupt, so pytest stops instead of failing one test and carrying on.
+SESSION_MARK = "ABLATE_TEST_SESSION"
+_terms = 0
+
+
+def session_processes(mark: str | None = None) -> list[int]:
+    """PIDs of the live processes that carry this session's marker (Linux: read from /proc)."""
+    needle = f"{SESSION_MARK}={mark or os.environ.get(SESSION_MARK, '')}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(entry.name) != os.getpid() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_session_processes() -> None:
+    for pid in session_processes():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _terms
+    _terms += 1
+    kill_session_processes()
+    if _terms > 1:  # a second SIGTERM: no more waiting for clean-ups
+        os._exit(143)
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_configure(config) -> None:
+    os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def pytest_unconfigure(config) -> None:
+    kill_session_processes()
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +116,7 @@ def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         proc.wait(timeout=timeout)
 
 
-@contextmanager
+@contextlib.contextmanager
 def mlflow_server(tmp: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
     """A real ``mlflow server`` on 127.0.0.1 and a free port, with a SQLite backend in ``tmp``."""
     port = free_port()

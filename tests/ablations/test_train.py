@@ -224,3 +224,46 @@ def test_same_configuration_and_seed_give_identical_metrics(tmp_path):
     result = train(other, Tracking(f"sqlite:///{tmp_path / 'seed1.db'}", "det"))
     c = MlflowClient(f"sqlite:///{tmp_path / 'seed1.db'}")
     assert [(m.step, m.value) for m in c.get_metric_history(result.run_id, "train/loss")] != histories[0]["train/loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "detail"), [("SIGINT", "interrupted (Ctrl-C)"), ("SIGTERM", "interrupted (SIGTERM)")])
+def test_ctrl_c_and_sigterm_stop_a_run_as_killed(tmp_path, store, sig, detail):
+    """Lightning turns Ctrl-C into sys.exit(1) (and ignores later ones) and SIGTERM into a SystemExit: `ablate run`
+    still stops at once, exits 130 and records the run as killed, not failed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        yaml.safe_dump({"task": {"name": "copy"}, "model": SMALL, "training": {**FAST, "max_steps": 100_000}})
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablations.cli", "run", str(path), "--tracking-uri", store, "--no-progress"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until it trains: its run has metrics
+            runs = MlflowClient(store).search_runs([e.experiment_id for e in MlflowClient(store).search_experiments()])
+            if runs and runs[0].data.metrics:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.3)
+        proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    run = MlflowClient(store).get_run(runs[0].info.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["status_detail"] == f"killed: {detail}"

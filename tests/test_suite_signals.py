@@ -1,0 +1,78 @@
+"""Ctrl-C and SIGTERM stop the test suite at once, and every process it started.
+
+A small session runs in a subprocess with this suite's conftest: one test starts a long-lived process of its own
+and then trains a model in-process with Lightning (which, left alone, turns Ctrl-C into a failed test and
+carries on). The session is interrupted while it trains: it must end within seconds, report the interruption,
+not run the next test, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, session_processes
+
+INNER = """
+import os, subprocess, sys
+from pathlib import Path
+
+from ablations.spec import resolve_run
+from ablations.train import Tracking, train
+
+
+def test_trains_for_a_long_time(tmp_path):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    Path(os.environ["MARK_FILE"]).write_text(os.environ["ABLATE_TEST_SESSION"])
+    run = resolve_run({
+        "task": {"name": "copy", "train_size": 200},
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+        "training": {"max_steps": 1_000_000, "val_every": 1_000_000, "batch_size": 8},
+    })
+    train(run, Tracking(f"sqlite:///{tmp_path}/m.db", "long"), log=False)
+
+
+def test_never_reached():
+    Path(os.environ["MARK_FILE"] + ".next").write_text("ran")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_session_stops_at_once_and_leaves_no_process(tmp_path, sig):
+    (tmp_path / "test_inner.py").write_text(INNER)
+    mark_file = tmp_path / "mark"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MARK_FILE": str(mark_file)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not mark_file.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        assert mark_file.exists(), "the inner test never started"
+        mark = mark_file.read_text()
+        assert len(session_processes(mark)) >= 1  # its sleeper carries the session's marker
+        time.sleep(3)  # well inside Lightning's training loop
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and ("Interrupted" in out or "KeyboardInterrupt" in out), out
+    assert not (tmp_path / "mark.next").exists(), out  # the suite did not carry on
+    time.sleep(0.5)
+    assert session_processes(mark) == [], "processes left behind"
+    print(f"stopped {took:.1f} s after {sig.name}")
