@@ -7,7 +7,8 @@
 #
 # The postgres image runs this once, on a new volume (/docker-entrypoint-initdb.d). It is safe to run again:
 # it then only sets the passwords again and restores the ownership and the grants, which is how the database
-# passwords are rotated (platform/README.md):
+# passwords are rotated, and how a volume made before these roles existed is brought to them (the tables,
+# sequences and types already in a database pass to its role; platform/README.md):
 #   docker compose up -d postgres && docker compose exec postgres sh /docker-entrypoint-initdb.d/init.sh
 # ABLATE_DB_PREFIX (default: none) prefixes every role and database name: several deployments on one server,
 # or tests on a shared one. Passwords travel in the environment (psql's \getenv), never on a command line.
@@ -44,4 +45,23 @@ REVOKE ALL ON DATABASE :"mlflow" FROM PUBLIC;
 REVOKE ALL ON DATABASE :"mlflow_auth" FROM PUBLIC;
 REVOKE ALL ON DATABASE :"optuna" FROM PUBLIC;
 SQL
+# what is already in each database (an older volume, or tables made by another role) passes to its owner
+for pair in "mlflow:mlflow" "mlflow_auth:mlflow" "optuna:optuna"; do
+  psql -X -q -v ON_ERROR_STOP=1 --username "${POSTGRES_USER:-postgres}" --dbname "${prefix}${pair%%:*}" \
+    -v role="${prefix}${pair#*:}" <<'SQL'
+SELECT format('ALTER %s %I.%I OWNER TO %I',
+              CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+              n.nspname, c.relname, :'role')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S') AND c.relowner <> :'role'::regrole
+  -- a serial or identity column's sequence follows its table
+  AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')))
+\gexec
+SELECT format('ALTER TYPE %I.%I OWNER TO %I', n.nspname, t.typname, :'role')
+FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+WHERE n.nspname = 'public' AND t.typtype IN ('e', 'd', 'c') AND t.typowner <> :'role'::regrole
+  AND NOT EXISTS (SELECT FROM pg_class c WHERE c.reltype = t.oid)  -- a table's row type follows the table
+\gexec
+SQL
+done
 echo "postgres init: roles ${prefix}mlflow (databases ${prefix}mlflow, ${prefix}mlflow_auth) and ${prefix}optuna (database ${prefix}optuna) ready"

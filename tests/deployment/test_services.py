@@ -28,6 +28,7 @@ import yaml
 from tests.conftest import free_port, stop, wait_for_http
 from tests.deployment.processes import (
     SUPERUSER,
+    drop_prefixed,
     postgres_reachable,
     request,
     roles_and_databases,
@@ -143,6 +144,43 @@ def test_running_init_again_rotates_the_passwords_and_keeps_the_grants(deploymen
         assert acl[0] == f"{{{prefix}optuna=CTc/{prefix}optuna}}"  # the owner alone; PUBLIC has nothing
     finally:
         run_init(env, prefix)
+
+
+def test_an_older_volume_passes_to_the_roles(deployment, tmp_path):
+    """A volume made before the roles existed: the superuser created the databases, and MLflow and Optuna their
+    tables, sequences and types in them. Running init.sh hands all of it to the roles, which then work."""
+    import optuna
+    import psycopg
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    values, services, _ = deployment
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    try:
+        with psycopg.connect(SUPERUSER, autocommit=True) as conn:
+            for db in ("mlflow", "mlflow_auth", "optuna"):
+                conn.execute(f'CREATE DATABASE "{prefix}{db}"')
+        as_superuser = "postgresql://postgres@127.0.0.1:5432/" + prefix
+        optuna.storages.RDBStorage(as_superuser + "optuna")  # Optuna's tables, sequences and enum types
+        SqlAlchemyStore(as_superuser + "mlflow", str(tmp_path / "artifacts"))  # MLflow's
+        run_init(compose_env(services["postgres"]), prefix)
+        for db, role in (("mlflow", "mlflow"), ("mlflow_auth", "mlflow"), ("optuna", "optuna")):
+            with psycopg.connect(as_superuser + db) as conn:
+                others = conn.execute(
+                    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relowner <> %s::regrole "
+                    "UNION ALL SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+                    "WHERE n.nspname = 'public' AND t.typowner <> %s::regrole",
+                    (prefix + role, prefix + role),
+                ).fetchall()
+            assert others == [], (db, others)
+        as_role = f"postgresql://{prefix}optuna@127.0.0.1:5432/{prefix}optuna"
+        study = optuna.create_study(study_name="after-upgrade", storage=as_role)
+        study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+        assert len(optuna.load_study(study_name="after-upgrade", storage=as_role).trials) == 2
+        store = SqlAlchemyStore(f"postgresql://{prefix}mlflow@127.0.0.1:5432/{prefix}mlflow", str(tmp_path / "a"))
+        assert store.get_experiment(store.create_experiment("after-upgrade")).name == "after-upgrade"
+    finally:
+        drop_prefixed(prefix)
 
 
 # --- MLflow: as compose and the KubeRay manifests start it -----------------------------------------------------
