@@ -36,7 +36,7 @@ from dashboards.load import load_study
 ALPHA = 0.01  # Michel et al.'s significance level
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HeadEffect:
     """One head of one trained model."""
 
@@ -158,7 +158,7 @@ def judge_heads(
     heads = []
     for (m, h), (p, method) in zip(keys, stats.paired_p_many(diffs, test, n_resamples=resamples)):
         change = float(np.asarray(without[(m, h)], dtype=float).sum() / weight.sum()) - full
-        heads.append(HeadEffect(seed, m, h, change, p, method=method))
+        heads.append(HeadEffect(seed=seed, module=m, head=h, change=change, p=p, method=method))
     for e, q in zip(heads, stats.holm([e.p for e in heads])):
         e.p_holm = q
         e.verdict = (
@@ -177,7 +177,7 @@ def model_heads(
     split, key = metric.split("/", 1)
     if key != "loss":
         full, without = evaluate_heads(run_id, uri, metric)
-        heads = [HeadEffect(seed, m, h, v - full, math.nan) for (m, h), v in without.items()]
+        heads = [HeadEffect(seed=seed, module=m, head=h, change=v - full, p=math.nan) for (m, h), v in without.items()]
         return ModelHeads(variant, seed, run_id, full, 0, heads)
     _, data, module = _load(run_id, uri)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
