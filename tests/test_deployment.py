@@ -296,3 +296,21 @@ def test_study_files_cannot_run_code(tmp_path):
     path.write_text("name: evil\nbase: {task: {name: copy}}\ndesign: {grid: {model.score: ['os:system']}}\n")
     with pytest.raises(SpecError, match="os:system"):
         load_study(path)  # components come from the registries by name, never by import path
+
+
+def test_the_threat_model_covers_every_published_port_and_every_secret():
+    readme = (ROOT / "platform" / "README.md").read_text()
+    ports_table = readme.split("### Ports")[1].split("###")[0]
+    holders_table = readme.split("### Who holds which secret")[1].split("###")[0]
+    rotate = readme.split("### Rotate")[1].split("###")[0]
+    services = compose(env_values())["services"]
+    published = {p.rsplit(":", 1)[1] for s in services.values() for p in s.get("ports", [])}
+    assert published == {"5432", "5000", "8080", "8265", "10001"}
+    for port in published | {"6379"}:
+        assert f"| {port} |" in ports_table, f"port {port} is missing from the threat model"
+    example = ENV_EXAMPLE.read_text()
+    secrets_in_env = set(re.findall(r"^([A-Z_]+)=$", example, re.M))
+    assert secrets_in_env == set(COMPOSE_HOLDERS)
+    for secret in secrets_in_env:
+        assert f"`{secret}`" in holders_table, f"{secret}: who holds it?"
+        assert f"`{secret}`" in rotate, f"{secret}: how is it rotated?"
