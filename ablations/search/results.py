@@ -80,7 +80,8 @@ def plots_html(study, spec: SearchSpec) -> str:
                             vis.plot_param_importances(study, evaluator=ev, target_name=names[0]),
                         )
                     )
-        figs.append(("intermediate values", vis.plot_intermediate_values(study)))
+        if any(t.intermediate_values for t in complete):
+            figs.append(("intermediate values", vis.plot_intermediate_values(study)))
     else:
         figs.append(("Pareto front", vis.plot_pareto_front(study, target_names=names)))
         for i, n in enumerate(names):

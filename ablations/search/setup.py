@@ -52,6 +52,14 @@ def open_storage(url: str):
 def make_sampler(spec: SearchSpec):
     import optuna
 
+    with warnings.catch_warnings():  # TPE's group option is marked experimental: not news to a user
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _sampler(spec)
+
+
+def _sampler(spec: SearchSpec):
+    import optuna
+
     s = spec.sampler
     if s == "tpe":
         return optuna.samplers.TPESampler(seed=spec.seed, multivariate=True, group=True, constant_liar=True)

@@ -15,6 +15,7 @@ result, not a failure.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -205,8 +206,31 @@ def run_study(
     return StudyResult(study=study.name, parent_run_id=parent.run_id, counts=counts, rows=rows, tracking_uri=uri)
 
 
+class _OneVoice(logging.Filter):
+    """Ray Tune's advice on interruption ("Resume experiment with: Tuner.restore(...)", "Trials did not
+    complete") contradicts ours: MLflow is the record, and the same command again trains what is missing."""
+
+    NOISE = (
+        "Resume experiment with",
+        "Trials did not complete",
+        "Tuner.restore",
+        "Stop signal received",  # Tune's own Ctrl-C notice; ours follows
+        "Failed to fetch metrics for",  # trials that had not reported yet when Tune stopped
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(s in message for s in self.NOISE)
+
+
 def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: int | None, out) -> None:
     from ray import tune
+
+    quiet = _OneVoice()
+    for name in ("ray.tune.tune", "ray.tune.tuner", "ray.tune.analysis.experiment_analysis"):
+        logging.getLogger(name).addFilter(quiet)
+    for handler in logging.getLogger("ray").handlers:  # what propagates to Ray's own handler
+        handler.addFilter(quiet)
 
     resources = {"cpu": study.resources.cpus}
     if study.resources.gpus:
