@@ -94,6 +94,12 @@ def _sweep(args: argparse.Namespace) -> int:
             sweep.check_no_live_submission(study, uri)
         except sweep.SubmissionRunning as err:
             print(f"note: {err}")
+        from dashboards.analysis import parse_analysis
+        from dashboards.plan import pilot_plan
+
+        pilot = pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
+        if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
+            print(pilot)
         return EXIT_OK
     try:
         result = sweep.run_study(

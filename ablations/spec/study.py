@@ -144,6 +144,8 @@ class StudyFile(Strict):
     retries: int = Field(1, ge=0)
     max_cells: int = Field(1000, ge=1)
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/spec/search.py)
+    analysis: dict[str, Any] | None = None  # how the results are compared (dashboards/analysis.py)
+    vary_data: bool = False  # true: each seed also regenerates the task's data (task.data_seed = seed)
 
     @field_validator("name")
     @classmethod
@@ -210,6 +212,8 @@ class Study:
     budget: Budget
     raw: dict[str, Any] = field(default_factory=dict)
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/search/tuned.py)
+    analysis: dict[str, Any] | None = None  # the validated analysis: section (dashboards/analysis.py)
+    vary_data: bool = False
 
     @property
     def variants(self) -> list[str]:
@@ -319,8 +323,11 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             if reason is not None:
                 skipped.append(Skipped(label, seed, reason))
                 continue
+            seeded = run_data
+            if file.vary_data:  # the seed also draws the data: synthetic tasks regenerate, splits resample
+                seeded = apply_overrides(run_data, [(["task", "data_seed"], seed)])
             try:
-                run = resolve_run({**run_data, "seed": seed, "name": file.name}, Origin(None))
+                run = resolve_run({**seeded, "seed": seed, "name": file.name}, Origin(None))
             except SpecError as err:
                 if not file.skip_invalid:
                     raise _variant_error(err, label, settings, where, origin, base_origin) from None
@@ -334,6 +341,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     if not cells:
         raise origin.error(("design",), "leaves no cell to run (every cell is skipped)")
     tune = _tune(origin, file, base, axes)
+    analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes)
     return Study(
         name=file.name,
         description=file.description,
@@ -350,6 +358,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         budget=file.budget,
         raw=data,
         tune=tune,
+        analysis=analysis,
+        vary_data=file.vary_data,
     )
 
 
@@ -369,6 +379,20 @@ def _variant_error(
     if blamed.source != origin.source:  # the base is another file: say which study it serves
         return SpecError(blamed.source, blamed.key, f"{message} (base of {origin.source})", blamed.line)
     return blamed
+
+
+def _analysis(origin: Origin, file: StudyFile, variants: list[str], axes: list[str]) -> dict[str, Any] | None:
+    """The ``analysis:`` section, checked against the study's variants and axes before anything runs."""
+    if file.analysis is None:
+        return None
+    from dashboards.analysis import AnalysisError, check_analysis, parse_analysis
+
+    try:
+        analysis = parse_analysis(file.analysis)
+        check_analysis(analysis, variants, axes, None, kind=file.design.kind)
+    except AnalysisError as err:
+        raise origin.error(err.path, err.message) from None
+    return analysis.model_dump(mode="json", exclude_defaults=True)
 
 
 def _tune(origin: Origin, file: StudyFile, base: dict[str, Any], axes: list[str]) -> dict[str, Any] | None:

@@ -105,6 +105,8 @@ def design_record(study: Study) -> dict:
         "skipped": [vars(s) for s in study.skipped],
         # a cell keeps its id when the design grows (a new axis at the base's value), but its label changes
         "cells": {c.cell_id: c.variant for c in study.cells},
+        "analysis": study.analysis or {},  # how the report compares (dashboards/analysis.py)
+        "vary_data": study.vary_data,
     }
 
 

@@ -279,3 +279,35 @@ def test_a_trial_the_local_ray_could_never_hold_is_refused_before_anything_start
         from mlflow import MlflowClient
 
         assert [e.name for e in MlflowClient(f"sqlite:///{store}").search_experiments()] == ["Default"]
+
+
+# --- analysis and data per seed ------------------------------------------------------------------------
+
+
+def test_the_analysis_section_is_checked_against_the_study_with_its_line(tmp_path):
+    err = refused(tmp_path, analysis={"contrasts": {"pairs": [["norm=post", "norm=pr"]]}})
+    assert err.key == "analysis.contrasts.pairs[0]" and "did you mean 'norm=pre'" in err.message
+    assert err.line == line_of(write(tmp_path, analysis={"contrasts": {"pairs": [["norm=post", "norm=pr"]]}}))
+    assert refused(tmp_path, analysis={"failure_rule": "worse"}).key == "analysis.failure_rule"
+    study = load_study(write(tmp_path, analysis={"test": "t", "margins": {"final/val_loss": 0.01}}))
+    from ablations.sweep.submission import design_record
+
+    assert design_record(study)["analysis"] == {"test": "t", "margins": {"final/val_loss": 0.01}}
+
+
+def line_of(path: Path) -> int:
+    """The line of the first contrast pair in the dumped study (read from the text)."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "pairs:")
+    return start + 2
+
+
+def test_seeds_can_vary_the_data(tmp_path):
+    """vary_data: each seed also draws the task's data (task.data_seed = seed); by default only the training
+    order and the initial weights change with the seed."""
+    fixed = load_study(write(tmp_path, seeds=2))
+    assert {c.run.task_spec["data_seed"] for c in fixed.cells} == {0}
+    varied = load_study(write(tmp_path, seeds=2, vary_data=True))
+    assert {(c.seed, c.run.task_spec["data_seed"]) for c in varied.cells} == {(0, 0), (1, 1)}
+    data = [c.run.task.build("train")[:3]["tgt"] for c in varied.cells if c.variant == "norm=pre"]
+    assert data[0] != data[1]  # the examples themselves differ
