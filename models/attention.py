@@ -17,12 +17,13 @@ where the inputs allow: no mask is passed where none is needed). Additive scores
 Patterns (``models.patterns``) decide which keys a query sees; the kernels they use are here:
   ``full_attention``     every key, with an optional band mask ``allowed``
   ``local_attention``    keys at distance |i - j| <= W, in O(T * W): queries cut into tiles of b = W (at most
-                         128) positions; each tile attends to its own tile and its neighbours (the previous
+                         64) positions; each tile attends to its own tile and its neighbours (the previous
                          ones only when causal), taken as overlapping views (``unfold``) of one padded copy of
                          K and V, never copied per tile; a small per-tile mask built from absolute positions
                          enforces the exact window, causality, padding and the sequence end; all tiles go
-                         through one batched call. When the tiled neighbourhood would cover the sequence, it
-                         is full attention with a band mask (cheaper there, and one kernel).
+                         through one batched call. When the tiled neighbourhood would cover most of the
+                         sequence (K > 0.6 T) or the sequence is short (T <= 64), it is full attention with a
+                         band mask (cheaper there, and one kernel).
   ``dilated_attention``  keys at distances that are multiples of d up to W*d: the sequence is split into d
                          interleaved residue classes and each runs local attention, in O(T * W).
 
@@ -283,14 +284,37 @@ def full_attention(
 
 
 def tile_size(window: int, length: int) -> int:
-    """Queries per tile: the window (at most 128), never more than the sequence."""
-    return max(1, min(window, 128, length))
+    """Queries per tile: the window (at most 64: larger windows span several tiles, which wastes fewer keys
+    than one tile per window), never more than the sequence."""
+    return max(1, min(window, 64, length))
 
 
 def band(T: int, window: int, device=None) -> torch.Tensor:
     """(1, T, T) True where |i - j| <= window."""
     dist = torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]
     return (dist.abs() <= window)[None]
+
+
+class _Neighbourhoods(torch.autograd.Function):
+    """(H, L, D) laid-out keys -> (N', H, K, D) overlapping windows of K positions every b positions, a view
+    (no copy). Its backward adds the K / b tile-sized slices of the gradient back in place, which is several
+    times faster on CPU than the generic backward of ``unfold``."""
+
+    @staticmethod
+    def forward(ctx, buf, K: int, b: int):
+        ctx.shape, ctx.K, ctx.b = buf.shape, K, b
+        return buf.unfold(1, K, b).permute(1, 0, 3, 2)
+
+    @staticmethod
+    def backward(ctx, grad):  # (N', H, K, D)
+        H, L, D = ctx.shape
+        K, b = ctx.K, ctx.b
+        n = grad.shape[0]
+        out = grad.new_zeros(H, L, D)
+        g = grad.reshape(n, H, K // b, b, D)
+        for i in range(K // b):
+            out[:, i * b : i * b + n * b].view(H, n, b, D).add_(g[:, :, i].transpose(0, 1))
+        return out, None, None
 
 
 def local_attention(
@@ -301,7 +325,8 @@ def local_attention(
     Tiles of b queries see the ceil(W / b) tiles before them (and after them unless causal) plus their own.
     Keys and values are laid out once, head-major, with every row padded to N * b positions, and each tile's
     neighbourhood is an overlapping view of that layout (``unfold``): no copy per neighbouring tile. A
-    neighbourhood that crosses into the next row only reads keys the position mask excludes.
+    neighbourhood that crosses into the next row only reads keys the position mask excludes. ``block``
+    forces tiles of that size (no fall-back to full attention).
     """
     B, H, T, D = q.shape
     if window >= T - 1:  # the window covers the whole sequence: this is full attention
@@ -312,7 +337,9 @@ def local_attention(
     ahead = 0 if causal else back
     span = back + 1 + ahead  # tiles of keys per tile of queries
     K = span * b
-    if block is None and K >= T:  # the tiles would see everything: a band mask over full attention is cheaper
+    if block is None and (T <= 64 or 5 * K > 3 * T):
+        # the tiles would see most keys anyway, or are too small to pay for themselves (measured on CPU:
+        # docs/components.md): full attention with a band mask is cheaper, and one kernel
         return full_attention(
             q,
             k,
@@ -328,9 +355,13 @@ def local_attention(
     L = back * b + B * R + ahead * b
 
     def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D), a view of one padded copy
-        buf = t.new_zeros(H, L, D)
-        buf[:, back * b : back * b + B * R].view(H, B, R, D)[:, :, :T] = t.transpose(0, 1)
-        return buf.unfold(1, K, b).permute(1, 0, 3, 2)
+        buf = t.new_empty(H, L, D)
+        rows = buf[:, back * b : back * b + B * R].view(H, B, R, D)
+        rows[:, :, :T] = t.transpose(0, 1)
+        rows[:, :, T:] = 0  # padding only: masked keys must still be finite
+        buf[:, : back * b] = 0
+        buf[:, back * b + B * R :] = 0
+        return _Neighbourhoods.apply(buf, K, b)
 
     qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
     kt, vt = tiles(k), tiles(v)
@@ -358,15 +389,35 @@ def local_attention(
 
 
 def dilated_attention(
-    q, k, v, score, *, window, dilation, causal=False, key_padding=None, bias: Bias | None = None, dropout_p=0.0
+    q,
+    k,
+    v,
+    score,
+    *,
+    window,
+    dilation,
+    causal=False,
+    key_padding=None,
+    bias: Bias | None = None,
+    dropout_p=0.0,
+    block=None,
 ):
     """Keys at distance <= window*dilation that are multiples of dilation: local attention on each of the
-    ``dilation`` interleaved residue classes, in O(T * W)."""
+    ``dilation`` interleaved residue classes, in O(T * W). ``block`` forces tiles of that size."""
     B, H, T, D = q.shape
     d = dilation
     if d == 1:
         return local_attention(
-            q, k, v, score, window=window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
+            q,
+            k,
+            v,
+            score,
+            window=window,
+            causal=causal,
+            key_padding=key_padding,
+            bias=bias,
+            dropout_p=dropout_p,
+            block=block,
         )
     M = -(-T // d)
     extra = M * d - T
@@ -390,6 +441,7 @@ def dilated_attention(
         key_padding=kp,
         bias=None if bias is None else (lambda dist: bias(dist * d)),  # distances within a class are in steps of d
         dropout_p=dropout_p,
+        block=block,
     )  # (B*d, H, M, D)
     out = out.view(B, d, H, M, D).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, D)
     return out[:, :, :T]

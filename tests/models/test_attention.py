@@ -51,14 +51,12 @@ def oracle_scores(name: str, score: nn.Module, q: torch.Tensor, k: torch.Tensor)
 
 def band_mask(T: int, window: int | None, dilation: int, causal: bool) -> torch.Tensor:
     """(T, T) True where query i may see key j, from the definition of each pattern."""
+    dist = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # i - j
     allowed = torch.ones(T, T, dtype=torch.bool)
-    for i in range(T):
-        for j in range(T):
-            dist = i - j
-            if causal and dist < 0:
-                allowed[i, j] = False
-            if window is not None and (abs(dist) > window * dilation or dist % dilation != 0):
-                allowed[i, j] = False
+    if causal:
+        allowed &= dist >= 0
+    if window is not None:
+        allowed &= (dist.abs() <= window * dilation) & (dist % dilation == 0)
     return allowed
 
 
@@ -91,6 +89,7 @@ def oracle_attention(name, score, q, k, v, allowed, key_padding=None, alibi=Fals
 def kernel(pattern, score, q, k, v, window=None, dilation=1, **kw):
     q, k = score.prepare(q, k)
     if pattern == "full":
+        kw.pop("block", None)
         return full_attention(q, k, v, score, **kw)
     if pattern == "local":
         return local_attention(q, k, v, score, window=window, **kw)
@@ -187,10 +186,14 @@ def test_cross_attention_equals_nn_multihead_attention():
 
 @pytest.mark.parametrize("name", ALL_SCORES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_local_and_dilated_equal_band_masked_full_attention(name, causal):
-    gen = torch.Generator().manual_seed(ALL_SCORES.index(name) * 2 + causal)
+@pytest.mark.parametrize("tiled", [False, True])
+def test_local_and_dilated_equal_band_masked_full_attention(name, causal, tiled):
+    """Every kernel path (tiles forced, or the choice between tiles and a band mask) against the definition."""
+    from models.attention import tile_size
+
+    gen = torch.Generator().manual_seed(ALL_SCORES.index(name) * 4 + causal * 2 + tiled)
     for trial in range(12):
-        T = int(torch.randint(1, 70, (), generator=gen))
+        T = int(torch.randint(1, 200, (), generator=gen))
         window = int(torch.randint(1, 24, (), generator=gen))
         dilation = int(torch.randint(1, 4, (), generator=gen))
         padded, alibi = trial % 2 == 0, trial % 3 == 0
@@ -198,8 +201,19 @@ def test_local_and_dilated_equal_band_masked_full_attention(name, causal):
         q, k, v, pad = random_case(gen, T, padded=padded)
         bias = asymmetric_bias if alibi else None
         pattern = "local" if dilation == 1 else "dilated"
+        block = {"block": tile_size(window, -(-T // dilation))} if tiled else {}
         out = kernel(
-            pattern, score, q, k, v, window, dilation, causal=causal, key_padding=pad if padded else None, bias=bias
+            pattern,
+            score,
+            q,
+            k,
+            v,
+            window,
+            dilation,
+            causal=causal,
+            key_padding=pad if padded else None,
+            bias=bias,
+            **block,
         )
         ref = oracle_attention(
             name, score, q, k, v, band_mask(T, window, dilation, causal), pad if padded else None, alibi
@@ -329,7 +343,7 @@ def test_local_attention_tiles_follow_the_window_and_copy_keys_once():
     the keys once per neighbouring tile (span = 3 tiles here)."""
     from models.attention import tile_size
 
-    assert tile_size(8, 4096) == 8 and tile_size(3, 100) == 3 and tile_size(512, 4096) == 128
+    assert tile_size(8, 4096) == 8 and tile_size(3, 100) == 3 and tile_size(512, 4096) == 64
     assert tile_size(8, 5) == 5
     B, H, T, D, W = 1, 2, 512, 8, 8
     score = SCORES["dot"](H, D, 1 << 16)
