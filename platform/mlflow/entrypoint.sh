@@ -54,8 +54,8 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$config"
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
+export MLFLOW_BACKEND_STORE_URI  # read by `mlflow server` from the environment: no password in the process list
 "${PYTHON:-python}" -m mlflow server --app-name basic-auth \
-  --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" \
   --artifacts-destination "${MLFLOW_ARTIFACTS_DESTINATION:-/mlartifacts}" \
   --allowed-hosts "$hosts" \
   --host "${MLFLOW_HOST:-0.0.0.0}" --port "$port" --workers "${MLFLOW_WORKERS:-2}" &

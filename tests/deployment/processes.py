@@ -140,3 +140,19 @@ def wait_for_answer(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not answer within {timeout} s") from None
             time.sleep(0.3)
+
+
+def command_lines_showing(*values: str) -> list[str]:
+    """The command lines of this machine's processes that contain any of ``values`` (secrets belong in the
+    environment or a file, never in the process list, which every user of the host can read)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(v in cmdline for v in values):
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found

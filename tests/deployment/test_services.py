@@ -28,6 +28,7 @@ import yaml
 from tests.conftest import free_port, stop, wait_for_http
 from tests.deployment.processes import (
     SUPERUSER,
+    command_lines_showing,
     drop_prefixed,
     postgres_reachable,
     request,
@@ -242,6 +243,8 @@ def test_mlflow_as_compose_starts_it_serves_its_service_name_with_credentials(de
     admin = (values["MLFLOW_ADMIN_USERNAME"], values["MLFLOW_ADMIN_PASSWORD"])
     worker = (values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"])
     check_mlflow(compose_mlflow, admin, worker)
+    secrets_ = [values[k] for k in ("MLFLOW_DB_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD")]
+    assert command_lines_showing(*secrets_) == []  # the server's processes hold them in their environment only
 
 
 def test_mlflow_as_the_kuberay_manifests_start_it_and_a_rotated_worker_password(tmp_path):
@@ -312,6 +315,7 @@ def test_optuna_dashboard_as_compose_starts_it_asks_for_mlflow_credentials(deplo
         status, data, _ = request(url, "/api/studies", auth=worker)
         assert [s["study_name"] for s in json.loads(data)["study_summaries"]] == [study["study_name"]]
         assert values["OPTUNA_DB_PASSWORD"] not in (tmp_path / "dashboard.log").read_text()
+        assert command_lines_showing(values["OPTUNA_DB_PASSWORD"]) == []
     finally:
         stop(proc)
         log.close()
@@ -392,6 +396,7 @@ def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_pa
         assert request(jobs, "")[0] == 401
         assert request(jobs, "", headers={"Authorization": "Bearer not-the-token"})[0] == 403
         assert request(jobs, "", headers={"Authorization": f"Bearer {token}"})[0] == 200
+        assert command_lines_showing(token) == []
         # the client port and the GCS
         ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING).SerializeToString()
         for port, method, body in (
