@@ -159,29 +159,46 @@ class Analysis(BaseModel):
         return f"worst{fallback} (a failed seed counts as the worst {metric} any finished cell of the study reached{shown})"
 
 
-def _loc(loc: tuple[Any, ...], where: str) -> str:
-    parts = [where]
-    for item in loc:
-        if isinstance(item, int):
-            parts[-1] += f"[{item}]"
-        elif item in ("list[tuple[str,str]]", "literal['baseline']", "bool", "list[str]", "list[tuple[str, str]]"):
-            continue  # pydantic names the union member it tried; the key is what a person needs
-        else:
-            parts.append(str(item))
-    return ".".join(parts)
+class AnalysisError(ValueError):
+    """Bad input in an ``analysis:`` section: ``path`` is the key (("analysis", "contrasts", "pairs", 1)),
+    ``message`` what is wrong and the fix; str() joins them ("analysis.contrasts.pairs[1]: ..."). A study loader
+    can turn ``path`` into the file's line."""
+
+    def __init__(self, path: tuple[Any, ...], message: str):
+        self.path, self.message = tuple(path), message
+        super().__init__(f"{key_text(self.path)}: {message}")
+
+
+def key_text(path: tuple[Any, ...]) -> str:
+    """("analysis", "contrasts", "pairs", 1) -> "analysis.contrasts.pairs[1]"."""
+    out = ""
+    for item in path:
+        out += f"[{item}]" if isinstance(item, int) else (f".{item}" if out else str(item))
+    return out
+
+
+UNION_MEMBERS = ("list[tuple[str,str]]", "literal['baseline']", "bool", "list[str]", "list[tuple[str, str]]")
+
+
+def _path(loc: tuple[Any, ...], where: str) -> tuple[Any, ...]:
+    # pydantic names the union member it tried; the key is what a person needs
+    return (where, *(x for x in loc if x not in UNION_MEMBERS))
 
 
 def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
-    """Validate an ``analysis:`` mapping (None: the defaults). Raises ValueError naming the key and the fix."""
+    """Validate an ``analysis:`` mapping (None: the defaults). Raises AnalysisError (a ValueError) naming the key
+    and the fix."""
     if data is None:
         return Analysis()
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: must be a mapping of settings (got {type(data).__name__}); see docs/statistics.md")
+        raise AnalysisError(
+            (where,), f"must be a mapping of settings (got {type(data).__name__}); see docs/statistics.md"
+        )
     try:
         return Analysis.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = _loc(tuple(first["loc"]), where)
+        path = _path(tuple(first["loc"]), where)
         key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
         if first["type"] == "extra_forbidden":
             parent = tuple(x for x in first["loc"][:-1])
@@ -189,25 +206,25 @@ def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
             valid = ", ".join(model.model_fields)
             close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"{loc}: unknown key; {hint}valid keys: {valid}") from None
+            raise AnalysisError(path, f"unknown key; {hint}valid keys: {valid}") from None
         msg = first["msg"].removeprefix("Value error, ")
         if not first["loc"] and ": " in msg:  # a check across keys names its key first
             head, msg = msg.split(": ", 1)
-            loc = f"{where}.{head}"
+            path = (where, head)
         shown = "input" in first and not isinstance(first["input"], dict) and "(got" not in msg
         got = f" (got {first['input']!r})" if shown else ""
         fix = f"; fix: {FIXES[key]}" if key in FIXES and "fix" not in msg and ";" not in msg else ""
-        raise ValueError(f"{loc}: {msg}{got}{fix}") from None
+        raise AnalysisError(path, f"{msg}{got}{fix}") from None
 
 
 PLURAL = {"a variant": "variants", "an axis": "axes", "a metric": "metrics"}
 
 
-def _unknown(what: str, name: str, known: list[str] | set[str], where: str, fix: str) -> ValueError:
+def _unknown(what: str, name: str, known: list[str] | set[str], path: tuple[Any, ...], fix: str) -> AnalysisError:
     known = sorted(known) if isinstance(known, set) else list(known)
     close = difflib.get_close_matches(name, known, 1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ValueError(f"{where}: {name!r} is not {what}{hint}; {PLURAL[what]}: {', '.join(known)}; fix: {fix}")
+    return AnalysisError(path, f"{name!r} is not {what}{hint}; {PLURAL[what]}: {', '.join(known)}; fix: {fix}")
 
 
 def check_analysis(
@@ -223,61 +240,58 @@ def check_analysis(
 
     ``variants``: the study's variant names (the baseline first); ``axes``: its design's axes; ``metrics``: the
     metrics its runs log, when known (None: metric names are not checked); ``kind``: the design's kind (grid,
-    one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises ValueError
-    with the key, what is valid and the fix.
+    one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises AnalysisError
+    (a ValueError) with the key, what is valid and the fix.
     """
     c = analysis.contrasts
     if c is not None and isinstance(c.pairs, list):
         seen: dict[frozenset[str], int] = {}
         for i, pair in enumerate(c.pairs):
-            key = f"{where}.contrasts.pairs[{i}]"
+            key = (where, "contrasts", "pairs", i)
             for name in pair:
                 if name not in variants:
                     raise _unknown(
                         "a variant", name, variants, key, "use the variant names of `ablate sweep --dry-run`"
                     )
             if pair[0] == pair[1]:
-                raise ValueError(f"{key}: compares {pair[0]!r} with itself; name two different variants")
+                raise AnalysisError(key, f"compares {pair[0]!r} with itself; name two different variants")
             both = frozenset(pair)
             if both in seen:
-                raise ValueError(
-                    f"{key}: the same contrast as pairs[{seen[both]}] ({' vs '.join(pair)}); list each contrast once"
+                raise AnalysisError(
+                    key, f"the same contrast as pairs[{seen[both]}] ({' vs '.join(pair)}); list each contrast once"
                 )
             seen[both] = i
     if c is not None and (c.main_effects or c.interactions):
         if kind is not None and kind != "grid":
-            raise ValueError(
-                f"{where}.contrasts: main effects and interactions need a full grid (design.grid), and this "
-                f"study's design is {kind!r}; declare pairs instead"
+            raise AnalysisError(
+                (where, "contrasts"),
+                f"main effects and interactions need a full grid (design.grid), and this study's design is {kind!r}; "
+                "declare pairs instead",
             )
         if not axes:
-            raise ValueError(f"{where}.contrasts: main effects and interactions need a grid's axes; declare pairs")
+            raise AnalysisError((where, "contrasts"), "main effects and interactions need a grid's axes; declare pairs")
         if isinstance(c.main_effects, list):
             for i, axis in enumerate(c.main_effects):
                 if axis not in axes:
                     raise _unknown(
-                        "an axis", axis, axes, f"{where}.contrasts.main_effects[{i}]", "name an axis of the grid"
+                        "an axis", axis, axes, (where, "contrasts", "main_effects", i), "name an axis of the grid"
                     )
         if isinstance(c.interactions, list):
             for i, pair in enumerate(c.interactions):
-                key = f"{where}.contrasts.interactions[{i}]"
+                key = (where, "contrasts", "interactions", i)
                 for axis in pair:
                     if axis not in axes:
                         raise _unknown("an axis", axis, axes, key, "name two axes of the grid")
                 if pair[0] == pair[1]:
-                    raise ValueError(f"{key}: an interaction needs two different axes (got {pair[0]!r} twice)")
+                    raise AnalysisError(key, f"an interaction needs two different axes (got {pair[0]!r} twice)")
         if c.interactions and len(axes) < 2:
-            raise ValueError(f"{where}.contrasts.interactions: the grid has one axis; interactions need two")
+            raise AnalysisError((where, "contrasts", "interactions"), "the grid has one axis; interactions need two")
     if metrics is not None:
         for key in ("margins", "detect", "never_learned", "failure_values"):
             for metric in getattr(analysis, key):
                 if metric not in metrics:
                     raise _unknown(
-                        "a metric",
-                        metric,
-                        set(metrics),
-                        f"{where}.{key}.{metric}",
-                        "name a summary metric the runs log",
+                        "a metric", metric, set(metrics), (where, key, metric), "name a summary metric the runs log"
                     )
 
 
@@ -285,8 +299,10 @@ def from_design(design: dict[str, Any]) -> Analysis:
     """The analysis a submission recorded in its design.json (absent in older studies: the defaults)."""
     try:
         return parse_analysis(design.get("analysis"), "design.json: analysis")
-    except ValueError as err:
-        raise ValueError(f"{err} (the study's recorded design; fix the study file and submit it again)") from None
+    except AnalysisError as err:
+        raise AnalysisError(
+            err.path, f"{err.message} (the study's recorded design; fix the study file and submit it again)"
+        ) from None
 
 
-__all__ = ["Analysis", "Contrasts", "check_analysis", "from_design", "parse_analysis"]
+__all__ = ["Analysis", "AnalysisError", "Contrasts", "check_analysis", "from_design", "parse_analysis"]

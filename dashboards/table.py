@@ -460,9 +460,8 @@ def success_text(o: stats.Successes, c: stats.Contrast | None = None) -> str:
         return "–"
     lo, hi = o.ci
     text = f"{o.successes}/{o.cells} [{lo:.2g}, {hi:.2g}]"
-    if c is not None and math.isfinite(c.p_rate) and c.p_rate < 1:
-        p = c.p_rate_holm if math.isfinite(c.p_rate_holm) else c.p_rate
-        text += f" (p {p:.2g})"
+    if c is not None and c.in_family and math.isfinite(c.p_rate_holm) and c.p_rate < 1:
+        text += f" (p {c.p_rate_holm:.2g})"
     return text
 
 
@@ -591,13 +590,14 @@ def legend(t: Table) -> list[str]:
     test = stats.TESTS[a.test]
     lines = [
         f"success = cells that finished{' and learned' if a.never_learned else ''} out of cells, with the exact "
-        f"{pct} Clopper-Pearson interval (p: Fisher's exact test against the baseline, Holm-corrected, shown where "
-        "the rates can differ).",
+        f"{pct} Clopper-Pearson interval (p: Fisher's exact test against the baseline, Holm-corrected over the "
+        "family, shown where below 1).",
         f"Mean over the successful seeds ± the half-width of the {pct} Student-t interval; {FAILED_MARK}: some seeds "
         "failed and the mean is over the successes only (see success).",
         f"Δ = variant − baseline ({t.baseline}) over the seeds both have; failure rule: "
         f"{a.describe_rule(t.metric, t.worst if math.isfinite(t.worst) else None)}; "
-        f'{pct} t interval ("same in all n seeds": no spread, so no interval).',
+        f"{pct} t interval, which assumes normal differences (the exact test does not, so at few seeds an "
+        'interval can exclude 0 while the test cannot resolve it); "same in all n seeds": no spread, no interval.',
         f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
         + "; * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001.",

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dashboards.analysis import Analysis, check_analysis, from_design, parse_analysis
+from dashboards.analysis import Analysis, AnalysisError, check_analysis, from_design, parse_analysis
 
 VARIANTS = ["norm=pre warmup=0", "norm=post warmup=0", "norm=pre warmup=100", "norm=post warmup=100"]
 AXES = ["model.norm", "training.warmup_steps"]
@@ -132,3 +132,26 @@ def test_the_module_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_errors_carry_the_key_as_a_path_for_the_files_line():
+    """A study loader turns ``err.path`` into the line of the study file (it names the file itself)."""
+    cases = [
+        (lambda: parse_analysis({"failure_rule": "drop"}), ("analysis", "failure_rule")),
+        (lambda: parse_analysis({"contrasts": {"pair": []}}), ("analysis", "contrasts", "pair")),
+        (lambda: parse_analysis({"failure_rule": "value"}), ("analysis", "failure_rule")),
+        (
+            lambda: check_analysis(parse_analysis({"contrasts": {"pairs": [[VARIANTS[1], "nope"]]}}), VARIANTS, AXES),
+            ("analysis", "contrasts", "pairs", 0),
+        ),
+        (
+            lambda: check_analysis(parse_analysis({"margins": {"x/y": 0.1}}), VARIANTS, AXES, METRICS),
+            ("analysis", "margins", "x/y"),
+        ),
+    ]
+    for call, path in cases:
+        with pytest.raises(AnalysisError) as err:
+            call()
+        assert err.value.path == path
+        assert str(err.value).startswith(".".join(str(p) for p in path).replace(".0", "[0]") + ": ")
+        assert err.value.message and not err.value.message.startswith("analysis")
