@@ -300,9 +300,14 @@ def _t_power(effect_size: float, n: int, level: float) -> float:
 
 def t_power_integral(effect_size: float, n: int, level: float) -> float:
     """The two-sided paired t-test's power by integration over the chi-distributed spread (see _t_power)."""
+    return noncentral_power_integral(effect_size * math.sqrt(n), n - 1, level)
+
+
+def noncentral_power_integral(nc: float, df: float, level: float) -> float:
+    """P(|T| > t_{1-level/2, df}) for T = (Z + nc) / sqrt(V / df), V ~ chi2(df): a two-sided t-test's power at
+    noncentrality ``nc``, integrated over the chi-distributed spread with scipy's quad."""
     from scipy.integrate import quad
 
-    df, nc = n - 1, effect_size * math.sqrt(n)
     c = float(sps.t.ppf(1 - level / 2, df))
 
     def given(u: float) -> float:  # u = sqrt(V), chi-distributed; the rejection edge is at u = nc sqrt(df) / c
@@ -676,7 +681,12 @@ def _detectable_contrast(se: float, df: float, level: float, power: float) -> fl
         return NAN
 
     def gap(effect: float) -> float:
-        return float(ttest_power(effect / se, nobs=1, alpha=level, df=df, alternative="two-sided")) - power
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = float(ttest_power(effect / se, nobs=1, alpha=level, df=df, alternative="two-sided"))
+        if not math.isfinite(p):  # scipy's noncentral t (see _t_power)
+            p = noncentral_power_integral(effect / se, df, level)
+        return p - power
 
     hi = se
     while gap(hi) < 0 and hi < 1e6 * se:

@@ -417,3 +417,38 @@ def test_many_contrasts_at_once_agree_with_one_at_a_time():
         assert p == pytest.approx(stats.sign_flip_p(d, n_resamples=20_000), abs=0.015)
     small = [np.array([0.1, 0.2, -0.05]), np.array([0.3, 0.3, 0.3])]  # exact below 17: row by row
     assert [p for p, _ in stats.paired_p_many(small)] == pytest.approx([flips(small[0]), 0.25])
+
+
+def test_noncentral_power_integral_equals_statsmodels_where_finite():
+    from statsmodels.stats.power import ttest_power
+
+    checked = 0
+    for df in (2, 10, 40, 60):
+        for level in (0.05, 0.05 / 37):
+            for nc in (0.0, 1.0, 3.0, 6.0, 12.0):
+                ref = ttest_power(nc, nobs=1, alpha=level, df=df, alternative="two-sided")
+                if math.isfinite(ref):
+                    checked += 1
+                    assert stats.noncentral_power_integral(nc, df, level) == pytest.approx(ref, abs=1e-8)
+    assert checked > 20
+
+
+def test_effects_of_a_four_axis_grid_with_a_failed_cell():
+    """The shape of norm_placement: 2 x 2 x 2 x 3, three seeds, one combination missing (its cells failed and
+    were excluded); every effect gets a finite detectable difference (scipy's noncentral t gives nan for some)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for norm, warm, layers, lr in itertools.product(["pre", "post"], ["0", "100"], ["2", "4"], ["a", "b", "c"]):
+        if (norm, warm, layers, lr) == ("post", "0", "4", "c"):
+            continue
+        for seed in range(3):
+            y = 0.01 + 0.5 * (norm == "post" and lr == "c") + 0.3 * (warm == "0" and lr == "c")
+            rows.append(
+                {"norm": norm, "warm": warm, "layers": layers, "lr": lr, "seed": seed, "y": y + 0.01 * rng.random()}
+            )
+    df = pd.DataFrame(rows)
+    effects = stats.factorial_effects(df, ["norm", "warm", "layers", "lr"], "y", family_size=37)
+    assert len(effects) == 5 + 9
+    assert all(math.isfinite(c.mde) and c.mde > 0 for c in effects)
+    main = {c.label: c for c in effects}["lr: c vs a"]
+    assert "averaged over the 7 of 8 combinations" in main.note
