@@ -8,6 +8,8 @@ answers at once. Exit codes: 0 done (a diverged run is a result), 1 failed while
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
 import threading
 from pathlib import Path
@@ -55,6 +57,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def print_summary(result) -> None:
+    from ablations.secrets import redact_url
+
     status = result.status + (f" ({result.detail})" if result.detail else "")
     print(f"\nstatus: {status}")
     shown = [k for k in sorted(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]
@@ -68,7 +72,7 @@ def print_summary(result) -> None:
         print(f"  {key:<{width}}  {result.metrics[key]:.6g}")
     from ablations.ui import browse_hint
 
-    print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({result.tracking_uri})")
+    print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({redact_url(result.tracking_uri)})")
     print(f"browse: {browse_hint(result.tracking_uri, result.experiment, result.run_id)}")
 
 
@@ -219,10 +223,12 @@ def _search(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume the search", file=sys.stderr)
         return 130
+    from ablations.secrets import redact_url
+
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
     print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result.best)}")
     print(
-        f"Optuna storage: {result.storage}   (ablate ui --optuna{' --storage ' + args.storage if args.storage else ''})"
+        f"Optuna storage: {redact_url(result.storage)}   (ablate ui --optuna{' --storage URL' if args.storage else ''})"
     )
     print(
         f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
@@ -347,6 +353,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Redacting(io.TextIOBase):
+    """A terminal stream that masks secrets (passwords in URLs, tokens, secret environment values) in everything
+    written to it: our messages, library logs, tracebacks (ablations/secrets.py)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from ablations.secrets import redact
+
+        self.stream.write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+def guard_secrets(args: argparse.Namespace) -> None:
+    """Credentials in a tracking URI go to MLflow's own variables, so that no URI this process holds (or MLflow
+    prints) carries them; a storage URL's password is registered for masking; stdout and stderr are masked."""
+    from ablations import secrets
+
+    given = getattr(args, "tracking_uri", None)
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        clean, user, password = secrets.split_credentials(uri)
+        if password is not None:
+            os.environ["MLFLOW_TRACKING_USERNAME"] = user or ""
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = password
+            if given:
+                args.tracking_uri = clean
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = clean
+    for url in (getattr(args, "storage", None), os.environ.get("ABLATE_OPTUNA_STORAGE")):
+        secrets.register_url(url)
+    if not isinstance(sys.stdout, _Redacting):
+        sys.stdout, sys.stderr = _Redacting(sys.stdout), _Redacting(sys.stderr)
+
+
 def _sigterm(signum, frame) -> None:
     """SIGTERM stops a command the way Ctrl-C does: runs are recorded as killed, servers and Ray stopped."""
     raise KeyboardInterrupt("SIGTERM")
@@ -359,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _sigterm)
     parser = build_parser()
     args = parser.parse_args(argv)
+    guard_secrets(args)
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT

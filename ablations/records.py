@@ -56,8 +56,11 @@ MLFLOW_STATUS = {
 
 
 def status_tag(status: str, detail: str = "") -> str:
-    """The value of ``status_detail``: ``finished``, ``diverged: loss rose ...``, ``failed: ValueError ...``."""
-    return status if not detail else f"{status}: {detail}"
+    """The value of ``status_detail``: ``finished``, ``diverged: loss rose ...``, ``failed: ValueError ...``
+    (an error's text is masked: it may quote a storage URL with its password)."""
+    from ablations.secrets import redact
+
+    return status if not detail else f"{status}: {redact(detail)}"
 
 
 def parse_status(tag: str) -> tuple[str, str]:

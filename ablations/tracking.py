@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations.records import MLFLOW_STATUS, STATUS_RUNNING, TAG_PARENT, TAG_STATUS, client, status_tag
+from ablations.secrets import redact
 
 HOME_DIR = ".ablate"  # the embedded default's folder, in the working directory
 MAX_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
@@ -243,10 +244,10 @@ class RunLogger:
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        client(self.uri).log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        client(self.uri).log_batch(self.run_id, tags=[RunTag(k, redact(str(v))[:5000]) for k, v in tags.items()])
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        client(self.uri).log_text(self.run_id, text, artifact_file)
+        client(self.uri).log_text(self.run_id, redact(text), artifact_file)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         client(self.uri).log_artifact(self.run_id, str(path), artifact_path)

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from ablations import records, tracking
+from ablations.secrets import redact_url
 
 DEFAULT_PORTS = {"mlflow": 5000, "optuna": 8080}
 
@@ -58,7 +59,7 @@ def browse_hint(uri: str, experiment: str, run_id: str | None = None) -> str:
     if uri.startswith(("http://", "https://")):
         exp = records.client(uri).get_experiment_by_name(experiment)
         return experiment_link(uri, exp.experiment_id, run_id) if exp else uri
-    flag = "" if uri == tracking.resolve_uri(None) else f" --tracking-uri {uri}"
+    flag = "" if uri == tracking.resolve_uri(None, create=False) else f" --tracking-uri {redact_url(uri)}"
     return f"ablate ui {experiment}" + (f" --run {run_id}" if run_id else "") + flag
 
 
@@ -103,14 +104,17 @@ def serve_mlflow(
         print(f"the tracking store is a server already: open {browse_hint(uri, experiment) if experiment else uri}")
         return 0
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
-        print(f"no runs yet: {uri} does not exist (run `ablate run ablations/runs/quickstart.yaml` first)")
+        print(f"no runs yet: {redact_url(uri)} does not exist (run `ablate run ablations/runs/quickstart.yaml` first)")
         return 2
     exp_id = None
     if experiment:
         exp = records.client(uri).get_experiment_by_name(experiment)
         if exp is None:
             names = sorted(e.name for e in records.client(uri).search_experiments())
-            print(f"no experiment {experiment!r} in {uri}; experiments there: {', '.join(names)}", file=sys.stderr)
+            print(
+                f"no experiment {experiment!r} in {redact_url(uri)}; experiments there: {', '.join(names)}",
+                file=sys.stderr,
+            )
             return 2
         exp_id = exp.experiment_id
     port, note = choose_port(host, port, "mlflow")
@@ -125,7 +129,7 @@ def serve_mlflow(
         mlflow_server_command(uri, host, port),
         lean_server_env(),
         ready=f"{base}/health",
-        lines=[f"MLflow UI on {uri}", *([note] if note else []), *links, "(Ctrl-C stops it)"],
+        lines=[f"MLflow UI on {redact_url(uri)}", *([note] if note else []), *links, "(Ctrl-C stops it)"],
     )
 
 
@@ -153,8 +157,6 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int | None 
         print(
             f"warning: binding to {host} exposes the dashboard (and the storage) beyond this machine", file=sys.stderr
         )
-    from ablations.secrets import redact_url
-
     base = f"http://{_shown_host(host)}:{port}"
     return serve(
         optuna_dashboard_command(url, host, port),

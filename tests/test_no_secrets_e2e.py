@@ -6,8 +6,8 @@ and stderr (their error paths too: an unreachable store), every file they or Ray
 session logs, Ray Tune's results, MLflow's artifacts) and a dump of the MLflow and Optuna databases (params,
 tags, run names, Optuna attributes).
 
-The masking (ablations/secrets.py) is applied by the ablations/ modules; until they do, this test fails, so it
-is skipped unless ABLATE_E2E_NO_SECRETS=1 (remove the guard once the redaction is wired in)."""
+The masking (ablations/secrets.py) is applied where ablations/ prints or records (the CLI's streams, the
+search's storage tag and progress line, run tags and text artifacts, error messages)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,6 @@ from tests.deployment.resolve import compose, compose_argv, compose_env, env_val
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("ABLATE_E2E_NO_SECRETS") != "1",
-        reason="wired by the lead after the ablations/ refactor (run it now with ABLATE_E2E_NO_SECRETS=1)",
-    ),
     pytest.mark.skipif(not postgres_reachable(), reason="no PostgreSQL reachable on 127.0.0.1:5432"),
 ]
 

@@ -25,6 +25,7 @@ from ablations import records, tracking
 from ablations.search.results import best_trials, counts, finish_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, storage_url
 from ablations.search.trial import TrialTask, run_trial
+from ablations.secrets import redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
 
 HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
@@ -124,7 +125,7 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str) -> str:
         tags={
             records.TAG_KIND: records.KIND_SEARCH,
             records.TAG_STUDY: spec.name,
-            "storage": url if "@" not in url else url.split("@")[-1],
+            "storage": redact_url(url),
             "sampler": spec.sampler,
             "pruner": spec.pruner,
             records.TAG_STATUS: records.STATUS_RUNNING,
@@ -170,7 +171,7 @@ def run_search(
         uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
     ):
         raise ValueError(
-            f"the Ray cluster at {address} cannot write to local stores ({uri}, {url}); use an MLflow "
+            f"the Ray cluster at {address} cannot write to local stores ({redact_url(uri)}, {redact_url(url)}); use an MLflow "
             "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
         )
     check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
@@ -199,7 +200,7 @@ def run_search(
 
     out(
         f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
-        f"storage {url}; MLflow parent run {parent_id}"
+        f"storage {redact_url(url)}; MLflow parent run {parent_id}"
     )
     try:
         while True:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations import records, tracking
+from ablations.secrets import redact_url
 from ablations.spec import Cell, Study
 from ablations.sweep.plan import format_rows, plan, summarize
 from ablations.sweep.submission import Heartbeat, check_no_live_submission, open_submission
@@ -130,7 +131,7 @@ def run_study(
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not is_loopback_address(address) and uri.startswith(("sqlite:", "file:")):
         raise ValueError(
-            f"the Ray cluster at {address} cannot write to the local store {uri}; start an MLflow "
+            f"the Ray cluster at {address} cannot write to the local store {redact_url(uri)}; start an MLflow "
             "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
         )
     check_no_live_submission(study, uri)
