@@ -355,8 +355,9 @@ def local_attention(
     L = back * b + B * R + ahead * b
 
     def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D), a view of one padded copy
-        buf = t.new_empty(H, L, D)
-        rows = buf[:, back * b : back * b + B * R].view(H, B, R, D)
+        E = t.shape[-1]
+        buf = t.new_empty(H, L, E)
+        rows = buf[:, back * b : back * b + B * R].view(H, B, R, E)
         rows[:, :, :T] = t.transpose(0, 1)
         rows[:, :, T:] = 0  # padding only: masked keys must still be finite
         buf[:, : back * b] = 0
@@ -384,8 +385,9 @@ def local_attention(
         allowed = allowed.repeat(B, 1, 1)
     allowed = _unstarve(allowed)[:, None]  # (B * N, 1, b, K); queries past the end stay finite
     b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)
-    out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, D)
-    return out.view(B, N, H, b, D).transpose(1, 2).reshape(B, H, R, D)[:, :, :T]
+    out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, Dv)
+    Dv = out.shape[-1]
+    return out.view(B, N, H, b, Dv).transpose(1, 2).reshape(B, H, R, Dv)[:, :, :T]
 
 
 def dilated_attention(
@@ -428,7 +430,8 @@ def dilated_attention(
         key_padding = F.pad(key_padding, (0, extra), value=True)
 
     def split(t):  # (B, H, M*d, D) -> (B*d, H, M, D): position m*d + r goes to class r, index m
-        return t.view(B, H, M, d, D).permute(0, 3, 1, 2, 4).reshape(B * d, H, M, D)
+        E = t.shape[-1]
+        return t.view(B, H, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, H, M, E)
 
     kp = None if key_padding is None else key_padding.view(B, M, d).transpose(1, 2).reshape(B * d, M)
     out = local_attention(
@@ -443,7 +446,8 @@ def dilated_attention(
         dropout_p=dropout_p,
         block=block,
     )  # (B*d, H, M, D)
-    out = out.view(B, d, H, M, D).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, D)
+    Dv = out.shape[-1]
+    out = out.view(B, d, H, M, Dv).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, Dv)
     return out[:, :, :T]
 
 

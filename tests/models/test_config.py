@@ -47,6 +47,37 @@ REFUSED = [
     ),
     ({"tie_embeddings": "yes"}, r"tie_embeddings='yes' must be true, false or null"),
     ({"norm_eps": 0}, r"norm_eps=0 must be a positive number"),
+    # windows and dilation (Longformer)
+    ({"window_schedule": "increasing"}, r"window_schedule='increasing' requires pattern 'local' or 'dilated'"),
+    ({"pattern": "local", "window": 2, "window_schedule": "up"}, r"window_schedule='up' is not a valid choice"),
+    ({"pattern": "local", "layer_windows": [2]}, r"layer_windows has 1 entries but needs 2 \(one window per layer\)"),
+    ({"pattern": "local", "layer_windows": [2, 0]}, r"layer_windows=\[2, 0\] must be a list of positive integers"),
+    ({"pattern": "local", "window": 2, "layer_windows": [2, 3]}, r"either window .* or layer_windows, not both"),
+    ({"layer_windows": [2, 3]}, r"layer_windows requires pattern 'local' or 'dilated'"),
+    ({"pattern": "local", "window": 2, "dilated_heads": 1}, r"dilated_heads requires pattern 'dilated'"),
+    (
+        {"pattern": "dilated", "window": 2, "dilation": 2, "dilated_heads": 5},
+        r"dilated_heads=5 must be at most n_heads=4",
+    ),
+    ({"pattern": "dilated", "window": 2, "head_dilations": [1, 2]}, r"head_dilations has 2 entries but needs 4"),
+    (
+        {"pattern": "dilated", "window": 2, "dilation": 2, "head_dilations": [1, 2, 1, 2]},
+        r"head_dilations gives every head's dilation; remove dilation",
+    ),
+    ({"pattern": "dilated", "window": 2, "layer_dilations": [1, 2], "dilation": 2}, r"remove dilation"),
+    ({"pattern": "dilated", "window": 2, "dilation_schedule": "steps"}, r"dilation_schedule='steps' is not a valid"),
+    # positions
+    ({"position_init_std": 0.02}, r"position_init_std=0.02 .*positions='sinusoidal' has none"),
+    ({"positions": "learned", "position_init_std": -1}, r"position_init_std=-1 must be a non-negative number"),
+    ({"arch": "encoder", "n_classes": 2, "positions": "alibi", "n_heads": 1}, r"alibi.*bidirectional.*n_heads=1"),
+    # non-autoregressive decoding
+    (
+        {"decoding": "parallel"},
+        r"decoding='parallel' is not a valid choice; valid: 'autoregressive', 'non_autoregressive'",
+    ),
+    ({"decoding": "non_autoregressive"}, r"decoding='non_autoregressive' .* needs arch='encoder_decoder'"),
+    ({"arch": "encoder_decoder", "nat_iterations": 4}, r"nat_iterations=4 .*needs decoding='non_autoregressive'"),
+    ({"arch": "encoder_decoder", "decoding": "non_autoregressive", "nat_iterations": 0}, r"nat_iterations=0 must be"),
 ]
 
 
@@ -84,3 +115,41 @@ def test_head_dim_independent_of_width():
     model = Transformer(ModelConfig(d_model=32, n_heads=8, head_dim=16))
     attn = model.layers[0].attn.sublayer
     assert attn.qkv_proj.weight.shape == (3 * 8 * 16, 32) and attn.out_proj.weight.shape == (32, 8 * 16)
+
+
+def test_round_trip_of_per_layer_and_per_head_keys():
+    cfg = ModelConfig(
+        arch="encoder_decoder",
+        n_layers=2,
+        pattern="dilated",
+        layer_windows=[2, 4],
+        head_dilations=[[1, 1, 2, 2], [1, 3, 1, 3]],
+        decoding="non_autoregressive",
+        nat_iterations=3,
+    )
+    data = cfg.to_dict()
+    assert data["head_dilations"] == [[1, 1, 2, 2], [1, 3, 1, 3]] and data["layer_windows"] == [2, 4]
+    again = ModelConfig.from_dict(data)
+    assert again == cfg and hash(again) == hash(cfg)
+    assert [la.dilations for la in again.attention_layers()] == [(1, 1, 2, 2), (1, 3, 1, 3)]
+
+
+def test_old_configs_keep_loading():
+    """Run files written before per-head dilation (`pattern: dilated, window, dilation`) still load; their
+    meaning is now Longformer's (docs/components.md): a quarter of the heads dilated, in the upper layers."""
+    old = ModelConfig.from_dict({"pattern": "dilated", "window": 8, "dilation": 3, "n_heads": 4, "n_layers": 2})
+    assert [la.dilations for la in old.attention_layers()] == [(1, 1, 1, 1), (1, 1, 1, 3)]
+    assert ModelConfig.from_dict({"pattern": "local", "window": 8}).attention_layers()[0].window == 8
+    assert (
+        ModelConfig.from_dict({"layer_patterns": ["local", "full"], "window": 4}).attention_layers()[1].window is None
+    )
+
+
+def test_choices_come_from_the_registries():
+    from models.registry import load
+
+    registries = load()
+    for field, registry in registries.items():
+        with pytest.raises(ConfigError) as err:
+            ModelConfig(**{field: "no_such_component"})
+        assert all(repr(name) in str(err.value) for name in registry), field

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.blocks import EncoderLayer
+from models.blocks import DecoderLayer, EncoderLayer
 from models.config import ModelConfig
 
 
@@ -94,3 +94,70 @@ def test_swiglu_matches_its_definition():
     b = x @ w1[24:].T + b1[24:]
     ref = (a * torch.sigmoid(a) * b) @ ff.linear2.weight.T + ff.linear2.bias
     torch.testing.assert_close(ff(x), ref)
+
+
+def copy_into_torch_decoder_layer(ours: DecoderLayer, theirs: nn.TransformerDecoderLayer) -> None:
+    """Our weights into PyTorch's layer (norms and biases made non-trivial first, then shared)."""
+
+    def norm(residual):
+        return residual.pre_norm if isinstance(residual.pre_norm, nn.LayerNorm) else residual.post_norm
+
+    attn, cross, ff = ours.attn.sublayer, ours.cross.sublayer, ours.ff.sublayer
+    pairs = [
+        (theirs.self_attn.in_proj_weight, attn.qkv_proj.weight),
+        (theirs.self_attn.in_proj_bias, attn.qkv_proj.bias),
+        (theirs.self_attn.out_proj.weight, attn.out_proj.weight),
+        (theirs.self_attn.out_proj.bias, attn.out_proj.bias),
+        (theirs.multihead_attn.out_proj.weight, cross.out_proj.weight),
+        (theirs.multihead_attn.out_proj.bias, cross.out_proj.bias),
+        (theirs.linear1.weight, ff.linear1.weight),
+        (theirs.linear1.bias, ff.linear1.bias),
+        (theirs.linear2.weight, ff.linear2.weight),
+        (theirs.linear2.bias, ff.linear2.bias),
+    ]
+    for i, residual in enumerate((ours.attn, ours.cross, ours.ff), start=1):
+        theirs_norm = getattr(theirs, f"norm{i}")
+        pairs += [(theirs_norm.weight, norm(residual).weight), (theirs_norm.bias, norm(residual).bias)]
+    with torch.no_grad():
+        for dst, src in pairs:
+            dst.copy_(src + 0.1 * torch.randn_like(src) if src.dim() == 1 else src)
+            src.copy_(dst)
+        # PyTorch packs the cross-attention's q, k, v projections in one matrix; ours has q and kv apart
+        theirs.multihead_attn.in_proj_weight.copy_(torch.cat([cross.q_proj.weight, cross.kv_proj.weight]))
+        bias = torch.cat([cross.q_proj.bias, cross.kv_proj.bias]) + 0.1 * torch.randn(3 * cross.q_proj.bias.shape[0])
+        theirs.multihead_attn.in_proj_bias.copy_(bias)
+        n = cross.q_proj.bias.shape[0]
+        cross.q_proj.bias.copy_(bias[:n])
+        cross.kv_proj.bias.copy_(bias[n:])
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoder_layer_equals_torch_transformer_decoder_layer(norm, padded):
+    """Vaswani et al.'s decoder layer (post-norm) and its pre-norm variant (Xiong et al. 2020), against
+    nn.TransformerDecoderLayer(norm_first=...) with copied weights: causal self-attention, cross-attention
+    over a padded memory, feed-forward; outputs and gradients."""
+    torch.manual_seed(3)
+    C, H, Fw, B, T, S = 32, 4, 64, 3, 7, 9
+    cfg = ModelConfig(arch="encoder_decoder", d_model=C, n_heads=H, d_ff=Fw, norm=norm)
+    ours = DecoderLayer(cfg, "full").double()
+    theirs = nn.TransformerDecoderLayer(C, H, Fw, dropout=0.0, batch_first=True, norm_first=norm == "pre").double()
+    copy_into_torch_decoder_layer(ours, theirs)
+    x, memory = torch.randn(B, T, C, dtype=torch.float64), torch.randn(B, S, C, dtype=torch.float64)
+    mem_pad = torch.zeros(B, S, dtype=torch.bool)
+    if padded:
+        mem_pad[0, 5:] = True
+        mem_pad[2, 2:] = True
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    m1, m2 = memory.clone().requires_grad_(True), memory.clone().requires_grad_(True)
+    out = ours(x1, m1, memory_padding=mem_pad if padded else None)
+    causal = nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
+    ref = theirs(x2, m2, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad if padded else None)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(m1.grad, m2.grad)
+    torch.testing.assert_close(ours.cross.sublayer.out_proj.weight.grad, theirs.multihead_attn.out_proj.weight.grad)
+    torch.testing.assert_close(ours.attn.sublayer.qkv_proj.weight.grad, theirs.self_attn.in_proj_weight.grad)

@@ -1,0 +1,153 @@
+"""One registry per kind of component: a new score, position scheme or pattern is one class and one registry
+entry, valid in the config at once, trainable, and decodable with the cache. Weight decay and the general
+score's identity start."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import ConfigError, ModelConfig, Transformer
+from models.attention import Score
+from models.patterns import Pattern
+from models.positions import Positions, sinusoid_table
+from models.registry import PATTERNS, POSITIONS, SCORES
+
+
+class NegativeDistance(Score):
+    """A toy score: -|q - k|^2 / sqrt(D), with a learned per-head scale (not a dot product)."""
+
+    dot_like = False
+
+    def __init__(self, n_heads, head_dim, chunk_elements=1 << 23):
+        super().__init__(n_heads, head_dim, chunk_elements)
+        self.gain = nn.Parameter(torch.ones(n_heads))
+
+    def scores(self, q, k, heads=slice(None)):
+        d2 = (q[..., :, None, :] - k[..., None, :, :]).pow(2).sum(-1)  # (B, H, T, S)
+        return -self.gain[heads].view(-1, 1, 1).to(q.dtype) * d2 / math.sqrt(self.head_dim)
+
+
+class ScaledSinusoids(Positions):
+    """A toy position scheme: Vaswani's sinusoids times a learned scalar."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.gain = nn.Parameter(torch.tensor(0.5))
+        self.d_model = cfg.d_model
+
+    def forward(self, x, start=0, ids=None):
+        table = sinusoid_table(start + x.shape[1], self.d_model, device=x.device)
+        pe = table[ids] if ids is not None else table[start:]
+        return x + self.gain * pe.to(x.dtype)
+
+
+class PreviousOnly(Pattern):
+    """A toy pattern: each query sees itself and the key just before it."""
+
+    @property
+    def reach(self):
+        return 1
+
+    def allowed(self, dist):
+        return ((dist == 0) | (dist == 1))[None]
+
+
+@pytest.fixture
+def toys():
+    SCORES.register("toy_distance")(NegativeDistance)
+    POSITIONS.register("toy_sinusoids")(ScaledSinusoids)
+    PATTERNS.register("toy_previous")(PreviousOnly)
+    yield
+    SCORES.unregister("toy_distance")
+    POSITIONS.unregister("toy_sinusoids")
+    PATTERNS.unregister("toy_previous")
+
+
+def test_an_unregistered_name_is_refused_and_a_registered_one_accepted(toys):
+    cfg = ModelConfig(score="toy_distance", positions="toy_sinusoids", pattern="toy_previous")
+    assert cfg.attention_layers()[0].pattern == "toy_previous"
+    SCORES.unregister("toy_distance")
+    with pytest.raises(ConfigError, match=r"score='toy_distance' is not a valid choice; valid: 'dot'"):
+        ModelConfig(score="toy_distance")
+    with pytest.raises(ValueError, match="already registered"):
+        SCORES.register("dot")(NegativeDistance)
+    SCORES.register("toy_distance")(NegativeDistance)
+
+
+def test_toy_components_train_and_decode_with_the_cache(toys):
+    """A decoder made of the toy score, position scheme and pattern learns to repeat the previous token
+    (which its pattern allows) in a few steps, every toy parameter gets a gradient, and cached decoding
+    equals the full forward (the pattern's reach gives a ring buffer of 2 keys)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        arch="decoder",
+        vocab_size=12,
+        d_model=32,
+        n_heads=2,
+        n_layers=1,
+        score="toy_distance",
+        positions="toy_sinusoids",
+        pattern="toy_previous",
+    )
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        seq = torch.randint(1, 12, (32, 10))
+        seq[:, 1::2] = seq[:, 0::2]  # every odd token repeats the one before it
+        logits = model(seq[:, :-1])
+        loss = F.cross_entropy(logits[:, 0::2].reshape(-1, 12), seq[:, 1::2].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        if not losses:
+            assert model.positions.gain.grad is not None and model.positions.gain.grad.abs() > 0
+            assert model.layers[0].attn.sublayer.score.gain.grad.abs().sum() > 0
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+    model = model.double().eval()
+    tokens = torch.randint(1, 12, (2, 9))
+    cache = model.new_cache()
+    steps = [model.step(tokens[:, :3], cache, 0)] + [model.step(tokens[:, t : t + 1], cache, t) for t in range(3, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), model(tokens), rtol=1e-9, atol=1e-9)
+    assert cache[0].k.shape[2] == 2
+
+
+def test_weight_decay_pulls_the_general_score_towards_its_identity_start():
+    """Luong et al.'s bilinear score starts at W = I (dot attention). AdamW's decoupled decay on the stored
+    delta = W - I shrinks W towards I, never towards 0 (which would switch attention off)."""
+    from models.lightning import LitTransformer, TrainingConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="decoder", vocab_size=11, d_model=16, n_heads=2, score="general")
+    module = LitTransformer(cfg, TrainingConfig(lr=0.1, weight_decay=0.5, schedule="constant"), "lm")
+    score = module.model.layers[0].attn.sublayer.score
+    with torch.no_grad():
+        score.delta.normal_(std=0.1)
+    start = score.weight.detach().clone()
+    opt = module.configure_optimizers()["optimizer"]
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert id(score.delta) in decayed
+    for _ in range(10):  # no gradient: only the decay acts
+        opt.zero_grad()
+        (0.0 * sum(p.sum() for p in module.parameters())).backward()
+        opt.step()
+    eye = torch.eye(8).expand_as(start)
+    torch.testing.assert_close(score.weight.detach(), eye + (1 - 0.1 * 0.5) ** 10 * (start - eye))
+
+
+def test_checkpoints_that_stored_the_general_score_matrix_still_load():
+    cfg = ModelConfig(arch="decoder", vocab_size=11, d_model=16, n_heads=2, score="general")
+    model = Transformer(cfg)
+    state = model.state_dict()
+    W = torch.randn(2, 8, 8)
+    for name in [n for n in state if n.endswith("score.delta")]:
+        del state[name]
+        state[name.replace("delta", "weight")] = W
+    model.load_state_dict(state)
+    torch.testing.assert_close(model.layers[0].attn.sublayer.score.weight.detach(), W)
