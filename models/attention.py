@@ -463,7 +463,8 @@ class KVCache:
     layer keeps only reach + 1 keys. ``pos`` (capacity,) holds each slot's column (EMPTY while unused),
     ``pad`` (B, capacity) is True at padding keys of a left-padded prompt (None when there is none). Writes
     are slice assignments whose bounds are Python integers: no host synchronisation. Without a capacity,
-    the buffer doubles when full.
+    the buffer doubles when full; that, and a chunk of several tokens that outgrows a ring, are the rare
+    paths that reallocate (and may synchronise).
 
     Cross-attention (``static``): the keys and values of the encoder memory, computed once per source; the
     beams of a source share them (their queries are folded together), so beam reordering never touches them.

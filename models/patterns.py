@@ -113,9 +113,15 @@ class DilatedPattern(LocalPattern):
         self.groups = sorted(groups.items(), key=lambda item: item[1][0])  # [(d, heads)], by first head
         order = [h for _, heads in self.groups for h in heads]
         self.order = None if order == sorted(order) else torch.tensor(order).argsort()
+        self._on: dict = {}  # small index tensors per device, copied once (a copy per step would wait for it)
+
+    def _tensor(self, key, make, device) -> torch.Tensor:
+        if (key, device) not in self._on:
+            self._on[key, device] = make().to(device)
+        return self._on[key, device]
 
     def allowed(self, dist):
-        d = torch.tensor(self.dilations, device=dist.device).view(-1, 1, 1)  # (H, 1, 1)
+        d = self._tensor("d", lambda: torch.tensor(self.dilations).view(-1, 1, 1), dist.device)  # (H, 1, 1)
         return (dist.abs() <= self.window * d) & (dist % d == 0)
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
@@ -126,7 +132,7 @@ class DilatedPattern(LocalPattern):
             elif heads == list(range(heads[0], heads[-1] + 1)):
                 idx = slice(heads[0], heads[-1] + 1)  # a view
             else:
-                idx = torch.tensor(heads, device=q.device)
+                idx = self._tensor(d, lambda heads=heads: torch.tensor(heads), q.device)
             group_bias = None if bias is None else (lambda dist, idx=idx: bias(dist)[idx])
             outs.append(
                 dilated_attention(
@@ -143,7 +149,7 @@ class DilatedPattern(LocalPattern):
                 )
             )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        return out if self.order is None else out.index_select(1, self.order.to(out.device))
+        return out if self.order is None else out.index_select(1, self._tensor("order", lambda: self.order, out.device))
 
 
 class _HeadSubset:

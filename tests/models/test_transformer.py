@@ -71,12 +71,12 @@ def test_windowed_causal_layers_keep_a_ring_of_reach_plus_one_keys():
     assert reach == [1, 9, None]
     cache = model.new_cache(40)
     tokens = torch.randint(1, 17, (1, 30))
-    model.step(tokens[:, :10], cache, 0)
+    steps = [model.step(tokens[:, :10], cache, 0)]  # a prompt longer than the rings: they wrap at once
     buffers = [c.k.data_ptr() for c in cache]
-    for t in range(10, 30):
-        model.step(tokens[:, t : t + 1], cache, t)
+    steps += [model.step(tokens[:, t : t + 1], cache, t) for t in range(10, 30)]
     assert [c.k.shape[2] for c in cache] == [2, 10, 40]
     assert [c.k.data_ptr() for c in cache] == buffers  # written in place, never reallocated
+    torch.testing.assert_close(torch.cat(steps, 1), model(tokens), rtol=1e-9, atol=1e-9)
 
 
 class Ops(TorchDispatchMode):
