@@ -87,11 +87,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         from ablations import tracking
+        from ablations.secrets import redact_url
 
         uri = tracking.resolve_uri(args.tracking_uri, create=False)
         if not tracking.store_exists(uri):  # a dry run writes nothing, not even an empty store
             sweep.describe_plan(study, sweep.Plan(todo=list(study.cells), done={}, stale=[]))
-            print(f"(no store yet at {uri}: every cell is to train)")
+            print(f"(no store yet at {redact_url(uri)}: every cell is to train)")
             return EXIT_OK
         sweep.describe_plan(study, sweep.plan(study, uri))
         try:

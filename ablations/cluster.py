@@ -76,7 +76,8 @@ def prepare_environment(address: str | None) -> None:
         # ray-project/ray#59110); this variable, read by ray._private.services, is the one switch that works.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         # token authentication is for clusters reachable from elsewhere; a loopback cluster has none
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # (a loopback address may be an SSH tunnel to a cluster with a token: then keep token authentication)
+        os.environ.setdefault("RAY_AUTH_MODE", "token" if os.environ.get("RAY_AUTH_TOKEN") else "disabled")
         # fixed default ports of the metrics servers: move them to free ones
         os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
         os.environ.setdefault("DASHBOARD_METRIC_PORT", str(free_port()))

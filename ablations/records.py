@@ -32,6 +32,8 @@ KIND_SEARCH, KIND_TRIAL = "search", "trial"  # a search process; one Optuna tria
 TAG_STUDY, TAG_VARIANT, TAG_SEED, TAG_CELL_ID = "study", "variant", "seed", "cell_id"
 TAG_SUBMISSION, TAG_ATTEMPT = "submission", "attempt"
 TAG_STATUS = "status_detail"
+TAG_CODE = "code_fingerprint"  # the hash of the code that shapes a result (tracking.code_fingerprint)
+TAG_CLAIM = "claim_token"  # the fencing token under which a cell's run was trained
 TAG_PARENT = "mlflow.parentRunId"
 AXIS_PREFIX = "axis."  # axis.<dotted key>: the value of a design axis in this cell
 TUNED_PREFIX = "tuned."  # tuned.<dotted key>: what the variant's own search chose
@@ -148,6 +150,11 @@ def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
 # --- the cell ledger -----------------------------------------------------------------------------------------
 
 
+def same_code(run, code: str | None) -> bool:
+    """Whether a run was trained by the code with fingerprint ``code`` (None: any code)."""
+    return code is None or run.data.tags.get(TAG_CODE) == code
+
+
 def cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[str, list]:
     """cell_id -> its runs (every attempt of every submission), oldest first; one cell's only, if given."""
     exp = client(uri).get_experiment_by_name(study)
@@ -160,9 +167,9 @@ def cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[str, lis
     return out
 
 
-def result_run(runs: Iterable):
-    """A cell's result: its first finished or diverged run, else None."""
-    return next((r for r in runs if cell_state(r) in RESULT_STATES), None)
+def result_run(runs: Iterable, code: str | None = None):
+    """A cell's result: its first finished or diverged run (trained by the code ``code``, unless None), else None."""
+    return next((r for r in runs if cell_state(r) in RESULT_STATES and same_code(r, code)), None)
 
 
 def end_run(uri: str, run_id: str, status: str, detail: str = "") -> None:

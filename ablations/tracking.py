@@ -56,6 +56,12 @@ def store_exists(uri: str) -> bool:
     return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
 
 
+def ray_storage() -> str:
+    """Where Ray Train keeps a data-parallel trial's state: ABLATE_RAY_STORAGE (a path or URI every node of a
+    cluster reaches), else .ablate/ray_results on this machine."""
+    return os.environ.get("ABLATE_RAY_STORAGE") or str(home() / "ray_results")
+
+
 def artifact_root(uri: str) -> str | None:
     """Where new experiments keep artifacts: beside a SQLite store (.ablate/artifacts for the embedded
     default); the server's choice (proxied artifacts) for a tracking server."""
@@ -115,6 +121,35 @@ def code_version() -> dict[str, str]:
         "mlflow.source.git.commit": sha,
         "code_version": sha[:12] + ("-dirty" if dirty else ""),
     }
+
+
+# The code that shapes a result: the model, its components, the tasks, the training loop, and the libraries
+# that run them. A change to any of these makes the same configuration another cell.
+FINGERPRINTED = ("models", "ablations/train.py")
+FINGERPRINTED_LIBRARIES = ("torch", "lightning")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of the code that shapes a result (FINGERPRINTED sources, byte for byte, and the versions of
+    FINGERPRINTED_LIBRARIES): 12 hex digits. Unlike the git sha it ignores everything else (docs, the CLI,
+    the sweep driver) and sees uncommitted edits."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    repo = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for entry in FINGERPRINTED:
+        path = repo / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes() + b"\0")
+    for lib in FINGERPRINTED_LIBRARIES:
+        try:
+            h.update(f"{lib}=={version(lib)}".encode())
+        except PackageNotFoundError:
+            h.update(f"{lib} missing".encode())
+    return h.hexdigest()[:12]
 
 
 class MetricWriter:

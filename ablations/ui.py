@@ -146,7 +146,7 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int | None 
     url = storage or os.environ.get("ABLATE_OPTUNA_STORAGE") or f"sqlite:///{tracking.home() / 'optuna.db'}"
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         print(
-            f"no searches yet: {url} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)"
+            f"no searches yet: {redact_url(url)} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)"
         )
         return 2
     port, note = choose_port(host, port, "optuna")

@@ -25,6 +25,7 @@ from ablations.records import (
     kind_filter,
     search_all,
 )
+from ablations.secrets import redact_url
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 
@@ -89,7 +90,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     exp = c.get_experiment_by_name(study)
     if exp is None:
         names = sorted(e.name for e in c.search_experiments())
-        raise NoResults(f"no study {study!r} in {uri}; studies there: {', '.join(names) or 'none'}")
+        raise NoResults(f"no study {study!r} in {redact_url(uri)}; studies there: {', '.join(names) or 'none'}")
     parents = sorted(
         search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),
         key=lambda r: int(r.data.tags.get("submission", 0)),
@@ -98,7 +99,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     runs = sorted(search_all(uri, [exp.experiment_id], filt), key=lambda r: r.info.start_time)
     if not runs:
         which = f"submission {submission} of " if submission is not None else ""
-        raise NoResults(f"{which}study {study!r} has no cell runs in {uri} yet: run `ablate sweep` first")
+        raise NoResults(f"{which}study {study!r} has no cell runs in {redact_url(uri)} yet: run `ablate sweep` first")
     by_cell: dict[str, list] = {}
     for run in runs:
         by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)

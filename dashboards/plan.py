@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ablations.secrets import redact_url
 from dashboards import stats
 from dashboards.analysis import Analysis
 from dashboards.load import NoResults, load_study
@@ -57,7 +58,7 @@ def pilot_plan(
     if not table.detect:
         return (
             f"seeds: declare analysis.detect.{table.metric} (the difference that matters) to have the pilot "
-            f"({len(runs.cells)} cells in {uri}) say how many seeds each contrast needs"
+            f"({len(runs.cells)} cells in {redact_url(uri)}) say how many seeds each contrast needs"
         )
     a = table.analysis
     head = (

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablations.secrets import redact_url
 from dashboards import stats
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
@@ -54,7 +55,7 @@ def run_link(runs: StudyRuns, run_id: str) -> str:
     """The run's page in the MLflow UI: absolute on a server, relative to the UI's origin otherwise."""
     path = f"#/experiments/{runs.experiment_id}/runs/{run_id}"
     if runs.uri.startswith(("http://", "https://")):
-        return f"{runs.uri.rstrip('/')}/{path}"
+        return f"{redact_url(runs.uri).rstrip('/')}/{path}"
     return f"/{path}"
 
 
@@ -203,7 +204,7 @@ def render_html(runs: StudyRuns, table: Table, study_text: str, description: str
 <p class="sub">{html.escape(description)}</p>
 <p class="sub">{len(runs.cells)} cells over {n_sub} submission(s); metric {html.escape(table.metric)}
 ({"higher" if table.direction == "maximize" else "lower"} is better); baseline {html.escape(table.baseline)};
-generated {stamp} from {html.escape(runs.uri)}.</p>
+generated {stamp} from {html.escape(redact_url(runs.uri))}.</p>
 <h2>Ablation table</h2>
 {to_html(table, links)}
 {effects_html(table)}

@@ -100,7 +100,7 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
     known = study.user_attrs.get("objectives")
     if known and [tuple(o) for o in known] != spec.objectives:
         raise ValueError(
-            f"the Optuna study {spec.name!r} in {url} was created with objectives {known}; this spec has "
+            f"the Optuna study {spec.name!r} in {redact_url(url)} was created with objectives {known}; this spec has "
             f"{spec.objectives}: give the search another name"
         )
     study.set_user_attr("objectives", [list(o) for o in spec.objectives])
@@ -232,7 +232,7 @@ def run_search(
                     pruner=spec.pruner,
                     code=code,
                     resources=spec.resources,
-                    ray_storage=str(tracking.home() / "ray_results"),
+                    ray_storage=tracking.ray_storage(),
                 )
                 running[remote.remote(task)] = (trial.number, time.monotonic())
             if not running:
