@@ -481,6 +481,7 @@ class KVCache:
         self.pad: torch.Tensor | None = None
         self.end = 0  # columns written so far
         self.static = False
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # the other half of a double buffer
 
     def set_static(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v, self.static = k, v, True
@@ -567,10 +568,19 @@ class KVCache:
         return self.k[:, :, :n], self.v[:, :, :n], self.pos[:n], None if self.pad is None else self.pad[:, :n]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Follow the beams: row i becomes old row index[i]. Static caches are shared and stay."""
+        """Follow the beams: row i becomes old row index[i]. Only the filled slots are copied, into a spare
+        pair of buffers that then swaps with the current one. Static caches are shared and stay."""
         if self.static or self.k is None:
             return
-        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        n = self.end if self.ring is None else self.k.shape[2]
+        shape = (index.numel(), *self.k.shape[1:])
+        if self._spare is None or self._spare[0].shape != shape:
+            self._spare = (self.k.new_empty(shape), self.v.new_empty(shape))
+        k, v = self._spare
+        torch.index_select(self.k[:, :, :n], 0, index, out=k[:, :, :n])
+        torch.index_select(self.v[:, :, :n], 0, index, out=v[:, :, :n])
+        self._spare = (self.k, self.v) if self.k.shape == shape else None
+        self.k, self.v = k, v
         if self.pad is not None:
             self.pad = self.pad.index_select(0, index)
 
