@@ -63,7 +63,7 @@ class Score(nn.Module):
     dot_like = True
     scale = 1.0
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.chunk_elements = n_heads, head_dim, chunk_elements
 
@@ -84,7 +84,7 @@ class Score(nn.Module):
 class DotScore(Score):
     """q.k / sqrt(D)."""
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)
         self.scale = 1.0 / math.sqrt(head_dim)
 
@@ -99,7 +99,7 @@ class GeneralScore(DotScore):
     """Bilinear q^T W_h k per head, scaled like dot. W_h = I + delta_h with delta_h starting at 0 (so it
     starts as dot), and weight decay, which pulls the parameter delta to 0, pulls W towards the identity."""
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)
         self.delta = nn.Parameter(torch.zeros(n_heads, head_dim, head_dim))  # (H, D, D)
         self.register_buffer("eye", torch.eye(head_dim), persistent=False)
@@ -122,7 +122,7 @@ class GeneralScore(DotScore):
 class CosineScore(Score):
     """tau_h * cos(q, k) with a learned per-head temperature tau_h = exp(log_tau_h) <= 100, starting at 10."""
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)
         self.log_tau = nn.Parameter(torch.full((n_heads,), math.log(10.0)))
 
@@ -140,7 +140,7 @@ class AdditiveScore(Score):
 
     dot_like = False
 
-    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 23) -> None:
+    def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)
         self.v = nn.Parameter(torch.randn(n_heads, head_dim) / math.sqrt(head_dim))  # (H, D)
 
@@ -208,7 +208,7 @@ class _AdditiveScores(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 23) -> torch.Tensor:
+def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 20) -> torch.Tensor:
     """v_h . tanh(q_t + k_s) for q (B, H, ..., T, E), k (B, H, ..., S, E), v (H, E) -> (B, H, ..., T, S)."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     T, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -609,7 +609,7 @@ class MultiHeadAttention(nn.Module):
         positions: AttentionPositions | None = None,
         dropout: float = 0.0,
         bias: bool = True,
-        chunk_elements: int = 1 << 23,
+        chunk_elements: int = 1 << 20,
     ) -> None:
         super().__init__()
         from models.patterns import FullPattern

@@ -158,8 +158,9 @@ class ModelConfig:
     tie_embeddings: bool | None = None
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
-    # Additive scores hold at most this many elements of (query, key, dimension) intermediates at a time.
-    chunk_elements: int = 1 << 23
+    # Additive scores hold at most this many elements of (query, key, dimension) intermediates at a time
+    # (2^20: 4 MB blocks, within 1% of the fastest on CPU; raise it on GPUs, where larger blocks mean fewer launches).
+    chunk_elements: int = 1 << 20
     # encoder_decoder: autoregressive (left to right) or non_autoregressive (Gu et al. 2018: the length is
     # predicted from the encoder, every target position in parallel; mask-predict refinement when
     # nat_iterations > 1, Ghazvininejad et al. 2019).

@@ -23,7 +23,7 @@ class NegativeDistance(Score):
 
     dot_like = False
 
-    def __init__(self, n_heads, head_dim, chunk_elements=1 << 23):
+    def __init__(self, n_heads, head_dim, chunk_elements=1 << 20):
         super().__init__(n_heads, head_dim, chunk_elements)
         self.gain = nn.Parameter(torch.ones(n_heads))
 
