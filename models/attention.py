@@ -1,7 +1,6 @@
-"""Multi-head attention = a score function x a pattern (x a position scheme's slot).
+"""Multi-head attention = a score function x a pattern (x a position scheme's slot), and its key/value cache.
 
-Notation: B batch, H heads, T query length, S key length, D head dim, C model width,
-W window, d dilation, N number of tiles, b tile size, K keys per tile (2b causal, 3b not, when b >= W).
+Notation: B batch, H heads, T query length, S key length, D head dim, C model width.
 
 Score functions (``SCORES``, registered here):
   dot           q.k / sqrt(D)                        (Vaswani et al. 2017)
@@ -14,22 +13,8 @@ where the inputs allow: no mask is passed where none is needed). Additive scores
 ``additive_scores``, an autograd function that never holds more than ``chunk_elements`` elements of its
 (query, key, dimension) intermediates, in forward and backward, in as few blocks as that allows.
 
-Patterns (``models.patterns``) decide which keys a query sees; the kernels they use are here:
-  ``full_attention``     every key, with an optional band mask ``allowed``
-  ``local_attention``    keys at distance |i - j| <= W, in O(T * W): queries cut into tiles of b = W (at most
-                         64) positions; each tile attends to its own tile and its neighbours (the previous
-                         ones only when causal), taken as overlapping views (``unfold``) of one padded copy of
-                         K and V, never copied per tile; a small per-tile mask built from absolute positions
-                         enforces the exact window, causality, padding and the sequence end; all tiles go
-                         through one batched call. When the tiled neighbourhood would cover most of the
-                         sequence (K > 0.6 T) or the sequence is short (T <= 64), it is full attention with a
-                         band mask (cheaper there, and one kernel).
-  ``dilated_attention``  keys at distances that are multiples of d up to W*d: the sequence is split into d
-                         interleaved residue classes and each runs local attention, in O(T * W).
-
-A query whose every key is masked (a padding query whose window holds only padding) attends uniformly
-instead of producing NaN; its output is meaningless and must be ignored by the caller, but it stays finite
-so that gradients do not turn into NaN.
+Patterns (``models.patterns``) decide which keys a query sees; the kernels are in ``models.kernels`` (and
+re-exported here).
 
 Incremental decoding keeps a ``KVCache`` per layer: preallocated buffers written in place (a ring buffer
 for windowed causal layers), no host synchronisation per step, cross-attention keys and values computed
@@ -39,16 +24,25 @@ once per source and shared by its beams.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kernels import (  # noqa: F401  (re-exported: the kernels are part of this module's interface)
+    Bias,
+    additive_blocks,
+    additive_scores,
+    attend,
+    band,
+    dilated_attention,
+    full_attention,
+    local_attention,
+    tile_size,
+)
+from models.patterns import FullPattern
 from models.positions import AttentionPositions
 from models.registry import SCORES
-
-Bias = Callable[[torch.Tensor], torch.Tensor]  # signed distances (...) -> (H, ...) float bias
 
 # ---------------------------------------------------------------------------------------------------
 # Score functions
@@ -146,309 +140,6 @@ class AdditiveScore(Score):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:  # (B,H,T,D) (B,H,S,D)
         return additive_scores(q, k, self.v[heads], self.chunk_elements)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Additive scores in bounded memory
-
-
-def additive_blocks(A: int, H: int, T: int, S: int, E: int, budget: int) -> Iterator[tuple[slice, ...]]:
-    """Blocks (a, h, t, s) of the (A, H, T, S, E) intermediate, each of at most max(budget, E) elements, as
-    large as possible: the key axis first, then queries, heads and the batch (one block when all fits)."""
-    pairs = max(1, budget // E)  # (query, key) pairs per block
-    s = min(S, pairs)
-    t = min(T, pairs // s) if s == S else 1
-    h = min(H, pairs // (s * t)) if t == T else 1
-    a = min(A, pairs // (s * t * h)) if h == H else 1
-    for a0 in range(0, A, a):
-        for h0 in range(0, H, h):
-            for t0 in range(0, T, t):
-                for s0 in range(0, S, s):
-                    yield slice(a0, a0 + a), slice(h0, h0 + h), slice(t0, t0 + t), slice(s0, s0 + s)
-
-
-class _AdditiveScores(torch.autograd.Function):
-    """scores[a, h, t, s] = sum_e v[h, e] * tanh(q[a, h, t, e] + k[a, h, s, e]).
-
-    q (A, H, T, E), k (A, H, S, E) (any strides: overlapping tiles of keys are read in place), v (H, E).
-    Forward and backward walk over ``additive_blocks`` and recompute tanh; each block's (a, h, t, s, E)
-    tensor is the only intermediate of that size alive at any time (everything else is computed in place
-    or reduced by a matrix product), so ``budget`` bounds the extra memory.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, budget):
-        A, H, T, E = q.shape
-        S = k.shape[2]
-        out = q.new_empty(A, H, T, S)
-        for a, h, t, s in additive_blocks(A, H, T, S, E, budget):
-            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
-            out[a, h, t, s] = torch.matmul(x, v[h].view(1, x.shape[1], 1, E, 1)).squeeze(-1)
-            del x  # before the next block is allocated
-        ctx.save_for_backward(q, k, v)
-        ctx.budget = budget
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # grad (A, H, T, S)
-        q, k, v = ctx.saved_tensors
-        A, H, T, E = q.shape
-        S = k.shape[2]
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for a, h, t, s in additive_blocks(A, H, T, S, E, ctx.budget):
-            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
-            na, nh, nt, ns = x.shape[:4]
-            g = grad[a, h, t, s]  # (a, h, t, s)
-            # dv[h] = sum over a, t, s of g * tanh(.): a product, no second (a, h, t, s, E) tensor
-            dv[h] += torch.matmul(g.reshape(na, nh, 1, nt * ns), x.view(na, nh, nt * ns, E)).sum(0).squeeze(1)
-            x.mul_(x).neg_().add_(1.0).mul_(g[..., None]).mul_(v[h].view(1, nh, 1, 1, E))  # dL/d(q + k), in place
-            dq[a, h, t] += x.sum(3)
-            dk[a, h, s] += x.sum(2)
-            del x  # before the next block is allocated
-        return dq, dk, dv, None
-
-
-def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int = 1 << 20) -> torch.Tensor:
-    """v_h . tanh(q_t + k_s) for q (B, H, ..., T, E), k (B, H, ..., S, E), v (H, E) -> (B, H, ..., T, S)."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    T, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
-    q, k = q.expand(*lead, T, E), k.expand(*lead, S, E)  # views
-    if len(lead) == 2:
-        return _AdditiveScores.apply(q, k, v.to(q.dtype), budget)
-    # other layouts: heads to dim 1, everything else flattened into dim 0 (copies)
-    H = lead[1]
-    qf = q.movedim(1, 0).reshape(H, -1, T, E).transpose(0, 1)
-    kf = k.movedim(1, 0).reshape(H, -1, S, E).transpose(0, 1)
-    out = _AdditiveScores.apply(qf, kf, v.to(q.dtype), budget)  # (A, H, T, S)
-    return out.transpose(0, 1).reshape(H, lead[0], *lead[2:], T, S).movedim(0, 1)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The kernel: scores + mask -> probabilities -> weighted values
-
-
-def _unstarve(allowed: torch.Tensor) -> torch.Tensor:
-    """Rows with no allowed key attend to every key instead (finite, ignored by callers)."""
-    return allowed | ~allowed.any(dim=-1, keepdim=True)
-
-
-def attend(q, k, v, score: nn.Module, mask=None, bias=None, causal: bool = False, dropout_p: float = 0.0):
-    """Attention of prepared q (..., T, D) over k, v (..., S, D).
-
-    mask: bool, True where a key may be seen, broadcastable to (..., T, S); bias: float, added to the
-    scores (ALiBi); causal: the square causal rule (only without mask and bias: the fast path).
-    """
-    if mask is not None and bias is not None:
-        bias = bias.masked_fill(~mask, float("-inf"))
-        mask = None
-    extra = bias if bias is not None else mask
-    if score.dot_like:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=extra, dropout_p=dropout_p, is_causal=causal and extra is None, scale=score.scale
-        )
-    s = score.scores(q, k)  # (..., T, S)
-    if causal and extra is None:
-        T, S = s.shape[-2:]
-        extra = torch.ones(T, S, dtype=torch.bool, device=s.device).tril(S - T)
-    if extra is not None:
-        s = s + extra if extra.dtype != torch.bool else s.masked_fill(~extra, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    if dropout_p > 0.0:
-        p = F.dropout(p, dropout_p)
-    return p @ v
-
-
-def full_attention(
-    q, k, v, score, *, causal=False, key_padding=None, bias: Bias | None = None, allowed=None, dropout_p=0.0
-):
-    """q (B, H, T, D), k/v (B, H, S, D), queries aligned to the last keys; key_padding (B, S) True at
-    padding; bias: ALiBi-like function of signed distances; allowed: (H or 1, T, S) band mask of a pattern.
-    No mask at all is passed when none is needed."""
-    T, S = q.shape[-2], k.shape[-2]
-    if key_padding is None and bias is None and allowed is None:
-        return attend(q, k, v, score, causal=causal, dropout_p=dropout_p)
-    mask = allowed
-    if causal:
-        tri = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        mask = tri if mask is None else mask & tri
-    if key_padding is not None:
-        kp = ~key_padding[:, None, None, :]  # (B, 1, 1, S)
-        mask = kp if mask is None else mask & kp
-    if mask is not None and key_padding is not None:
-        mask = _unstarve(mask)
-    b = None
-    if bias is not None:
-        dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
-        b = bias(dist).to(q.dtype)  # (H, T, S)
-    return attend(q, k, v, score, mask=mask, bias=b, dropout_p=dropout_p)
-
-
-def tile_size(window: int, length: int) -> int:
-    """Queries per tile: the window (at most 64: larger windows span several tiles, which wastes fewer keys
-    than one tile per window), never more than the sequence."""
-    return max(1, min(window, 64, length))
-
-
-def band(T: int, window: int, device=None) -> torch.Tensor:
-    """(1, T, T) True where |i - j| <= window."""
-    dist = torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]
-    return (dist.abs() <= window)[None]
-
-
-class _Neighbourhoods(torch.autograd.Function):
-    """(H, L, D) laid-out keys -> (N', H, K, D) overlapping windows of K positions every b positions, a view
-    (no copy). Its backward adds the K / b tile-sized slices of the gradient back in place, which is several
-    times faster on CPU than the generic backward of ``unfold``."""
-
-    @staticmethod
-    def forward(ctx, buf, K: int, b: int):
-        ctx.shape, ctx.K, ctx.b = buf.shape, K, b
-        return buf.unfold(1, K, b).permute(1, 0, 3, 2)
-
-    @staticmethod
-    def backward(ctx, grad):  # (N', H, K, D)
-        H, L, D = ctx.shape
-        K, b = ctx.K, ctx.b
-        n = grad.shape[0]
-        out = grad.new_zeros(H, L, D)
-        g = grad.reshape(n, H, K // b, b, D)
-        for i in range(K // b):
-            out[:, i * b : i * b + n * b].view(H, n, b, D).add_(g[:, :, i].transpose(0, 1))
-        return out, None, None
-
-
-def local_attention(
-    q, k, v, score, *, window, causal=False, key_padding=None, bias: Bias | None = None, dropout_p=0.0, block=None
-):
-    """Exact sliding-window self-attention in O(T * W): q, k, v (B, H, T, D), keys at |i - j| <= window.
-
-    Tiles of b queries see the ceil(W / b) tiles before them (and after them unless causal) plus their own.
-    Keys and values are laid out once, head-major, with every row padded to N * b positions, and each tile's
-    neighbourhood is an overlapping view of that layout (``unfold``): no copy per neighbouring tile. A
-    neighbourhood that crosses into the next row only reads keys the position mask excludes. ``block``
-    forces tiles of that size (no fall-back to full attention).
-    """
-    B, H, T, D = q.shape
-    if window >= T - 1:  # the window covers the whole sequence: this is full attention
-        return full_attention(q, k, v, score, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p)
-    b = block or tile_size(window, T)
-    N = -(-T // b)
-    back = -(-window // b)  # neighbouring tiles on each side that hold keys within the window
-    ahead = 0 if causal else back
-    span = back + 1 + ahead  # tiles of keys per tile of queries
-    K = span * b
-    if block is None and (T <= 64 or 5 * K > 3 * T):
-        # the tiles would see most keys anyway, or are too small to pay for themselves (measured on CPU:
-        # docs/components.md): full attention with a band mask is cheaper, and one kernel
-        return full_attention(
-            q,
-            k,
-            v,
-            score,
-            causal=causal,
-            key_padding=key_padding,
-            bias=bias,
-            allowed=band(T, window, q.device),
-            dropout_p=dropout_p,
-        )
-    R = N * b  # padded row length
-    L = back * b + B * R + ahead * b
-
-    def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D), a view of one padded copy
-        E = t.shape[-1]
-        buf = t.new_empty(H, L, E)
-        rows = buf[:, back * b : back * b + B * R].view(H, B, R, E)
-        rows[:, :, :T] = t.transpose(0, 1)
-        rows[:, :, T:] = 0  # padding only: masked keys must still be finite
-        buf[:, : back * b] = 0
-        buf[:, back * b + B * R :] = 0
-        return _Neighbourhoods.apply(buf, K, b)
-
-    qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
-    kt, vt = tiles(k), tiles(v)
-
-    # The window rule is the same in every tile; only which keys exist (and padding) differ per tile.
-    dev = q.device
-    offset = torch.arange(K, device=dev) - back * b  # key position relative to the tile's first query
-    rel = torch.arange(b, device=dev)[:, None] - offset[None, :]  # (b, K) query - key distance
-    allowed = rel.abs() <= window
-    if causal:
-        allowed &= rel >= 0
-    kpos = torch.arange(0, R, b, device=dev)[:, None] + offset  # (N, K)
-    allowed = allowed & ((kpos >= 0) & (kpos < T))[:, None, :]  # (N, b, K)
-    if key_padding is not None:
-        kp = key_padding.new_ones(L)
-        kp[back * b : back * b + B * R].view(B, R)[:, :T] = key_padding
-        kp = kp.unfold(0, K, b)  # (B * N, K)
-        allowed = allowed.repeat(B, 1, 1) & ~kp[:, None, :]  # (B * N, b, K)
-    else:
-        allowed = allowed.repeat(B, 1, 1)
-    allowed = _unstarve(allowed)[:, None]  # (B * N, 1, b, K); queries past the end stay finite
-    b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)
-    out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, Dv)
-    Dv = out.shape[-1]
-    return out.view(B, N, H, b, Dv).transpose(1, 2).reshape(B, H, R, Dv)[:, :, :T]
-
-
-def dilated_attention(
-    q,
-    k,
-    v,
-    score,
-    *,
-    window,
-    dilation,
-    causal=False,
-    key_padding=None,
-    bias: Bias | None = None,
-    dropout_p=0.0,
-    block=None,
-):
-    """Keys at distance <= window*dilation that are multiples of dilation: local attention on each of the
-    ``dilation`` interleaved residue classes, in O(T * W). ``block`` forces tiles of that size."""
-    B, H, T, D = q.shape
-    d = dilation
-    if d == 1:
-        return local_attention(
-            q,
-            k,
-            v,
-            score,
-            window=window,
-            causal=causal,
-            key_padding=key_padding,
-            bias=bias,
-            dropout_p=dropout_p,
-            block=block,
-        )
-    M = -(-T // d)
-    extra = M * d - T
-    if extra:
-        q, k, v = (F.pad(t, (0, 0, 0, extra)) for t in (q, k, v))
-        if key_padding is None:
-            key_padding = torch.zeros(B, T, dtype=torch.bool, device=q.device)
-        key_padding = F.pad(key_padding, (0, extra), value=True)
-
-    def split(t):  # (B, H, M*d, D) -> (B*d, H, M, D): position m*d + r goes to class r, index m
-        E = t.shape[-1]
-        return t.view(B, H, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, H, M, E)
-
-    kp = None if key_padding is None else key_padding.view(B, M, d).transpose(1, 2).reshape(B * d, M)
-    out = local_attention(
-        split(q),
-        split(k),
-        split(v),
-        score,
-        window=window,
-        causal=causal,
-        key_padding=kp,
-        bias=None if bias is None else (lambda dist: bias(dist * d)),  # distances within a class are in steps of d
-        dropout_p=dropout_p,
-        block=block,
-    )  # (B*d, H, M, D)
-    Dv = out.shape[-1]
-    out = out.view(B, d, H, M, Dv).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, Dv)
-    return out[:, :, :T]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -612,8 +303,6 @@ class MultiHeadAttention(nn.Module):
         chunk_elements: int = 1 << 20,
     ) -> None:
         super().__init__()
-        from models.patterns import FullPattern
-
         self.n_heads, self.head_dim = n_heads, head_dim
         self.pattern = FullPattern.plain(n_heads) if cross or pattern is None else pattern
         self.causal = causal and not cross

@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models.registry import ALL as REGISTRIES
+from models.registry import PATTERNS
+
 ARCHS = ("encoder", "decoder", "encoder_decoder")
 NORM_PLACEMENTS = ("pre", "post")
 CLASSIFIERS = ("mean", "first", "token")
@@ -209,9 +212,6 @@ class ModelConfig:
 
     def attention_layers(self, n_layers: int | None = None) -> tuple[LayerAttention, ...]:
         """The self-attention geometry of each layer of a stack of ``n_layers`` (default ``n_layers``)."""
-        from models.registry import PATTERNS, load
-
-        load()
         n_layers = self.n_layers if n_layers is None else n_layers
         patterns = self.patterns_for(n_layers)
         H = self.n_heads
@@ -252,9 +252,7 @@ class ModelConfig:
 
     # -- validation -----------------------------------------------------------------------------
     def _validate(self) -> None:
-        from models.registry import load
-
-        registries = load()
+        registries = REGISTRIES
         _choice("arch", self.arch, ARCHS)
         _choice("norm", self.norm, NORM_PLACEMENTS)
         for name in ("norm_type", "positions", "score", "ffn"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from models.config import ModelConfig
+from models.registry import PATTERNS
 
 
 def _params(module: nn.Module | None) -> int:
@@ -27,8 +28,6 @@ def _per_key(cfg: ModelConfig) -> float:
 def _attention(cfg: ModelConfig, layers, length: int, causal: bool) -> float:
     """Attention FLOPs per query token over a stack: each layer's pattern says how many keys a query sees
     (dilation spaces a window's keys out but does not add any)."""
-    from models.registry import PATTERNS
-
     return sum(_per_key(cfg) * PATTERNS[la.pattern](la).context(length, causal) for la in layers)
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from models.attention import dilated_attention, full_attention, local_attention
 from models.config import LayerAttention
+from models.kernels import dilated_attention, full_attention, local_attention
 from models.registry import PATTERNS
 
 

@@ -12,7 +12,8 @@ is built (a researcher's own module included)::
     ModelConfig(score="my_score")
 
 The registries are filled by the modules that define the components (``models.attention``,
-``models.patterns``, ``models.positions``, ``models.blocks``); ``load()`` imports them all.
+``models.patterns``, ``models.positions``, ``models.blocks``), which ``models/__init__.py`` imports, so they
+are full whenever anything of ``models`` is imported. This module imports nothing of ``models``.
 """
 
 from __future__ import annotations
@@ -56,11 +57,5 @@ NORMS = Registry("norm_type")
 FEED_FORWARDS = Registry("ffn")
 
 
-def load() -> dict[str, Registry]:
-    """Every registry, filled: the config field each one serves -> the registry."""
-    import models.attention  # noqa: F401  (scores)
-    import models.blocks  # noqa: F401  (norms, feed-forward networks)
-    import models.patterns  # noqa: F401  (attention patterns)
-    import models.positions  # noqa: F401  (position schemes)
-
-    return {"score": SCORES, "pattern": PATTERNS, "positions": POSITIONS, "norm_type": NORMS, "ffn": FEED_FORWARDS}
+ALL = {"score": SCORES, "pattern": PATTERNS, "positions": POSITIONS, "norm_type": NORMS, "ffn": FEED_FORWARDS}
+"""The config field each registry serves -> the registry."""
