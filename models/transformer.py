@@ -80,15 +80,18 @@ class Transformer(nn.Module):
         and learned positions initialise their own parameters (general: W = I; cosine: tau = 10; additive:
         v ~ N(0, 1/D); learned positions: ``position_init_std``)."""
         std = self.cfg.d_model**-0.5
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        for table in {id(t): t for t in (self.embed, self.tgt_embed)}.values():
-            nn.init.normal_(table.weight, std=std)
+        tables = {id(t.weight) for t in (self.embed, self.tgt_embed)}
         if hasattr(self, "mask_embed"):
-            nn.init.normal_(self.mask_embed, std=std)
+            tables.add(id(self.mask_embed))
+        linear = {id(m.weight): "weight" for m in self.modules() if isinstance(m, nn.Linear)}
+        linear.update({id(m.bias): "bias" for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None})
+        for _, p in self.named_parameters():  # in order: the same draws for the same seed as before
+            if id(p) in tables:
+                nn.init.normal_(p, std=std)
+            elif linear.get(id(p)) == "weight":
+                nn.init.xavier_uniform_(p)
+            elif linear.get(id(p)) == "bias":
+                nn.init.zeros_(p)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _embed(self, table: nn.Embedding, tokens, start: int = 0, position_ids=None, masked=None) -> torch.Tensor:
