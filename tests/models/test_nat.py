@@ -100,7 +100,7 @@ def test_the_length_predictor_is_trained():
     module = LitTransformer(cfg, TrainingConfig(lr=1e-2, schedule="constant"), "seq2seq")
     opt = module.configure_optimizers()["optimizer"]
     losses = []
-    for _ in range(40):
+    for _ in range(80):
         lengths = torch.randint(1, 9, (32,)).tolist()
         rows = [{"src": [4 + (i % 8)] * n, "tgt": [5] * n} for i, n in enumerate(lengths)]
         logits, targets, length_logits, lengths_t = module._parallel(collate("seq2seq", rows), sample_masks=True)
