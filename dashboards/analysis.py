@@ -14,6 +14,12 @@ analysis:
     interactions: false        # true (every pair of axes) or a list of [axis, axis]
   power: 0.8                   # the power at which the detectable difference is stated
   detect: {}                   # {metric: difference}: how many seeds that difference needs
+  warn:                        # when the report warns a reader (dashboards/caveats.py)
+    chance_fraction: 0.9       # near chance: a loss at or above 0.9 x ln(classes), an accuracy within 10% of the way from 1/classes to 1
+    converged_window: 0.2      # the last fraction of training steps the convergence check looks at
+    converged_fraction: 0.05   # not converged: val/loss fell by more than 5% (relative) over that window
+    param_ratio: 1.5           # compared variants whose parameter counts differ by more than this ratio
+    min_seeds: 5               # intervals printed from fewer seeds get a warning
 ```
 
 This module imports no ray, mlflow, optuna or torch: the study loader validates the section with it before
@@ -41,6 +47,12 @@ FIXES = {  # what to do about a bad value, by key (the last part of its location
     "pairs": "write each contrast as [variant, comparator], or pairs: baseline",
     "main_effects": "write true (every axis) or a list of axes",
     "interactions": "write true (every pair of axes) or a list of [axis, axis]",
+    "chance_fraction": "use a fraction between 0 and 1, e.g. 0.9",
+    "converged_window": "use a fraction of the training steps between 0 and 1, e.g. 0.2",
+    "converged_fraction": "use a relative improvement above 0, e.g. 0.05",
+    "param_ratio": "use a ratio above 1, e.g. 1.5",
+    "min_seeds": "use a whole number of seeds, at least 2, e.g. 5",
+    "warn": "write a mapping of settings, e.g. warn: {param_ratio: 2}",
 }
 
 
@@ -86,6 +98,18 @@ class Contrasts(BaseModel):
         return self
 
 
+class Warn(BaseModel):
+    """When the report warns a reader that a number could mislead (dashboards/caveats.py, docs/statistics.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chance_fraction: float = Field(0.9, gt=0, lt=1, description="near chance: at or above this fraction of ln C")
+    converged_window: float = Field(0.2, gt=0, lt=1, description="the last fraction of steps the check looks at")
+    converged_fraction: float = Field(0.05, gt=0, description="relative fall of val/loss over that window")
+    param_ratio: float = Field(1.5, gt=1, description="parameter counts of compared variants")
+    min_seeds: int = Field(5, ge=2, strict=True, description="intervals from fewer seeds are rough")
+
+
 class Analysis(BaseModel):
     """How a study's results are compared; every field has a default (docs/statistics.md)."""
 
@@ -100,6 +124,7 @@ class Analysis(BaseModel):
     contrasts: Contrasts | None = None  # None: each variant against the baseline
     power: float = Field(0.8, gt=0, lt=1)
     detect: dict[str, float] = Field(default_factory=dict)
+    warn: Warn = Field(default_factory=Warn)
 
     @field_validator("margins", "detect")
     @classmethod
@@ -202,7 +227,7 @@ def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
         key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
         if first["type"] == "extra_forbidden":
             parent = tuple(x for x in first["loc"][:-1])
-            model = Contrasts if parent and parent[-1] == "contrasts" else Analysis
+            model = {"contrasts": Contrasts, "warn": Warn}.get(parent[-1] if parent else "", Analysis)
             valid = ", ".join(model.model_fields)
             close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -305,4 +330,4 @@ def from_design(design: dict[str, Any]) -> Analysis:
         ) from None
 
 
-__all__ = ["Analysis", "AnalysisError", "Contrasts", "check_analysis", "from_design", "parse_analysis"]
+__all__ = ["Analysis", "AnalysisError", "Contrasts", "Warn", "check_analysis", "from_design", "parse_analysis"]

@@ -1,13 +1,16 @@
 """``ablate compare A B``: which conclusions changed between two studies, or two submissions of one study
 (``name@2``), for example before and after a code change. A conclusion is the verdict of a contrast, from
 the same tests and corrections as the tables (dashboards/stats.py): "different (better|worse)", "equivalent
-within ±m", "not resolved", "untestable" or, for a contrast outside the declared family, "not in the family".
+within ±m", "not resolved", "untestable" or, for a contrast outside the declared family, "not in the family". A
+conclusion comes with the warnings of either table that concern it (dashboards/caveats.py): a variant near
+chance or not converged, parameter counts that differ, intervals from too few seeds, a family its seeds cannot
+resolve.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dashboards.load import load_study
 from dashboards.table import Table, build
@@ -20,6 +23,7 @@ class Change:
     b: str
     diff_a: float
     diff_b: float
+    warnings: list[str] = field(default_factory=list)  # "<ref>[ and <ref>]: <warning>", from either table
 
     @property
     def changed(self) -> bool:
@@ -48,6 +52,14 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
     runs_a, runs_b = load_study(uri, name_a, submission=sub_a), load_study(uri, name_b, submission=sub_b)
     metric = metric or runs_a.design.get("metric")
     ta, tb = build(runs_a, metric), build(runs_b, metric)
+
+    def warned(label_a: str, label_b: str) -> list[str]:
+        mine = {c.text: [ref_a] for c in ta.caveats if c.concerns(label_a)}
+        for c in tb.caveats:
+            if c.concerns(label_b):
+                mine.setdefault(c.text, []).append(ref_b)
+        return [f"{' and '.join(refs)}: {text}" for text, refs in mine.items()]
+
     changes = []
     for variant in [v for v in runs_a.variants if v in set(runs_b.variants)]:
         if variant in (ta.baseline, tb.baseline):
@@ -55,13 +67,15 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
         (va, da), (vb, db) = verdict(ta, variant), verdict(tb, variant)
         if va == "absent" or vb == "absent":
             continue
-        changes.append(Change(variant, va, vb, da, db))
+        changes.append(
+            Change(variant, va, vb, da, db, warned(f"{variant} vs {ta.baseline}", f"{variant} vs {tb.baseline}"))
+        )
     rows = {f"{r.variant} vs {ta.baseline}" for r in ta.rows}
     others_b = {c.label: c for c in tb.contrasts if c.in_family}
     for c in ta.contrasts:
         if c.in_family and c.label not in rows and c.label in others_b:
             o = others_b[c.label]
-            changes.append(Change(c.label, c.verdict, o.verdict, c.estimate, o.estimate))
+            changes.append(Change(c.label, c.verdict, o.verdict, c.estimate, o.estimate, warned(c.label, c.label)))
     return ta, tb, changes
 
 
@@ -70,13 +84,18 @@ def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -
         return f"{ref_a} and {ref_b} share no contrast besides the baseline: nothing to compare"
     w = max(len(c.variant) for c in changes)
     wa = max(len(c.a) for c in changes) + 12
+    warnings = list(dict.fromkeys(x for c in changes for x in c.warnings))
     lines = [f"{'contrast':<{w}}  {ref_a + ' (Δ ' + metric + ')':<{wa}}  {ref_b + ' (Δ)':<{wa}}  changed"]
     for c in changes:
         a, b = f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})"
-        lines.append(f"{c.variant:<{w}}  {a:<{wa}}  {b:<{wa}}  {'YES' if c.changed else 'no'}")
+        marks = "".join(f"[{warnings.index(x) + 1}]" for x in c.warnings)
+        lines.append(f"{c.variant:<{w}}  {a:<{wa}}  {b:<{wa}}  {'YES' if c.changed else 'no'}  {marks}".rstrip())
     n = sum(c.changed for c in changes)
     lines.append(
         f"\n{n} of {len(changes)} conclusion(s) changed between {ref_a} and {ref_b} (verdicts from each table's "
         "tests after Holm's correction; 'not resolved' is not 'no difference')"
     )
+    if warnings:
+        lines.append("\nWarnings ([n] after a contrast: the warnings that concern it):")
+        lines += [f"  [{i}] {x}" for i, x in enumerate(warnings, 1)]
     return "\n".join(lines)

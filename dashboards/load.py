@@ -30,6 +30,12 @@ from ablations.secrets import redact_url
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 
 
+# what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the
+# size of the output the loss is over, from which the report knows the level of a uniform guess (caveats.py)
+PARAMS_KEPT = ("model.arch", "model.vocab_size", "model.tgt_vocab_size", "model.n_classes", "model.classifier")
+PARAMS_PREFIX = "params."
+
+
 class NoResults(LookupError):
     """The store holds nothing to compare for this study (a clear message, never an empty table)."""
 
@@ -44,6 +50,16 @@ class StudyRuns:
     design: dict[str, Any]  # kind, axes, variants [{name, settings}], metric, direction
     cells: Any  # pandas.DataFrame, one row per cell
     parents: list[Any] = field(default_factory=list)  # submission runs, oldest first
+    histories: dict[str, dict[str, list]] = field(default_factory=dict, repr=False)  # metric -> run -> points
+
+    def history(self, key: str, run_ids: list[str]) -> dict[str, list[tuple[int, float, float]]]:
+        """run_id -> [(step, value, seconds)] of one metric (``metric_history``), each run read once per study
+        (the table's checks and the report's plots share them)."""
+        cache = self.histories.setdefault(key, {})
+        missing = [r for r in dict.fromkeys(run_ids) if r not in cache]
+        if missing:
+            cache.update(metric_history(self.uri, missing, key))
+        return {r: cache[r] for r in run_ids}
 
     @property
     def variants(self) -> list[str]:
@@ -141,6 +157,7 @@ def _row(cell_id: str, run, attempts: list) -> dict[str, Any]:
         "end_time": run.info.end_time,
     }
     row.update({k: v for k, v in tags.items() if k.startswith("axis.")})
+    row.update({PARAMS_PREFIX + k: run.data.params[k] for k in PARAMS_KEPT if k in run.data.params})
     row.update(run.data.metrics)
     return row
 

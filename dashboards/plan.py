@@ -54,7 +54,7 @@ def pilot_plan(
         runs = load_study(uri, study, submission=submission)
     except NoResults:
         return None
-    table = build(runs, metric, analysis=analysis)
+    table = build(runs, metric, analysis=analysis, curves=False)  # the seeds plan needs no curves
     if not table.detect:
         return (
             f"seeds: declare analysis.detect.{table.metric} (the difference that matters) to have the pilot "

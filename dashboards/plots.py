@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dashboards.load import StudyRuns, metric_history
+from dashboards.load import StudyRuns
 from dashboards.table import COSTS, Table
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
@@ -24,7 +24,7 @@ def curves(runs: StudyRuns, key: str) -> dict[str, list[list[tuple[int, float, f
     """variant -> one curve per finished or diverged seed: [(step, value, seconds)]."""
     cells = runs.cells
     done = cells[cells["state"].isin(["finished", "diverged"])]
-    history = metric_history(runs.uri, list(done["run_id"]), key)
+    history = runs.history(key, list(done["run_id"]))
     out: dict[str, list] = {}
     for variant, run_id in zip(done["variant"], done["run_id"]):
         if history.get(run_id):

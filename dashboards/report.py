@@ -39,6 +39,8 @@ th{border-bottom:2px solid #333;border-top:2px solid #333} td:first-child,td:nth
 th:nth-child(2){text-align:left} tr.baseline td{border-bottom:1px solid #999} tbody tr:last-child td{border-bottom:2px solid #333}
 .legend,.notes{color:#555;font-size:0.85em} ul.legend{padding-left:18px} pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:0.85em}
 .cells td{font-size:0.85em} a{color:#1f5fa8}
+.warnings{background:#fff4e5;border-left:4px solid #e08a00;padding:6px 12px;margin:12px 0;font-size:0.9em}
+.warnings ul{margin:4px 0;padding-left:18px}
 """
 
 

@@ -3,7 +3,9 @@ out of its cells (exact interval); its metric over the successful seeds; its dif
 (paired by seed, failed seeds included under the study's failure rule) with the declared test, Holm's
 correction over the declared family, the verdict, and the smallest difference its seeds could detect;
 failure counts and cost. The declared contrasts that are not a row (pairs of two variants, factorial effects)
-follow in ``Table.contrasts``. docs/statistics.md explains every number.
+follow in ``Table.contrasts``. A variant is bold as best only when the family's tests show it better than every
+other, and ``Table.caveats`` warns where a reader would be misled (dashboards/caveats.py). docs/statistics.md
+explains every number.
 
 Rendered for the terminal, Markdown, LaTeX (booktabs), CSV and HTML from one ``Table``: the same numbers in
 each.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablations.records import TUNED_SETTING
-from dashboards import stats
+from dashboards import caveats, stats
 from dashboards.analysis import Analysis, from_design
 from dashboards.load import StudyRuns
 
@@ -69,6 +71,12 @@ class Table:
     contrasts: list[stats.Contrast] = field(default_factory=list)  # every contrast: rows', other pairs, effects
     worst: float = math.nan  # the worst value observed (the failure rule "worst")
     notes: list[str] = field(default_factory=list)
+    caveats: list[caveats.Caveat] = field(default_factory=list)  # warnings for a reader (dashboards/caveats.py)
+    ranking: caveats.Best = field(default_factory=lambda: caveats.Best(None, None))  # who is bold, or why none
+
+    @property
+    def warnings(self) -> list[str]:
+        return [c.text for c in self.caveats]
 
     @property
     def tuned(self) -> bool:
@@ -131,6 +139,7 @@ class Table:
                 **contrast_fields(c),
                 "marks": r.marks,
                 "best": r.best,
+                "warnings": "; ".join(c.kind for c in self.caveats if r.variant in c.variants),
             }
             rec.update({label: r.costs.get(key, math.nan) for key, label in COSTS})
             out.append(rec)
@@ -250,9 +259,11 @@ def build(
     baseline: str | None = None,
     analysis: Analysis | None = None,
     n_boot: int = stats.BOOT_RESAMPLES,
+    curves: bool = True,
 ) -> Table:
     """The ablation table of a study's cells (see the module docstring). ``analysis``: how to compare (default:
-    the ``analysis`` section the submission recorded in design.json, or the defaults)."""
+    the ``analysis`` section the submission recorded in design.json, or the defaults); ``curves``: read the
+    cells' loss curves from MLflow to check convergence (a dry run's pilot needs none)."""
     analysis = analysis or from_design(runs.design)
     study_metric = runs.design.get("metric", "final/val_loss")
     direction = runs.design.get("direction", "minimize")
@@ -397,11 +408,12 @@ def build(
                 tuned=_tuned(runs.design, v),
             )
         )
-    means = [r.rule_mean for r in rows if math.isfinite(r.rule_mean)]
-    if means:
-        best = max(means) if direction == "maximize" else min(means)
-        for r in rows:
-            r.best = math.isfinite(r.rule_mean) and r.rule_mean == best
+    ranking = caveats.best_variant(
+        {r.variant: r.rule_mean for r in rows}, [c for c in contrasts if c.in_family], direction
+    )
+    for r in rows:
+        r.best = r.variant == ranking.variant
+    found = _caveats(runs, cells, rows, contrasts, metric, analysis, notes, curves)
     for r in rows:
         o = r.outcomes
         if o.pending:
@@ -415,7 +427,93 @@ def build(
     for c in contrasts:
         if c.in_family and not c.testable:
             notes.append(f"{c.label}: untestable ({c.method.split(': ', 1)[-1]}); counted in the family with p = 1")
-    return Table(runs.name, metric, direction, baseline, rows, analysis, contrasts, worst, notes)
+    return Table(runs.name, metric, direction, baseline, rows, analysis, contrasts, worst, notes, found, ranking)
+
+
+FINISHED = ("success", "not_learned")  # outcomes of cells whose runs trained to the end
+
+
+def _caveats(
+    runs: StudyRuns,
+    cells: Any,
+    rows: list[VariantRow],
+    contrasts: list[stats.Contrast],
+    metric: str,
+    analysis: Analysis,
+    notes: list[str],
+    curves: bool,
+) -> list[caveats.Caveat]:
+    """The warnings of dashboards/caveats.py, from the table's rows and contrasts and the cells behind them."""
+    warn = analysis.warn
+    found: list[caveats.Caveat | None] = []
+    variants = [r.variant for r in rows]
+    by_variant = {v: cells[cells["variant"] == v] for v in variants}
+    classes = {
+        v: next((k for k in map(caveats.output_classes, sub.to_dict("records")) if k is not None), None)
+        for v, sub in by_variant.items()
+    }
+    found.append(caveats.near_chance({r.variant: (r.summary.mean, r.summary.n) for r in rows}, classes, metric, warn))
+    if curves:
+        falls, curve, unjudged = _falls(runs, cells, warn.converged_window)
+        caveat, note = caveats.not_converged(falls, curve, warn, [v for v in variants if v in unjudged])
+        found.append(caveat)
+        if note:
+            notes.append(note)
+    params = {}
+    for v, sub in by_variant.items():
+        x = stats.finite(sub["cost/n_params"]) if "cost/n_params" in sub.columns else stats.finite([])
+        params[v] = float(x.mean()) if x.size else math.nan
+    compared = [
+        (c.label, c.a, c.b, params.get(c.a, math.nan), params.get(c.b, math.nan)) for c in contrasts if c.kind == "pair"
+    ]
+    for c in contrasts:
+        axis = c.label.split(": ", 1)[0]
+        if c.kind == "main" and "cost/n_params" in cells.columns and f"axis.{axis}" in cells.columns:
+            level_of = cells[f"axis.{axis}"].astype(str)
+            at = {level: stats.finite(cells.loc[level_of == level, "cost/n_params"]) for level in (c.a, c.b)}
+            mean = {k: float(x.mean()) if x.size else math.nan for k, x in at.items()}
+            compared.append((c.label, f"{axis}={c.a}", f"{axis}={c.b}", mean[c.a], mean[c.b]))
+    found.append(caveats.param_ratio(compared, warn))
+    intervals = [(r.variant, (r.variant,), r.summary.n) for r in rows if r.summary.n >= 2 and r.summary.spread]
+    intervals += [
+        (c.label, (c.a, c.b), c.n)
+        for c in contrasts
+        if c.kind == "pair" and c.n >= 2 and c.spread and math.isfinite(c.ci_t[0])
+    ]
+    found.append(caveats.few_seeds(intervals, warn, analysis.test))
+    found.append(caveats.unresolvable([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
+    out = [c for c in found if c is not None]
+    effects = tuple(c.label for c in contrasts if c.kind != "pair")
+    for i, c in enumerate(out):  # a variant's caveat concerns its contrasts and every factorial effect
+        if c.kind in ("chance", "convergence"):
+            mine = tuple(x.label for x in contrasts if x.kind == "pair" and {x.a, x.b} & set(c.variants))
+            out[i] = dataclasses.replace(c, contrasts=mine + effects)
+    return out
+
+
+def _falls(runs: StudyRuns, cells: Any, window: float) -> tuple[dict[str, list[float]], dict[str, str], set[str]]:
+    """variant -> the relative fall of each finished cell's val/loss over the last ``window`` of its steps (the
+    training loss's trend where validation was too sparse to tell); the curve used; the variants with a
+    finished cell that no curve could judge."""
+    done = cells[cells["_outcome"].isin(FINISHED)]
+    ids = list(done["run_id"])
+    val = runs.history("val/loss", ids) if ids else {}
+    falls: dict[str, list[float]] = {}
+    curve: dict[str, str] = {}
+    unjudged: set[str] = set()
+    sparse = [r for r in ids if caveats.recent_fall(val.get(r, []), window) is None]
+    train = runs.history("train/loss", sparse) if sparse else {}
+    for variant, run_id in zip(done["variant"], done["run_id"]):
+        fall = caveats.recent_fall(val.get(run_id, []), window)
+        key = "val/loss"
+        if fall is None:
+            fall, key = caveats.trend_fall(train.get(run_id, []), window), "train/loss"
+        if fall is None:
+            unjudged.add(variant)
+            continue
+        falls.setdefault(variant, []).append(fall)
+        curve[variant] = key if curve.get(variant, key) == key else "val/loss and train/loss"
+    return falls, curve, unjudged
 
 
 def _failures(o: stats.Successes) -> str:
@@ -610,11 +708,31 @@ def legend(t: Table) -> list[str]:
         f"level {a.alpha:g}/{max(1, len(t.family))}, from the observed paired spread (none: the test cannot reach "
         "that level with these seeds)"
         + (f"; seeds for Δ {number_text(t.detect, 3)}: the seeds that difference needs." if t.detect else "."),
-        f"Best mean in bold ({better} is better, failed seeds counted under the rule). BCa bootstrap intervals "
-        f"(CSV, JSON) under-cover below {stats.BOOT_UNDER_COVERS_BELOW} seeds; the t interval assumes normal "
-        "differences, which few seeds cannot check.",
+        best_text(t, better),
+        f"BCa bootstrap intervals (CSV, JSON) under-cover below {stats.BOOT_UNDER_COVERS_BELOW} seeds.",
     ]
     return lines
+
+
+def best_text(t: Table, better: str) -> str:
+    """Who is bold and why, or why nobody is: "best" needs the family's tests, not the largest mean."""
+    b = t.ranking
+    if b.variant is not None:
+        return (
+            f"{b.variant} in bold: the best mean ({better} is better, failed seeds counted under the rule), and "
+            f"different (better) from every other variant by the family's tests (Holm, alpha {t.analysis.alpha:g})."
+        )
+    if b.leader is None:
+        return "No variant is marked best: nothing to rank."
+    why = {
+        "no test of the pair in the family": "no test of that pair is in the family; declare it in "
+        "analysis.contrasts.pairs to test it",
+        "the same mean": "the same mean",
+    }.get(b.why, f"verdict: {b.why}")
+    return (
+        f"No variant is established as best, so none is bold: the best mean ({better} is better, failed seeds "
+        f"counted under the rule), {b.leader}'s, is not shown better than {b.against} ({why})."
+    )
 
 
 def contrasts_rows(t: Table, contrasts: list[stats.Contrast]) -> tuple[list[str], list[list[str]]]:
@@ -647,7 +765,8 @@ def to_terminal(t: Table) -> str:
     if t.extra:
         h, b = contrasts_rows(t, t.extra)
         out += ["", "Declared contrasts:", *_aligned(h, b, 1)]
-    return "\n".join(out + ["", *legend(t), *t.notes])
+    warned = ["", *(f"WARNING: {w}" for w in t.warnings)] if t.warnings else []
+    return "\n".join(out + warned + ["", *legend(t), *t.notes])
 
 
 def _aligned(head: list[str], body: list[list[str]], k: int) -> list[str]:
@@ -671,7 +790,8 @@ def to_markdown(t: Table) -> str:
     out = _md_table(header(t), body, t.value_column)
     if t.extra:
         out += ["", "Declared contrasts:", "", *_md_table(*contrasts_rows(t, t.extra), 1)]
-    return "\n".join(out + [""] + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]) + "\n"
+    warned = [f"- **warning**: {w}" for w in t.warnings]
+    return "\n".join(out + [""] + warned + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]) + "\n"
 
 
 def _tex(s: str) -> str:
@@ -725,7 +845,10 @@ def to_latex(t: Table) -> str:
     out += [
         r"\bottomrule",
         r"\end{tabular}",
-        r"\caption{" + _tex(f"{t.study}: " + " ".join(legend(t))) + "}",
+        r"\caption{"
+        + _tex(f"{t.study}: " + " ".join(legend(t)))
+        + "".join(r" \textbf{Warning:} " + _tex(w) + "." for w in t.warnings)
+        + "}",
         r"\label{tab:" + t.study.replace("_", "-") + "}",
         r"\end{table}",
     ]
@@ -768,8 +891,10 @@ def to_html(t: Table, links: dict[str, str] | None = None) -> str:
         )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in t.notes)
     caption = "".join(f"<li>{html.escape(x)}</li>" for x in legend(t))
+    warned = "".join(f"<li>{html.escape(w)}</li>" for w in t.warnings)
     return (
-        f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{extra}'
+        (f'<div class="warnings"><b>Read with care:</b><ul>{warned}</ul></div>' if warned else "")
+        + f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{extra}'
         f'<ul class="legend">{caption}</ul>' + (f"<ul class='notes'>{notes}</ul>" if notes else "")
     )
 

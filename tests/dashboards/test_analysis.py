@@ -17,6 +17,14 @@ METRICS = {"final/val_loss", "test/exact_match"}
 def test_defaults():
     a = parse_analysis(None)
     assert (a.test, a.alpha, a.failure_rule, a.power, a.contrasts) == ("permutation", 0.05, "worst", 0.8, None)
+    w = a.warn  # issue 21: when the report warns a reader
+    assert (w.chance_fraction, w.converged_window, w.converged_fraction, w.param_ratio, w.min_seeds) == (
+        0.9,
+        0.2,
+        0.05,
+        1.5,
+        5,
+    )
     assert a.confidence == pytest.approx(0.95)
     assert a.pairs(VARIANTS, VARIANTS[0]) == [(v, VARIANTS[0]) for v in VARIANTS[1:]]  # each against the baseline
     assert a.main_effect_axes(AXES) == [] and a.interaction_pairs(AXES) == []
@@ -40,6 +48,11 @@ def test_a_full_section_round_trips_through_design_json():
     assert a.pairs(VARIANTS, VARIANTS[0]) == [(VARIANTS[1], VARIANTS[2])]
     assert a.main_effect_axes(AXES) == AXES and a.interaction_pairs(AXES) == [tuple(AXES)]
     assert from_design({"analysis": a.model_dump(mode="json")}) == a
+    warn = parse_analysis({"warn": {"param_ratio": 2, "min_seeds": 3}})
+    assert (warn.warn.param_ratio, warn.warn.min_seeds, warn.warn.chance_fraction) == (2, 3, 0.9)
+    # the study loader records only what the file sets; the report reads the rest back as defaults
+    assert warn.model_dump(mode="json", exclude_defaults=True) == {"warn": {"param_ratio": 2.0, "min_seeds": 3}}
+    assert from_design({"analysis": {"warn": {"param_ratio": 2.0, "min_seeds": 3}}}) == warn
     every = parse_analysis({"contrasts": {"pairs": "baseline", "interactions": True}})
     assert every.interaction_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
 
@@ -65,6 +78,17 @@ def test_a_full_section_round_trips_through_design_json():
         ({"contrasts": {"pairs": "all"}}, r"analysis\.contrasts\.pairs: must be a list .* or 'baseline'"),
         ({"contrasts": {"main_effects": "yes"}}, r"analysis\.contrasts\.main_effects: must be true, false or a list"),
         ("worst", r"analysis: must be a mapping"),
+        ({"warn": {"param_ratio": 1}}, r"analysis\.warn\.param_ratio: .*greater than 1.*fix: use a ratio above 1"),
+        ({"warn": {"chance_fraction": 1.2}}, r"analysis\.warn\.chance_fraction: .*less than 1.*fix: use a fraction"),
+        ({"warn": {"converged_window": 0}}, r"analysis\.warn\.converged_window: .*fix: use a fraction of the training"),
+        ({"warn": {"converged_fraction": -0.1}}, r"analysis\.warn\.converged_fraction: .*fix: use a relative"),
+        ({"warn": {"min_seeds": 1}}, r"analysis\.warn\.min_seeds: .*at least 2"),
+        ({"warn": {"min_seeds": 4.5}}, r"analysis\.warn\.min_seeds: .*integer.*fix: use a whole number"),
+        (
+            {"warn": {"min_seed": 3}},
+            r"analysis\.warn\.min_seed: unknown key; did you mean 'min_seeds'\? valid keys: chance",
+        ),
+        ({"warn": 1.5}, r"analysis\.warn: .*fix: write a mapping of settings"),
     ],
 )
 def test_bad_values_are_refused_with_the_key_and_the_fix(data, message):

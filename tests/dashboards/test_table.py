@@ -59,14 +59,35 @@ def test_failed_seeds_enter_under_the_worst_rule_and_are_never_best_unmarked(sto
     rule = f"failure rule: worst (a failed seed counts as the worst test/acc any finished cell of the study reached = {worst:.4g})"
     assert rule in md
     assert "3/5 [0.15, 0.95]" in md  # Clopper-Pearson of 3 of 5
-    # under 'exclude' the survivors make it best: bold, but marked, and a note says why
+    # under 'exclude' the survivors have the best mean, but three paired seeds cannot show it better (issue 21:
+    # best is marked only where the family's tests support it): no bold, and the caption says why
     fill(store, "excl", values, states=states, analysis={"failure_rule": "exclude"})
     excl = build(load_study(store, "excl"))
     row = next(r for r in excl.rows if r.variant == "fragile")
-    assert row.best and row.failed_any and row.contrast.n == 3
-    assert "**0.95† (no spread, n=3)**" in to_markdown(excl)
-    assert any("fragile is best † although 2 of 5 seeds failed" in n for n in excl.notes)
-    assert "failure rule: exclude" in to_markdown(excl)
+    assert not row.best and row.failed_any and row.contrast.n == 3 and row.contrast.verdict == "not resolved"
+    md = to_markdown(excl)
+    assert "**" not in md.split("\n\n")[0] and "0.95† (no spread, n=3)" in md
+    assert "fragile's, is not shown better than baseline (verdict: not resolved)" in md
+    assert "failure rule: exclude" in md
+
+
+def test_survivors_that_are_shown_better_are_bold_but_marked(store):
+    """Under 'exclude', a variant whose 8 surviving seeds all beat the baseline is established as best (2/2^8
+    after Holm over one contrast), in bold, with † and a note that 2 of its 10 seeds failed."""
+    seeds = range(10)
+    rng = np.random.default_rng(3)
+    base = base_values(seeds, rng)
+    fragile = {s: (base[s] + 0.05 if s < 8 else None) for s in seeds}
+    states = {("fragile", 8): "diverged", ("fragile", 9): "failed"}
+    fill(store, "excl", {"baseline": base, "fragile": fragile}, states=states, analysis={"failure_rule": "exclude"})
+    table = build(load_study(store, "excl"))
+    row = next(r for r in table.rows if r.variant == "fragile")
+    assert row.contrast.n == 8 and flips([0.05] * 8) == pytest.approx(2 / 256)
+    assert row.contrast.p_holm == pytest.approx(flips([fragile[s] - base[s] for s in range(8)]))
+    assert row.best and row.failed_any and row.contrast.verdict == "different (better)"
+    assert f"**{row.summary.mean:.4g}† ±" in to_markdown(table)
+    assert any("fragile is best † although 2 of 10 seeds failed" in n for n in table.notes)
+    assert "fragile in bold: the best mean (higher is better" in to_markdown(table)
 
 
 def test_a_variant_that_failed_on_every_seed_is_a_result(store):

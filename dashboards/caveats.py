@@ -1,0 +1,318 @@
+"""What could mislead a reader of an ablation table, said beside it (issue 21): variants near chance or not yet
+converged, compared variants whose parameter counts differ by more than a stated ratio, intervals printed from
+fewer seeds than they need, a family its seeds cannot resolve; and the rule for bold: a variant is marked best
+only when the family's tests show it better than every other variant.
+
+The thresholds are the study's ``analysis.warn`` settings (dashboards/analysis.py); docs/statistics.md explains
+each check. Nothing here reads MLflow: dashboards/table.py hands over the values, curves and parameter counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dashboards import stats
+from dashboards.analysis import Warn
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """One warning: ``kind`` chance | convergence | params | seeds | resolution; ``variants``: those it names;
+    ``contrasts``: the labels of the contrasts it concerns (empty: every contrast of the table)."""
+
+    kind: str
+    text: str
+    variants: tuple[str, ...] = ()
+    contrasts: tuple[str, ...] = ()
+
+    def concerns(self, label: str) -> bool:
+        return not self.contrasts or label in self.contrasts
+
+
+# --- near chance ----------------------------------------------------------------------------------------------
+
+
+def output_classes(params: dict[str, Any]) -> int | None:
+    """How many classes a run's loss is over (the ``params.model.*`` of a cell's row, dashboards/load.py): an
+    encoder's classes, an encoder-decoder's target vocabulary, a decoder's vocabulary. None when the run did not
+    record them, or for token tagging (its loss is summed over a sequence's tokens, not one choice)."""
+
+    def count(key: str) -> int | None:
+        try:
+            n = int(str(params.get(f"params.model.{key}")))
+        except ValueError:
+            return None
+        return n if n >= 2 else None
+
+    arch = str(params.get("params.model.arch", ""))
+    if arch == "encoder":
+        return None if str(params.get("params.model.classifier")) == "token" else count("n_classes")
+    if arch == "encoder_decoder":
+        return count("tgt_vocab_size") or count("vocab_size")
+    return count("vocab_size") if arch == "decoder" else None
+
+
+def chance_kind(metric: str) -> str | None:
+    """loss | ppl | accuracy: a metric whose uniform-guess level is known from the number of classes."""
+    name = metric.rsplit("/", 1)[-1]
+    if name.endswith("loss"):
+        return "loss"
+    if name.endswith(("ppl", "perplexity")):
+        return "ppl"
+    if name.endswith("length_acc"):  # over predicted lengths, not classes
+        return None
+    if name.endswith(("accuracy", "acc", "exact_match")):
+        return "accuracy"
+    return None
+
+
+def chance_share(value: float, kind: str, classes: int) -> float:
+    """How far ``value`` sits from perfect towards a uniform guess over ``classes``: 1 at chance, 0 perfect. A
+    uniform guess scores a loss of ln C, a perplexity of C and an accuracy of 1/C (an exact match of a whole
+    sequence at most 1/C); a loss share is value / ln C, an accuracy's (1 − value) / (1 − 1/C)."""
+    if kind == "loss":
+        return value / math.log(classes)
+    if kind == "ppl":
+        return math.log(max(value, 1e-300)) / math.log(classes)
+    return (1 - value) / (1 - 1 / classes)
+
+
+def _chance_words(value: float, kind: str, classes: int) -> str:
+    if kind == "loss":
+        return f"{value:.3g}, {chance_share(value, kind, classes):.0%} of ln {classes} = {math.log(classes):.3g}"
+    if kind == "ppl":
+        return f"{value:.3g}, against {classes} for a uniform guess"
+    return f"{value:.3g}, against 1/{classes} = {1 / classes:.2g} for a uniform guess"
+
+
+def near_chance(
+    means: dict[str, tuple[float, int]], classes: dict[str, int | None], metric: str, warn: Warn
+) -> Caveat | None:
+    """``means``: variant -> (mean of the metric over its successful seeds, seeds); ``classes``: variant -> the
+    classes its loss is over (None: unknown). A caveat naming every variant whose mean sits at or beyond
+    ``warn.chance_fraction`` of the way from perfect to a uniform guess."""
+    kind = chance_kind(metric)
+    if kind is None:
+        return None
+    judged, near, names = [], [], []
+    for variant, (value, n) in means.items():
+        c = classes.get(variant)
+        if c is None or n < 1 or not math.isfinite(value):
+            continue
+        judged.append(variant)
+        if chance_share(value, kind, c) >= warn.chance_fraction:
+            near.append(f"{variant} {_chance_words(value, kind, c)}")
+            names.append(variant)
+    if not near:
+        return None
+    rule = f"warn.chance_fraction {warn.chance_fraction:g}"
+    if len(near) == len(judged) and len(judged) > 1:
+        text = (
+            f"every variant is near chance on {metric} ({'; '.join(near)}; {rule}): the table compares models "
+            "that have barely learned the task, and its differences say little about the change"
+        )
+    else:
+        it = "these variants have" if len(near) > 1 else "it has"
+        text = (
+            f"near chance on {metric}: {'; '.join(near)} ({rule}): {it} barely learned the task, and a difference "
+            "from a variant near chance may only say which one started learning first"
+        )
+    return Caveat("chance", text, tuple(names))
+
+
+# --- convergence -------------------------------------------------------------------------------------------------
+
+
+def recent_fall(points: Sequence[tuple], window: float) -> float | None:
+    """The relative fall of a lower-is-better curve ``[(step, value, ...)]`` over the last ``window`` of its steps
+    (from step end × (1 − window) to its last point): (value there − last value) / |value there|, the value at
+    the window's start linearly interpolated between the points around it. None when the curve has no point
+    at or before the window's start (one validation only, say)."""
+    pts = sorted((int(p[0]), float(p[1])) for p in points if math.isfinite(float(p[1])))
+    if len(pts) < 2:
+        return None
+    steps, values = (np.array(x, dtype=float) for x in zip(*pts))
+    start = steps[-1] * (1 - window)
+    if steps[0] > start or steps[-1] <= start:
+        return None
+    v0 = float(np.interp(start, steps, values))
+    return None if v0 == 0 else (v0 - float(values[-1])) / abs(v0)
+
+
+def trend_fall(points: Sequence[tuple], window: float) -> float | None:
+    """The same for a noisy curve (the training loss, logged often): the fall of a least-squares line through
+    the points in the window, relative to the line's value at the window's start. None with fewer than three."""
+    pts = sorted((int(p[0]), float(p[1])) for p in points if math.isfinite(float(p[1])))
+    if len(pts) < 3:
+        return None
+    start = pts[-1][0] * (1 - window)
+    inside = [(s, v) for s, v in pts if s >= start]
+    if len(inside) < 3 or len({s for s, _ in inside}) < 2:
+        return None
+    x, y = (np.array(a, dtype=float) for a in zip(*inside))
+    slope, intercept = np.polyfit(x, y, 1)
+    v0 = slope * start + intercept
+    return None if v0 == 0 else float(-slope * (x[-1] - start) / abs(v0))
+
+
+def not_converged(
+    falls: dict[str, list[float]], curve: dict[str, str], warn: Warn, unjudged: Iterable[str] = ()
+) -> tuple[Caveat | None, str | None]:
+    """``falls``: variant -> the relative fall of each judged seed's curve over the window; ``curve``: variant ->
+    the curve judged (val/loss, or train/loss where validation was too sparse). (a caveat naming each variant
+    whose mean fall is above ``warn.converged_fraction``, a note naming the variants no curve could judge)."""
+    still = []
+    for variant, fs in falls.items():
+        if fs and float(np.mean(fs)) > warn.converged_fraction:
+            seeds = f"mean over {len(fs)} seeds, up to {max(fs):.0%}" if len(fs) > 1 else "one seed"
+            still.append((variant, f"{variant} −{float(np.mean(fs)):.0%} on {curve[variant]} ({seeds})"))
+    unjudged = [v for v in unjudged if not falls.get(v)]
+    note = None
+    if unjudged:
+        note = (
+            f"not checked for convergence: {', '.join(unjudged)} (no val/loss or train/loss curve reaches back "
+            f"to the last {warn.converged_window:.0%} of its steps)"
+        )
+    if not still:
+        return None, note
+    every = len(still) == len([v for v, fs in falls.items() if fs]) and len(still) > 1
+    who = "every variant was" if every else "these variants were"
+    text = (
+        f"not converged: {who} still improving over the last {warn.converged_window:.0%} of training steps "
+        f"({'; '.join(w for _, w in still)}; warn.converged_fraction {warn.converged_fraction:g}): their "
+        "final values would still change with more steps, and so might the comparison"
+    )
+    return Caveat("convergence", text, tuple(v for v, _ in still)), note
+
+
+# --- parameter counts ----------------------------------------------------------------------------------------
+
+
+def param_ratio(compared: Iterable[tuple[str, str, str, float, float]], warn: Warn) -> Caveat | None:
+    """``compared``: (contrast label, name a, name b, parameters of a, of b) for each contrast the table shows.
+    A caveat naming each one whose counts differ by more than ``warn.param_ratio``."""
+    over, labels, names = [], [], []
+    for label, a, b, pa, pb in compared:
+        if not (math.isfinite(pa) and math.isfinite(pb)) or min(pa, pb) <= 0:
+            continue
+        big, small = (a, b) if pa >= pb else (b, a)
+        r = max(pa, pb) / min(pa, pb)
+        if r > warn.param_ratio:
+            over.append(f"{big} has {r:.2g}x the parameters of {small} ({max(pa, pb):,.0f} vs {min(pa, pb):,.0f})")
+            labels.append(label)
+            names += [a, b]
+    if not over:
+        return None
+    text = (
+        f"parameter counts differ by more than {warn.param_ratio:g}x between compared variants: {'; '.join(over)} "
+        "(warn.param_ratio): a difference between them may come from their size as much as from what changed"
+    )
+    return Caveat("params", text, tuple(dict.fromkeys(names)), tuple(labels))
+
+
+# --- seeds -------------------------------------------------------------------------------------------------------
+
+
+def few_seeds(intervals: Iterable[tuple[str, tuple[str, ...], int]], warn: Warn, test: str) -> Caveat | None:
+    """``intervals``: (what, the variants it belongs to, seeds) for every interval the table prints (a variant's
+    ± or a contrast's [CI]). A caveat when any rests on fewer than ``warn.min_seeds`` seeds: a t interval
+    assumes normal values, which so few cannot check (docs/statistics.md measures the under-coverage)."""
+    shown = list(intervals)
+    few = [(what, vs, n) for what, vs, n in shown if n < warn.min_seeds]
+    if not few:
+        return None
+    counts = " or ".join(str(n) for n in sorted({n for _, _, n in few}))
+    who = (
+        "every interval printed rests"
+        if len(few) == len(shown)
+        else "the intervals of " + ", ".join(w for w, _, _ in few) + " rest"
+    )
+    also = "; so do the paired t-test's p-values" if test == "t" else ""
+    text = (
+        f"few seeds for the intervals printed: {who} on {counts} seeds (warn.min_seeds {warn.min_seeds}); a t "
+        "interval assumes normal values, which so few seeds cannot check, and under skewed values it under-covers "
+        f"(a nominal 95% t interval covered 85% of log-normal differences at 3 seeds, docs/statistics.md){also}; "
+        "read the ± and [CI] as rough"
+    )
+    names = tuple(dict.fromkeys(v for _, vs, _ in few for v in vs))
+    labels = tuple(w for w, vs, _ in few if " vs " in w)
+    return Caveat("seeds", text, names, labels)
+
+
+def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
+    """A caveat when no contrast of the family can come out different whatever the data: every testable one's
+    smallest attainable p (the exact test's 2/2^n) is above Holm's first step, alpha / (family size)."""
+    testable = [c for c in family if c.testable]
+    if test == "t" or not testable:
+        return None
+    level = alpha / len(family)
+    if not all(math.isfinite(c.min_p) and c.min_p > level for c in testable):
+        return None
+    n = max(c.n for c in testable)
+    need = stats.smallest_exact_n(level)
+    text = (
+        f"too few seeds to resolve anything: with {n} seeds the exact test's smallest p is {stats.min_p(n):.3g}, "
+        f"above Holm's first step {alpha:g}/{len(family)}, so no contrast of the family can come out different "
+        f"whatever the data ({need} seeds can); its 'not resolved' says nothing about the size of a difference"
+    )
+    return Caveat("resolution", text)
+
+
+# --- best ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Best:
+    """The variant marked best (None: none is established), the one with the best mean, and why not: the other
+    variant it is not shown better than and that contrast's verdict (or "no test in the family")."""
+
+    variant: str | None
+    leader: str | None
+    against: str = ""
+    why: str = ""
+
+
+def best_variant(means: dict[str, float], family: Sequence[stats.Contrast], direction: str) -> Best:
+    """The best mean (failed seeds counted under the rule) is marked only when, for every other variant, a
+    contrast of the family between the two is "different" in the leader's favour (Holm-corrected)."""
+    finite = {v: m for v, m in means.items() if math.isfinite(m)}
+    if len(means) < 2 or not finite:
+        return Best(None, None, why="one variant")
+    pick = max if direction == "maximize" else min
+    top = pick(finite.values())
+    leaders = [v for v, m in finite.items() if m == top]
+    leader = leaders[0]
+    if len(leaders) > 1:
+        return Best(None, leader, leaders[1], "the same mean")
+    for other in means:
+        if other == leader:
+            continue
+        c = next((c for c in family if c.kind == "pair" and {c.a, c.b} == {leader, other}), None)
+        if c is None:
+            return Best(None, leader, other, "no test of the pair in the family")
+        wanted = "different (better)" if c.a == leader else "different (worse)"
+        if not c.verdict.startswith(wanted):
+            return Best(None, leader, other, c.verdict)
+    return Best(leader, leader)
+
+
+__all__ = [
+    "Best",
+    "Caveat",
+    "best_variant",
+    "chance_kind",
+    "chance_share",
+    "few_seeds",
+    "near_chance",
+    "not_converged",
+    "output_classes",
+    "param_ratio",
+    "recent_fall",
+    "trend_fall",
+    "unresolvable",
+]

@@ -1,0 +1,313 @@
+"""Issue 21, item 5: the report warns where a reader would be misled (variants near chance or not yet converged,
+parameter counts that differ by more than a stated ratio, intervals from too few seeds, a family its seeds
+cannot resolve), and marks a variant best only where the family's tests support it.
+
+Each warning fires on a store built to trigger it and stays silent on one built not to; the thresholds are
+checked against their definitions (a uniform guess's loss from scipy's log-softmax of constant logits, the fall
+of a piecewise-linear or straight curve in closed form, the exact test's smallest p by enumeration)."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pytest
+from scipy import special
+
+from dashboards import caveats, stats
+from dashboards.analysis import Warn
+from dashboards.compare import compare, format_changes
+from dashboards.load import load_study
+from dashboards.report import make_report
+from dashboards.table import build, to_html, to_latex, to_markdown, to_terminal
+from tests.dashboards.test_report import fill, flips
+
+ENCODER10 = {"model.arch": "encoder", "model.n_classes": "10", "model.vocab_size": "32", "model.classifier": "mean"}
+STILL_FALLING = [(20, 2.9), (40, 2.7), (60, 2.55), (80, 2.4), (100, 2.25)]  # -6.25% over steps 80-100
+
+
+def uniform_guess_loss(classes: int) -> float:
+    """The cross-entropy of a model that outputs the same logit for every class (scipy, not ln C by hand)."""
+    return float(-special.log_softmax(np.zeros(classes))[0])
+
+
+def kinds(table) -> set[str]:
+    return {c.kind for c in table.caveats}
+
+
+# --- the issue's example, and its opposite ----------------------------------------------------------------------
+
+
+def issue_example(uri: str, study: str = "issue21", submission: int = 1) -> dict:
+    """Two variants near chance loss (10 classes) after 100 steps, still falling, one with 2.4x the parameters
+    of the other, three seeds: the report the issue saw bold a 'best' at p = 0.69 without a word of warning."""
+    rng = np.random.default_rng(21)
+    values = {v: {s: 2.25 + 0.03 * rng.standard_normal() for s in range(3)} for v in ("small", "big")}
+    fill(
+        uri, study, values, metric="final/val_loss", direction="minimize", submission=submission,
+        params={v: ENCODER10 for v in values}, cost={"cost/wall_time_s": 10.0},
+        extra={(v, s): {"cost/n_params": 2400.0 if v == "big" else 1000.0} for v in values for s in range(3)},
+        curves={(v, s): STILL_FALLING for v in values for s in range(3)},
+    )  # fmt: skip
+    return values
+
+
+def test_the_issues_example_warns_of_everything_and_bolds_nothing(store, tmp_path):
+    issue_example(store)
+    report = make_report(store, "issue21", out_dir=tmp_path / "r", log=False)
+    table = report.table
+    assert kinds(table) == {"chance", "convergence", "params", "seeds", "resolution"}
+    assert not any(r.best for r in table.rows)
+    text = {c.kind: c.text for c in table.caveats}
+    chance = uniform_guess_loss(10)
+    assert f"ln 10 = {chance:.3g}" in text["chance"] and text["chance"].startswith("every variant is near chance")
+    assert "big has 2.4x the parameters of small (2,400 vs 1,000)" in text["params"]
+    assert "over the last 20% of training steps" in text["convergence"]
+    assert "rests on 3 seeds (warn.min_seeds 5)" in text["seeds"]
+    assert f"smallest p is {flips([1, 2, 3]):.3g}" in text["resolution"]  # 2/2^3 by enumeration: 0.25
+    # in every rendering that carries notes, and in the HTML report above the table
+    for c in table.caveats:
+        assert c.text in to_markdown(table) and c.text in to_terminal(table)
+        assert html.escape(c.text) in to_html(table) and html.escape(c.text) in report.html
+    assert to_markdown(table).count("- **warning**: ") == 5 and to_terminal(table).count("WARNING: ") == 5
+    assert to_latex(table).count(r"\textbf{Warning:}") == 5
+    assert report.html.index('class="warnings"') < report.html.index('class="ablation"')
+    assert report.files["markdown"].read_text() == to_markdown(table)
+    for r in table.as_records():  # CSV and JSON name the warnings that concern each variant
+        assert r["warnings"].split("; ") == ["chance", "convergence", "params", "seeds"]
+
+
+def test_a_clean_study_gets_no_warning_and_its_resolved_best_in_bold(store):
+    """Far from chance, levelled off, parameter counts within 1.5x (1.4x), 8 seeds: nothing to warn of; the
+    better variant is different (better) after Holm, and only then bold."""
+    rng = np.random.default_rng(8)
+    base = {s: 0.50 + 0.01 * rng.standard_normal() for s in range(8)}
+    values = {"small": base, "big": {s: v - 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()}}
+    fill(
+        store, "clean", values, metric="final/val_loss", direction="minimize", params={v: ENCODER10 for v in values},
+        cost={"cost/wall_time_s": 10.0},
+        extra={(v, s): {"cost/n_params": 1400.0 if v == "big" else 1000.0} for v in values for s in range(8)},
+    )  # fmt: skip
+    table = build(load_study(store, "clean"))
+    assert table.caveats == [] and table.warnings == []
+    assert "warning" not in to_markdown(table).lower() and "WARNING" not in to_terminal(table)
+    big = next(r for r in table.rows if r.variant == "big")
+    assert big.contrast.verdict == "different (better)" and big.best and table.ranking.variant == "big"
+    assert f"**{big.summary.mean:.4g} ±" in to_markdown(table)
+
+
+def test_the_thresholds_are_settings_of_the_study(store):
+    """The issue's example under warn: {chance_fraction: 0.99, converged_fraction: 0.1, param_ratio: 3,
+    min_seeds: 3}: the loss is 98% of chance, falls 6% and carries 2.4x the parameters, so nothing but the
+    family's resolution (not a setting: 3 seeds cannot reach 0.05) is left to warn of."""
+    issue_example(store)
+    runs = load_study(store, "issue21")
+    table = build(runs)
+    assert kinds(table) == {"chance", "convergence", "params", "seeds", "resolution"}
+    loose = table.analysis.model_copy(
+        update={"warn": Warn(chance_fraction=0.99, converged_fraction=0.1, param_ratio=3, min_seeds=3)}
+    )
+    assert kinds(build(runs, analysis=loose)) == {"resolution"}
+
+
+def test_compare_lists_the_warnings_of_each_conclusion(store):
+    issue_example(store, "cmp", 1)
+    rng = np.random.default_rng(2)
+    values = {v: {s: 0.5 + 0.01 * rng.standard_normal() for s in range(8)} for v in ("small", "big")}
+    fill(store, "cmp", values, metric="final/val_loss", direction="minimize", submission=2)
+    _, _, changes = compare(store, "cmp@1", "cmp@2")
+    (change,) = changes
+    assert any(w.startswith("cmp@1: every variant is near chance") for w in change.warnings)
+    assert any(w.startswith("cmp@1: parameter counts differ") for w in change.warnings)
+    assert all(w.startswith("cmp@1: ") for w in change.warnings)  # submission 2 has nothing to warn of
+    text = format_changes("cmp@1", "cmp@2", "final/val_loss", changes)
+    assert "Warnings ([n] after a contrast" in text and "[1]" in text.splitlines()[1]
+    assert "  [1] cmp@1: " in text
+
+
+# --- near chance ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params,classes",
+    [
+        (ENCODER10, 10),
+        ({**ENCODER10, "model.classifier": "token"}, None),  # tagging: the loss sums over a sequence's tokens
+        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "None"}, 13),
+        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "40"}, 40),
+        ({"model.arch": "decoder", "model.vocab_size": "256", "model.n_classes": "None"}, 256),
+        ({}, None),  # an older run without params: unknown, no warning
+    ],
+)
+def test_the_classes_a_loss_is_over(params, classes):
+    assert caveats.output_classes({f"params.{k}": v for k, v in params.items()}) == classes
+
+
+def test_near_chance_by_its_definition():
+    warn = Warn()
+    ln10 = uniform_guess_loss(10)
+    classes = {"a": 10}
+    # a loss at 0.9 ln C is near chance, just below it is not
+    assert caveats.near_chance({"a": (0.9 * ln10, 3)}, classes, "final/val_loss", warn) is not None
+    assert caveats.near_chance({"a": (0.9 * ln10 - 1e-6, 3)}, classes, "final/val_loss", warn) is None
+    # a perplexity: exp of the loss
+    assert caveats.near_chance({"a": (math.exp(0.95 * ln10), 3)}, classes, "test/ppl", warn) is not None
+    assert caveats.near_chance({"a": (math.exp(0.5 * ln10), 3)}, classes, "test/ppl", warn) is None
+    # an accuracy within 10% of the way from 1/C to 1: 0.1 + 0.1 * 0.9 = 0.19
+    assert caveats.near_chance({"a": (0.19, 3)}, classes, "test/accuracy", warn) is not None
+    assert caveats.near_chance({"a": (0.2, 3)}, classes, "test/accuracy", warn) is None
+    # metrics without a chance level, variants without a value or without a known class count
+    assert caveats.near_chance({"a": (5.0, 3)}, classes, "cost/wall_time_s", warn) is None
+    assert caveats.near_chance({"a": (ln10, 0)}, classes, "final/val_loss", warn) is None
+    assert caveats.near_chance({"a": (ln10, 3)}, {"a": None}, "final/val_loss", warn) is None
+
+
+def test_one_variant_near_chance_is_named_alone(store):
+    rng = np.random.default_rng(5)
+    values = {
+        "learns": {s: 0.4 + 0.02 * rng.standard_normal() for s in range(5)},
+        "stuck": {s: 2.28 + 0.01 * rng.standard_normal() for s in range(5)},
+    }
+    fill(store, "one", values, metric="final/val_loss", direction="minimize", params={v: ENCODER10 for v in values})
+    (c,) = [c for c in build(load_study(store, "one")).caveats if c.kind == "chance"]
+    mean = np.mean(list(values["stuck"].values()))
+    assert c.variants == ("stuck",) and c.text.startswith(f"near chance on final/val_loss: stuck {mean:.3g}, ")
+    assert "learns" not in c.text
+
+
+# --- convergence -------------------------------------------------------------------------------------------
+
+
+def test_the_fall_of_a_curve_over_its_last_steps_in_closed_form():
+    # piecewise linear: at step 80 the curve is 1.2 + (0.9 - 1.2) * 5/25 = 1.14; it ends at 0.9
+    curve = [(25, 2.0), (50, 1.5), (75, 1.2), (100, 0.9)]
+    assert caveats.recent_fall(curve, 0.2) == pytest.approx((1.14 - 0.9) / 1.14)
+    assert caveats.recent_fall([(25, 1.0), (50, 0.6), (75, 0.5), (100, 0.5)], 0.2) == pytest.approx(0.0)
+    assert caveats.recent_fall([(100, 2.3)], 0.2) is None  # one validation: nothing to compare
+    assert caveats.recent_fall([(90, 2.4), (100, 2.3)], 0.2) is None  # no point before the window
+    # a straight training loss 2 - 0.01 step with alternating noise that a least-squares line averages out
+    line = [(s, 2 - 0.01 * s + (0.05 if s % 2 else -0.05)) for s in range(0, 101)]
+    slope = np.polyfit([s for s, _ in line if s >= 80], [v for s, v in line if s >= 80], 1)[0]
+    start = slope * 80 + np.polyfit([s for s, _ in line if s >= 80], [v for s, v in line if s >= 80], 1)[1]
+    assert caveats.trend_fall(line, 0.2) == pytest.approx(-slope * 20 / start)
+    assert caveats.trend_fall(line, 0.2) == pytest.approx(0.2 / 1.2, rel=0.05)
+
+
+def test_not_converged_fires_on_falling_curves_and_reads_the_training_loss_where_validation_is_sparse(store):
+    values = {v: {s: 0.5 for s in range(5)} for v in ("flat", "falling", "sparse", "unjudged")}
+    curves = {("falling", s): [(25, 2.0), (50, 1.5), (75, 1.2), (100, 0.9)] for s in range(5)}
+    curves |= {(v, s): [(100, 0.5)] for v in ("sparse", "unjudged") for s in range(5)}  # validated once
+    train = {("sparse", s): [(x, 2 - 0.01 * x) for x in range(0, 101, 5)] for s in range(5)}
+    fill(
+        store, "conv", values, metric="final/val_loss", direction="minimize", curves=curves, train_curves=train,
+    )  # fmt: skip
+    table = build(load_study(store, "conv"))
+    (c,) = [c for c in table.caveats if c.kind == "convergence"]
+    assert c.variants == ("falling", "sparse")
+    assert "falling −" in c.text and "on val/loss" in c.text and "sparse −17% on train/loss" in c.text
+    assert any(n.startswith("not checked for convergence: unjudged") for n in table.notes)
+    # the study's own window and threshold: over the last half, 'falling' fell about 40%, 'sparse' 33%
+    loose = table.analysis.model_copy(update={"warn": Warn(converged_window=0.5, converged_fraction=0.6)})
+    assert "convergence" not in kinds(build(load_study(store, "conv"), analysis=loose))
+
+
+# --- parameter counts -----------------------------------------------------------------------------------------
+
+
+def test_param_ratio_by_its_definition():
+    warn = Warn()
+    over = caveats.param_ratio([("b vs a", "b", "a", 1501.0, 1000.0)], warn)
+    assert over is not None and over.contrasts == ("b vs a",) and "b has 1.5x" in over.text
+    assert caveats.param_ratio([("b vs a", "b", "a", 1500.0, 1000.0)], warn) is None  # "more than" 1.5x
+    assert caveats.param_ratio([("b vs a", "b", "a", 1000.0, 2400.0)], warn).text.count("a has 2.4x") == 1
+    assert caveats.param_ratio([("b vs a", "b", "a", math.nan, 1000.0)], warn) is None
+
+
+def test_a_grid_axis_that_changes_the_size_is_named(store):
+    """n_layers 4 has twice the parameters of n_layers 2: the rows that change it and its main effect are named;
+    the norm axis (same size) is not."""
+    values, settings, extra = {}, {}, {}
+    for layers in ("2", "4"):
+        for norm in ("pre", "post"):
+            name = f"n_layers={layers} norm={norm}"
+            settings[name] = {"model.n_layers": layers, "model.norm": norm}
+            values[name] = {s: 0.5 + 0.01 * s for s in range(5)}
+            extra |= {(name, s): {"cost/n_params": 1000.0 * int(layers) / 2} for s in range(5)}
+    fill(
+        store, "grid", values, kind="grid", settings=settings, metric="final/val_loss", direction="minimize",
+        cost={"cost/wall_time_s": 1.0}, extra=extra,
+    )  # fmt: skip
+    table = build(load_study(store, "grid"))
+    (c,) = [c for c in table.caveats if c.kind == "params"]
+    base = "n_layers=2 norm=pre"
+    assert set(c.contrasts) == {
+        f"n_layers=4 norm=pre vs {base}",
+        f"n_layers=4 norm=post vs {base}",
+        "model.n_layers: 4 vs 2",
+    }
+    assert "model.n_layers=4 has 2x the parameters of model.n_layers=2 (2,000 vs 1,000)" in c.text
+
+
+# --- seeds ---------------------------------------------------------------------------------------------------
+
+
+def test_few_seeds_for_the_intervals_printed():
+    warn = Warn()
+    rows = [("a", ("a",), 3), ("b", ("b",), 5), ("b vs a", ("b", "a"), 3)]
+    c = caveats.few_seeds(rows, warn, "permutation")
+    assert c is not None and c.variants == ("a", "b") and c.contrasts == ("b vs a",)
+    assert "the intervals of a, b vs a rest on 3 seeds" in c.text and "t-test" not in c.text
+    assert "so do the paired t-test's p-values" in caveats.few_seeds(rows, warn, "t").text
+    assert caveats.few_seeds([("a", ("a",), 5), ("b vs a", ("b", "a"), 5)], warn, "permutation") is None
+    assert caveats.few_seeds(rows, Warn(min_seeds=3), "permutation") is None
+
+
+def contrast(n: int, shift: float = 0.05, seed: int = 0) -> stats.Contrast:
+    rng = np.random.default_rng(seed)
+    base = {s: float(rng.standard_normal()) for s in range(n)}
+    return stats.paired_contrast(base, {s: v + shift + 0.01 * s for s, v in base.items()}, a="b", b="a", n_boot=99)
+
+
+def test_a_family_its_seeds_cannot_resolve():
+    """The exact test's smallest p is 2/2^n: 3 seeds (0.25) cannot pass Holm's first step 0.05/1; 6 can
+    (0.031); 6 seeds with 2 contrasts cannot (0.031 > 0.025), 7 can (0.016). The t-test can reach any p."""
+    assert caveats.unresolvable([contrast(3)], 0.05, "permutation") is not None
+    assert caveats.unresolvable([contrast(6)], 0.05, "permutation") is None
+    two = [contrast(6), contrast(6, seed=1)]
+    c = caveats.unresolvable(two, 0.05, "permutation")
+    assert c is not None and "(7 seeds can)" in c.text and f"{flips(np.arange(1, 7)):.3g}" in c.text
+    assert caveats.unresolvable([contrast(7), contrast(7, seed=1)], 0.05, "permutation") is None
+    assert caveats.unresolvable([contrast(3)], 0.05, "t") is None
+
+
+# --- best ---------------------------------------------------------------------------------------------------
+
+
+def pair(a: str, b: str, verdict: str, in_family: bool = True) -> stats.Contrast:
+    return stats.Contrast(
+        f"{a} vs {b}", "pair", a, b, 8, 0.0, stats.NAN2, 0.01, "", in_family=in_family, verdict=verdict
+    )
+
+
+def test_best_only_where_the_family_shows_it_better_than_every_other_variant():
+    means = {"base": 0.5, "x": 0.4, "y": 0.45}  # lower is better: x has the best mean
+    # the default family (each against the baseline) says nothing about x against y
+    default = [pair("x", "base", "different (better)"), pair("y", "base", "different (better)")]
+    b = caveats.best_variant(means, default, "minimize")
+    assert b.variant is None and (b.leader, b.against, b.why) == ("x", "y", "no test of the pair in the family")
+    # with x against y declared and resolved, x is best
+    declared = default + [pair("y", "x", "different (worse)")]
+    assert caveats.best_variant(means, declared, "minimize").variant == "x"
+    # not resolved, or resolved the wrong way (a mean can lead while the test says otherwise), is not best
+    b = caveats.best_variant(means, default + [pair("x", "y", "not resolved")], "minimize")
+    assert b.variant is None and b.why == "not resolved"
+    assert caveats.best_variant(means, default + [pair("x", "y", "different (worse)")], "minimize").variant is None
+    # the baseline is best when every variant is different (worse) than it
+    worse = [pair("x", "base", "different (worse)"), pair("y", "base", "different (worse), equivalent within ±1")]
+    assert caveats.best_variant({"base": 0.9, "x": 0.5, "y": 0.6}, worse, "maximize").variant == "base"
+    # ties and single variants have no best
+    assert (
+        caveats.best_variant({"a": 0.5, "b": 0.5}, [pair("a", "b", "different (better)")], "minimize").variant is None
+    )
+    assert caveats.best_variant({"a": 0.5}, [], "minimize").variant is None
