@@ -169,8 +169,8 @@ def not_converged(
     still = []
     for variant, fs in falls.items():
         if fs and float(np.mean(fs)) > warn.converged_fraction:
-            seeds = f"mean over {len(fs)} seeds, up to {max(fs):.0%}" if len(fs) > 1 else "one seed"
-            still.append((variant, f"{variant} −{float(np.mean(fs)):.0%} on {curve[variant]} ({seeds})"))
+            seeds = f"mean of {len(fs)} seeds, at most {max(fs):.0%}" if len(fs) > 1 else "one seed"
+            still.append((variant, f"{variant}: {curve[variant]} fell {float(np.mean(fs)):.0%} ({seeds})"))
     unjudged = [v for v in unjudged if not falls.get(v)]
     note = None
     if unjudged:
