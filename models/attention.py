@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import fused
 from models.kernels import (  # noqa: F401  (re-exported: the kernels are part of this module's interface)
     Bias,
     additive_blocks,
@@ -72,6 +73,10 @@ class Score(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:
         return q @ k.transpose(-1, -2) * self.scale
+
+    def fused_attention(self, q, k, v, extra=None, heads=slice(None)) -> torch.Tensor | None:
+        """softmax(scores + extra) @ v in one fused computation, or None (then ``scores`` serves)."""
+        return None
 
 
 @SCORES.register("dot")
@@ -140,6 +145,13 @@ class AdditiveScore(Score):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:  # (B,H,T,D) (B,H,S,D)
         return additive_scores(q, k, self.v[heads], self.chunk_elements)
+
+    def fused_attention(self, q, k, v, extra=None, heads=slice(None)) -> torch.Tensor | None:
+        """On CUDA: ``models.fused.additive_attention`` (fused kernels, query chunks of ``chunk_elements``
+        scores)."""
+        if q.dim() != 4 or not fused.usable(q, bias=extra if extra is not None and extra.is_floating_point() else None):
+            return None
+        return fused.additive_attention(q, k, v, self.v[heads], extra, self.chunk_elements)
 
 
 # ---------------------------------------------------------------------------------------------------

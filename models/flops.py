@@ -53,3 +53,70 @@ def forward_flops_per_token(model: nn.Module, length: int, source_length: int = 
 
 def training_flops_per_token(model: nn.Module, length: int, source_length: int = 0) -> float:
     return 3.0 * forward_flops_per_token(model, length, source_length)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model FLOPs utilisation: achieved FLOP/s over the device's peak
+
+# Dense peaks (no sparsity) in TFLOP/s from NVIDIA's data sheets, by the precision of the matrix products:
+# bf16/fp16 tensor cores, tf32 (fp32 inputs with TF32 matmuls allowed), fp32 (CUDA cores). Patterns are
+# matched against torch.cuda.get_device_name() in order (the more specific names first).
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"H100.*NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (r"H100.*PCIe", {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2}),
+    (r"H200.*NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (r"GH200|H100|H200", {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 66.9}),  # SXM
+    (r"A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    (r"L40S", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
+    (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    (r"\bA10\b", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    (r"V100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2
+)
+PEAK_ENV = "ABLATE_PEAK_FLOPS"  # FLOP/s of the device (e.g. 989.5e12): overrides the table
+
+
+def matmul_precision(precision: str) -> str | None:
+    """The kind of matrix product a Lightning precision runs: bf16, fp16, tf32, fp32 (None: fp64)."""
+    import torch
+
+    p = str(precision)
+    if p.startswith("bf16"):
+        return "bf16"
+    if p.startswith("16"):
+        return "fp16"
+    if p.startswith("64"):
+        return None
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return "tf32" if tf32 else "fp32"
+
+
+def peak_flops_per_s(device, precision: str) -> float | None:
+    """The device's peak FLOP/s for the run's precision, where known: ``ABLATE_PEAK_FLOPS``, else the table
+    for CUDA devices; None elsewhere (a CPU's peak depends on its vector units and clock: not guessed)."""
+    import os
+    import re
+
+    import torch
+
+    if os.environ.get(PEAK_ENV):
+        try:
+            return float(os.environ[PEAK_ENV])
+        except ValueError as err:
+            raise ValueError(f"{PEAK_ENV}={os.environ[PEAK_ENV]!r} must be a number of FLOP/s, e.g. 989.5e12") from err
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    kind = matmul_precision(precision)
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, name):
+            return peaks[kind] * 1e12 if kind in peaks else None
+    return None
+
+
+def utilisation(achieved_flops_per_s: float, device, precision: str) -> dict[str, float]:
+    """{"peak_flops_per_s", "mfu"} where the peak is known, else {}."""
+    peak = peak_flops_per_s(device, precision)
+    if not peak:
+        return {}
+    return {"peak_flops_per_s": peak, "mfu": achieved_flops_per_s / peak}

@@ -129,6 +129,15 @@ def attend(q, k, v, score, mask=None, bias=None, causal: bool = False, dropout_p
         bias = bias.masked_fill(~mask, float("-inf"))
         mask = None
     extra = bias if bias is not None else mask
+    if not score.dot_like and dropout_p == 0.0:
+        if causal and extra is None:
+            T, S = q.shape[-2], k.shape[-2]
+            extra = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            causal = False
+        fused = getattr(score, "fused_attention", None)  # None (or returning None): no fused kernel here
+        out = None if fused is None else fused(q, k, v, extra)
+        if out is not None:
+            return out
     if score.dot_like:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=extra, dropout_p=dropout_p, is_causal=causal and extra is None, scale=score.scale

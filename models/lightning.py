@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from models.config import ConfigError, ModelConfig
-from models.flops import training_flops_per_token
+from models.flops import training_flops_per_token, utilisation
 from models.tasks.base import BOS, EOS, PAD
 from models.transformer import Transformer
 
 SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
 SAMPLING = ("teacher_forcing", "scheduled")
 SAMPLING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")
+SPEED_OPTIONS = ("compile", "fused_adamw")  # fields that change how fast a run trains, not what it learns
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class TrainingConfig:
     diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
     diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)
     deterministic: bool = True
+    # Speed only (the same training, other kernels): torch.compile the model's forward; AdamW's fused
+    # implementation (one kernel for every parameter; CUDA, and CPU from torch 2.4).
+    compile: bool = False
+    fused_adamw: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -81,8 +86,13 @@ class TrainingConfig:
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, except speed options left at their defaults: a configuration written before they
+        existed keeps its dictionary, hence its config hash (its run's identity)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["betas"] = list(self.betas)
+        for name in SPEED_OPTIONS:
+            if out[name] is False:
+                del out[name]
         return out
 
     def _validate(self) -> None:
@@ -134,8 +144,9 @@ class TrainingConfig:
             raise ConfigError(f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})")
         if not isinstance(self.precision, str) or not self.precision:
             raise ConfigError(f"precision={self.precision!r} must be a Lightning precision such as '32-true'")
-        if not isinstance(self.deterministic, bool):
-            raise ConfigError(f"deterministic={self.deterministic!r} must be true or false")
+        for name in ("deterministic", *SPEED_OPTIONS):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
 
 
 def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:
@@ -254,11 +265,18 @@ class LitTransformer(L.LightningModule):
         self.last_val: dict[str, float] = {}
         self.last_val_step = -1
         self.guard = DivergenceGuard(training.diverge_factor, training.diverge_after)
+        # Nothing waits for the device between logged steps: the losses of the steps since the last check
+        # stay on the device, and so do the token counts (read with one transfer every ``log_every`` steps).
+        self._losses: list[tuple[int, torch.Tensor]] = []
         self._tokens = 0
+        self._token_count: torch.Tensor | None = None  # tokens since the last logged step, on the device
+        self._last_loss = float("nan")
         self._train_time = 0.0
-        self._window = [0, 0.0]  # tokens, seconds since the last logged step
+        self._window_time = 0.0  # seconds of training steps since the last logged step
         self._t0: float | None = None
         self._lengths_checked = False
+        if training.compile:
+            self.model.compile()  # in place: parameter names (and checkpoints) stay those of the model
         if training.sampling == "scheduled" and model.non_autoregressive:
             raise ConfigError(
                 "sampling='scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' "
@@ -335,8 +353,9 @@ class LitTransformer(L.LightningModule):
         )
 
     @staticmethod
-    def _count_tokens(batch: dict[str, torch.Tensor]) -> int:
-        return int(sum((t != PAD).sum() for k, t in batch.items() if k in ("src", "tgt_in", "tokens")))
+    def _count_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Non-padding tokens of the batch, a tensor on its device (reading it would wait for the device)."""
+        return sum((t != PAD).sum() for k, t in batch.items() if k in ("src", "tgt_in", "tokens"))
 
     # -- training ---------------------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -354,18 +373,15 @@ class LitTransformer(L.LightningModule):
         else:
             logits, targets = self._inputs(batch, tf_p)
             loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
-        if self.trainer.world_size > 1:  # data-parallel: every rank judges (and logs) the same mean loss
-            value = self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean").item()  # reduces in place
-        else:
-            value = loss.item()
-        if self._guard(step, value):
-            return None  # skip this update; the trainer stops
+        self._losses.append((step, loss.detach()))
         if step % self.log_every == 0:
+            if self._check_losses():
+                return None  # skip this update; the trainer stops
             with torch.no_grad():
                 scored = targets != -100
                 acc = ((logits.argmax(-1) == targets) & scored).sum() / scored.sum().clamp(min=1)
             metrics = {
-                "train/loss": value,
+                "train/loss": self._last_loss,
                 "train/token_acc": float(acc),
                 "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
             }
@@ -374,28 +390,56 @@ class LitTransformer(L.LightningModule):
             self.pending.append((step, metrics))
         return loss
 
+    def _check_losses(self) -> bool:
+        """The divergence guard over every step since the last check, in order (one transfer from the
+        device); True when the run has diverged (and the trainer told to stop)."""
+        if not self._losses:
+            return False
+        steps = [s for s, _ in self._losses]
+        values = torch.stack([v.float() for _, v in self._losses])
+        self._losses = []
+        if self.trainer.world_size > 1:  # data-parallel: every rank judges (and logs) the same mean losses
+            values = self.trainer.strategy.reduce(values, reduce_op="mean")
+        for step, value in zip(steps, values.tolist()):
+            self._last_loss = value
+            if self._guard(step, value):
+                return True
+        return False
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self._t0 is None:
             return
-        dt = time.perf_counter() - self._t0
-        n = self._count_tokens(batch)
-        self._tokens += n
-        self._train_time += dt
-        self._window[0] += n
-        self._window[1] += dt
+        n = self._count_tokens(batch)  # on the device: no wait
+        self._token_count = n if self._token_count is None else self._token_count + n
         step = self.global_step - 1  # the step that just ran
-        if step % self.log_every == 0 and self._window[1] > 0:
-            tokens, seconds = self._window
+        if step % self.log_every == 0:
+            window = int(self._token_count)  # waits for the device: its time counts in this step
+            self._token_count = None
+            self._tokens += window
+        dt = time.perf_counter() - self._t0
+        self._train_time += dt
+        self._window_time += dt
+        if step % self.log_every == 0 and self._window_time > 0:
             self.pending.append(
                 (
                     step,
                     {
-                        "train/tokens_per_s": tokens / seconds,
-                        "train/step_time_ms": 1000 * seconds / max(1, self.log_every if step else 1),
+                        "train/tokens_per_s": window / self._window_time,
+                        "train/step_time_ms": 1000 * self._window_time / max(1, self.log_every if step else 1),
                     },
                 )
             )
-            self._window = [0, 0.0]
+            self._window_time = 0.0
+
+    def on_train_end(self) -> None:
+        """The steps since the last logged one: the guard sees their losses, the cost their tokens and the
+        time the device still needed for them."""
+        t = time.perf_counter()
+        self._check_losses()
+        if self._token_count is not None:
+            self._tokens += int(self._token_count)
+            self._token_count = None
+        self._train_time += time.perf_counter() - t
 
     def _guard(self, step: int, loss: float) -> bool:
         """The divergence guard: True (and the trainer told to stop) when the run has diverged."""
@@ -418,6 +462,7 @@ class LitTransformer(L.LightningModule):
             lr=t.lr,
             betas=t.betas,
             eps=t.eps,
+            fused=True if t.fused_adamw else None,
         )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(t, self.cfg.d_model, step))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -529,4 +574,5 @@ class LitTransformer(L.LightningModule):
             "n_params": float(self.n_params),
             "flops_per_token": self.flops_per_token,
             "achieved_flops_per_s": self.flops_per_token * tokens_per_s,
+            **utilisation(self.flops_per_token * tokens_per_s, self.device, self.training_cfg.precision),
         }

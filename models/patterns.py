@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from models import flex
 from models.config import LayerAttention
 from models.kernels import dilated_attention, full_attention, local_attention
 from models.registry import PATTERNS
@@ -89,8 +90,24 @@ class LocalPattern(Pattern):
         return (dist.abs() <= self.window)[None]
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p):
+            return self._flex(q, k, v, score, causal, key_padding, bias)
         return local_attention(
             q, k, v, score, window=self.window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
+        )
+
+    def _flex(self, q, k, v, score, causal, key_padding, bias):
+        """Every head in one FlexAttention call (CUDA; ``models.flex``)."""
+        return flex.window_attention(
+            q,
+            k,
+            v,
+            scale=score.scale,
+            window=self.window,
+            dilations=self.dilations,
+            causal=causal,
+            key_padding=key_padding,
+            bias=bias,
         )
 
     def context(self, length: int, causal: bool) -> float:
@@ -125,6 +142,8 @@ class DilatedPattern(LocalPattern):
         return (dist.abs() <= self.window * d) & (dist % d == 0)
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p):
+            return self._flex(q, k, v, score, causal, key_padding, bias)
         outs = []
         for d, heads in self.groups:
             if len(self.groups) == 1:
@@ -161,3 +180,6 @@ class _HeadSubset:
 
     def scores(self, q, k):
         return self.score.scores(q, k, self.heads)
+
+    def fused_attention(self, q, k, v, extra=None):
+        return self.score.fused_attention(q, k, v, extra, self.heads)

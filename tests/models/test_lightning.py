@@ -94,3 +94,186 @@ def test_peak_memory_is_per_run_not_per_process():
     if after == high:
         pytest.skip("this kernel does not reset the high-water mark (/proc/self/clear_refs)")
     assert after < high - 32
+
+
+# --- speed: options, no waiting for the device between logged steps, utilisation -------------------------
+
+
+def test_speed_options_are_checked_and_leave_existing_configurations_unchanged():
+    """compile and fused_adamw change kernels, not what is learned: left at their defaults they stay out of the
+    configuration's dictionary, so a run declared before they existed keeps its config hash."""
+    plain = TrainingConfig()
+    assert "compile" not in plain.to_dict() and "fused_adamw" not in plain.to_dict()
+    fast = TrainingConfig(compile=True, fused_adamw=True)
+    assert fast.to_dict()["compile"] is True and fast.to_dict()["fused_adamw"] is True
+    assert TrainingConfig.from_dict(fast.to_dict()) == fast
+    assert TrainingConfig.from_dict(plain.to_dict()) == plain
+    for name in ("compile", "fused_adamw"):
+        with pytest.raises(ConfigError, match=f"{name}='yes' must be true or false"):
+            TrainingConfig(**{name: "yes"})
+
+
+def tiny_lm(training: TrainingConfig, log_every: int):
+    import logging
+
+    import lightning as L
+    import torch
+
+    from models.config import ModelConfig
+    from models.lightning import LitTransformer
+    from models.tasks import TaskDataModule, make_task
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    data = TaskDataModule(make_task({"name": "text", "block_size": 16, "max_chars": 5000}), 4, 0)
+    data.setup()
+    module = LitTransformer(
+        ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32), training, "lm", log_every=log_every
+    )
+
+    def trainer(callbacks=()):
+        return L.Trainer(
+            accelerator="cpu",
+            max_steps=training.max_steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            gradient_clip_val=training.grad_clip,
+            callbacks=list(callbacks),
+        )
+
+    return module, data, trainer
+
+
+def test_training_reads_nothing_from_the_device_between_logged_steps():
+    """A read of a tensor's value (``.item()``, ``float()``, ``bool()``: aten._local_scalar_dense) makes the host
+    wait for the device. Steps that are not logged read none: the losses wait on the device for the guard,
+    the token counts for the next logged step. (Fused AdamW keeps its step counts as tensors; the default
+    AdamW reads them from host memory, which costs no wait.)"""
+    import warnings
+
+    import lightning as L
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    module, data, trainer = tiny_lm(TrainingConfig(max_steps=12, fused_adamw=True, warmup_steps=2), log_every=4)
+    reads: list[int] = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.append(module.global_step)
+            return func(*args, **(kwargs or {}))
+
+    class Watch(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.mode = Reads()
+            self.mode.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.mode.__exit__(None, None, None)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer([Watch()]).fit(module, datamodule=data)
+    assert sorted(set(reads)) == [0, 4, 8]  # the logged steps only
+    logged = [step for step, metrics in module.pending if "train/loss" in metrics]
+    assert logged == [0, 4, 8]
+    cost = module.cost_summary()
+    assert cost["train_tokens"] == 12 * 4 * 17  # every step's tokens, the last four read at the end
+    assert "mfu" not in cost  # a CPU: no known peak
+
+
+def test_a_divergence_found_later_is_dated_to_its_step():
+    """The guard reads the losses of the steps since the last logged one in order: a loss that turned non-finite
+    at step 5 is reported at step 5, and training stops at the next logged step (8)."""
+    import warnings
+
+    import lightning as L
+    import torch
+
+    module, data, trainer = tiny_lm(TrainingConfig(max_steps=30, warmup_steps=2), log_every=4)
+
+    class Poison(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if pl_module.global_step == 5:
+                with torch.no_grad():
+                    pl_module.model.head.weight.fill_(float("nan"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer([Poison()])
+        t.fit(module, datamodule=data)
+    assert module.diverged["step"] == 5 and "non-finite" in module.diverged["reason"]
+    assert t.global_step in (8, 9)  # stopped at the check of step 8 (Lightning counts that step or not)
+
+
+def test_model_flops_utilisation_uses_the_device_peak_or_the_override(monkeypatch):
+    import torch
+
+    from models.flops import peak_flops_per_s, utilisation
+
+    cuda = torch.device("cuda")
+    for name, precision, peak in (
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.5e12),
+        ("NVIDIA H100 PCIe", "bf16-mixed", 756.5e12),
+        ("NVIDIA H100 NVL", "16-mixed", 835.5e12),
+        ("NVIDIA A100-SXM4-80GB", "32-true", 19.5e12),
+        ("NVIDIA A10", "bf16-mixed", 125e12),  # not an A100
+        ("Tesla V100-SXM2-32GB", "bf16-mixed", None),  # no bf16 tensor cores
+        ("Some Future GPU", "bf16-mixed", None),
+    ):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert peak_flops_per_s(cuda, precision) == peak
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")  # TF32 matmuls
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert peak_flops_per_s(cuda, "32-true") == 156e12
+    assert peak_flops_per_s("cpu", "32-true") is None and utilisation(1e9, "cpu", "32-true") == {}
+    monkeypatch.setenv("ABLATE_PEAK_FLOPS", "2e12")
+    assert utilisation(1e12, "cpu", "32-true") == {"peak_flops_per_s": 2e12, "mfu": 0.5}
+    monkeypatch.setenv("ABLATE_PEAK_FLOPS", "fast")
+    with pytest.raises(ValueError, match="ABLATE_PEAK_FLOPS='fast' must be a number of FLOP/s"):
+        peak_flops_per_s("cpu", "32-true")
+
+
+def test_fused_adamw_takes_the_same_step():
+    import torch
+
+    from models.config import ModelConfig
+    from models.lightning import LitTransformer
+
+    steps = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        module = LitTransformer(ModelConfig(d_model=16, n_heads=2, n_layers=1), TrainingConfig(fused_adamw=fused), "lm")
+        opt = module.configure_optimizers()["optimizer"]
+        assert bool(opt.defaults["fused"]) is fused
+        tokens = torch.randint(1, 256, (2, 9))
+        module.model(tokens).square().mean().backward()
+        opt.step()
+        steps.append([p.detach().clone() for p in module.model.parameters()])
+    for a, b in zip(*steps):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_compiled_model_trains_like_the_eager_one():
+    """training.compile: torch.compile of the model's forward (the CPU build compiles with its C++ backend);
+    the same losses as without, and checkpoints keep the model's parameter names."""
+    import warnings
+
+    import torch
+
+    losses = []
+    for compiled in (False, True):
+        module, data, trainer = tiny_lm(TrainingConfig(max_steps=3, compile=compiled, warmup_steps=1), log_every=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer().fit(module, datamodule=data)
+        losses.append([m["train/loss"] for _, m in module.pending if "train/loss" in m])
+        names = set(module.model.state_dict())
+        assert not any(n.startswith("_orig_mod") for n in names)
+    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
