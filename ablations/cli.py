@@ -94,11 +94,10 @@ def _sweep(args: argparse.Namespace) -> int:
             sweep.describe_plan(study, sweep.Plan(todo=list(study.cells), done={}, stale=[]))
             print(f"(no store yet at {redact_url(uri)}: every cell is to train)")
             return EXIT_OK
-        sweep.describe_plan(study, sweep.plan(study, uri))
-        try:
-            sweep.check_no_live_submission(study, uri)
-        except sweep.SubmissionRunning as err:
-            print(f"note: {err}")
+        code = None if args.reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
+        sweep.describe_plan(study, sweep.plan(study, uri, code))
+        for note in sweep.live_notes(study, uri, args.claims):
+            print(f"note: {note}")
         from dashboards.analysis import parse_analysis
         from dashboards.plan import pilot_plan
 
@@ -113,6 +112,8 @@ def _sweep(args: argparse.Namespace) -> int:
             tracking_uri=args.tracking_uri,
             max_concurrent=args.max_concurrent,
             num_cpus=args.cpus,
+            claims_url=args.claims,
+            reuse_any_code=args.reuse_any_code,
         )
     except ValueError as err:
         return error(str(err))
@@ -282,6 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
+    p.add_argument(
+        "--claims",
+        default=None,
+        help="where cells are claimed (default: $ABLATE_CLAIMS_URL, else beside a SQLite MLflow store, else the "
+        "PostgreSQL Optuna storage, else .ablate/claims.db); a cluster of several machines needs PostgreSQL",
+    )
+    p.add_argument(
+        "--reuse-any-code",
+        action="store_true",
+        help="count results trained by other code (another code fingerprint) as done (default: train them again)",
+    )
     p.set_defaults(func=_sweep)
 
     p = sub.add_parser("search", help="an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow")

@@ -11,6 +11,7 @@ host) is the user's explicit choice; the code then travels in Ray's runtime envi
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -117,6 +118,7 @@ def connect(
         return Connection(address, False, not is_loopback_address(address), None, owned=False)
     remote = not is_loopback_address(address)
     if address:  # a cluster started elsewhere: this working directory travels to its workers
+        _quiet_packaging()
         runtime_env: dict = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}
         secrets = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
         if secrets:  # the trials write to MLflow as this user
@@ -135,6 +137,18 @@ def connect(
         logging_level="warning",
     )
     return Connection(None, True, False, getattr(ctx, "dashboard_url", None))
+
+
+class _Packaging(logging.Filter):
+    """Ray 2.60 says, for every directory it now leaves out of a working directory by default (.git, .venv),
+    that it does: they are left out here anyway (RUNTIME_EXCLUDES), so the note is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is now ignored by default when packaging" not in record.getMessage()
+
+
+def _quiet_packaging() -> None:
+    logging.getLogger("ray._private.runtime_env.working_dir").addFilter(_Packaging())
 
 
 def node_addresses() -> list[str]:

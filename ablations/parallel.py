@@ -26,6 +26,7 @@ class ParallelJob:
     resources: Resources
     rank0_hooks: Callable[[], list[Hook]] | None = None  # built on rank 0, in its process (picklable)
     report_validation: bool = False  # every rank reports each validation to Ray (Tune reads them)
+    fence: Callable[[str], bool] | None = None  # rank 0 asks it before writing a result (ablations.claims.Fence)
 
 
 def _worker(config: dict) -> None:
@@ -55,7 +56,15 @@ def _worker(config: dict) -> None:
         "devices": "auto",
         "accelerator": "gpu" if job.resources.gpus else "cpu",
     }
-    train(job.run, job.where, hooks=hooks, trainer_options=options, prepare=prepare_trainer, log=rank == 0)
+    train(
+        job.run,
+        job.where,
+        hooks=hooks,
+        trainer_options=options,
+        prepare=prepare_trainer,
+        log=rank == 0,
+        fence=job.fence if rank == 0 else None,
+    )
 
 
 def run_data_parallel(

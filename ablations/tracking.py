@@ -153,15 +153,19 @@ def code_fingerprint() -> str:
 
 
 class MetricWriter:
-    """Metrics go into a queue; a daemon thread sends them with log_batch every ``interval`` seconds or
-    every ``MAX_BATCH`` metrics. ``close()`` sends what is left. Time spent sending is measured."""
+    """Metrics go into a queue; a daemon thread sends them with log_batch every ``interval`` seconds or every
+    ``MAX_BATCH`` metrics. Nothing is dropped: a batch the store refuses (unreachable, locked) is kept and sent
+    again with growing pauses while training goes on; ``close()`` keeps trying for ``flush_timeout`` seconds,
+    and only what is still unsent then is counted as ``lost`` (the run says so). Time spent sending is measured."""
 
-    def __init__(self, uri: str, run_id: str, interval: float = 2.0) -> None:
-        self.uri, self.run_id, self.interval = uri, run_id, interval
+    def __init__(self, uri: str, run_id: str, interval: float = 2.0, flush_timeout: float = 120.0) -> None:
+        self.uri, self.run_id, self.interval, self.flush_timeout = uri, run_id, interval, flush_timeout
         self._queue: queue.Queue = queue.Queue()
+        self._retry: list = []  # a batch the store refused, sent again first
         self._stop = threading.Event()
         self.seconds_sending = 0.0
         self.sent = 0
+        self.lost = 0
         self.errors: list[str] = []
         self._thread = threading.Thread(target=self._loop, name="mlflow-metrics", daemon=True)
         self._thread.start()
@@ -173,7 +177,9 @@ class MetricWriter:
         for key, value in metrics.items():
             self._queue.put(Metric(key, float(value), now, int(step)))
 
-    def _drain(self) -> list:
+    def _batch(self) -> list:
+        if self._retry:
+            return self._retry
         items = []
         while len(items) < MAX_BATCH:
             try:
@@ -182,30 +188,46 @@ class MetricWriter:
                 break
         return items
 
-    def _send(self, items: list) -> None:
+    def _send(self, items: list) -> bool:
+        """One attempt; a refused batch is kept for the next one."""
         t = time.perf_counter()
-        for attempt in range(3):
-            try:
-                client(self.uri).log_batch(self.run_id, metrics=items, synchronous=True)
-                self.sent += len(items)
-                break
-            except Exception as err:  # the store is briefly unreachable: retry, then report
-                if attempt == 2:
-                    self.errors.append(f"{type(err).__name__}: {err}")
-                time.sleep(0.5 * (attempt + 1))
-        self.seconds_sending += time.perf_counter() - t
+        try:
+            client(self.uri).log_batch(self.run_id, metrics=items, synchronous=True)
+        except Exception as err:  # the store is unreachable or busy: keep the batch, say why once
+            message = f"{type(err).__name__}: {err}"[:300]
+            if message not in self.errors:
+                self.errors.append(message)
+            self._retry = items
+            return False
+        finally:
+            self.seconds_sending += time.perf_counter() - t
+        self._retry = []
+        self.sent += len(items)
+        return True
 
     def _loop(self) -> None:
+        pause = self.interval
         while not self._stop.is_set():
-            self._stop.wait(self.interval)
-            while items := self._drain():
-                self._send(items)
+            self._stop.wait(pause)
+            pause = self.interval
+            while items := self._batch():
+                if not self._send(items):
+                    pause = min(30.0, max(self.interval, pause) * 2)  # back off while the store is away
+                    break
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        while items := self._drain():
-            self._send(items)
+        deadline, pause = time.monotonic() + self.flush_timeout, 0.5
+        while items := self._batch():
+            if self._send(items):
+                continue
+            if time.monotonic() > deadline:
+                self.lost = len(self._retry) + self._queue.qsize()
+                self._retry = []
+                break
+            time.sleep(pause)
+            pause = min(10.0, pause * 2)
 
 
 @dataclass(kw_only=True)
@@ -294,9 +316,14 @@ class RunLogger:
             if summary:
                 self.writer.log(summary, step)
             self.writer.close()
+        if self.writer is not None and self.writer.lost:  # nothing is lost silently: the run says so
+            lost = f"{self.writer.lost} metric value(s) could not be logged ({self.writer.errors[-1]})"
+            detail = f"{detail}; {lost}" if detail else lost
         tags = {TAG_STATUS: status_tag(status, detail)}
         if self.writer is not None:
             tags["logging_seconds"] = f"{self.writer.seconds_sending:.3f}"
+            if self.writer.lost:
+                tags["metrics_lost"] = str(self.writer.lost)
             if self.writer.errors:
                 tags["logging_errors"] = "; ".join(self.writer.errors)[:5000]
         # what writing to MLflow cost this run in the foreground (set-up, lineage, closing), in seconds

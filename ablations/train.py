@@ -217,13 +217,16 @@ def train(
     trainer_options: dict[str, Any] | None = None,
     prepare: Callable[[Any], Any] | None = None,
     log: bool = True,
+    fence: Callable[[str], bool] | None = None,
 ) -> RunResult:
     """Train one configuration and record it in MLflow (``log=False``: record nothing, for measurements).
 
     ``hooks`` receive every batch of metrics recorded while training (a sweep reports them to Ray Tune; a
     search's pruner may raise ``StopTraining``); the final evaluation after training is logged only;
     ``trainer_options`` go to ``lightning.Trainer`` (a Ray Train strategy, for example) and ``prepare``, when
-    given, wraps the trainer before fitting (``ray.train.lightning.prepare_trainer``).
+    given, wraps the trainer before fitting (``ray.train.lightning.prepare_trainer``). ``fence(run_id)``, when
+    given, is asked before a result (finished or diverged) is written: False (the cell's claim was taken over)
+    ends the run as killed instead.
     """
     quiet_lightning()
     if run.resources.threads:
@@ -245,6 +248,7 @@ def train(
             "arch": run.model.arch,
             "config_hash": run.config_hash(),
             **where.tags,
+            records.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
         }
         run_logger = tracking.RunLogger(
             uri=uri,
@@ -329,6 +333,11 @@ def train(
         raise
     finally:
         if run_logger is not None:
+            if fence is not None and status in records.RESULT_STATES and not fence(run_logger.run_id):
+                status, detail = (
+                    records.STATUS_KILLED,
+                    ("its claim on the cell was taken over (the lease expired): another submission trains it"),
+                )
             run_logger.end(status, detail, summary, step=module.global_step if module is not None else 0)
     return RunResult(
         run_id=run_logger.run_id if run_logger else "",

@@ -23,7 +23,7 @@ from typing import Any
 
 from ablations import records, tracking
 from ablations.search.results import best_trials, counts, finish_parent
-from ablations.search.setup import make_pruner, make_sampler, open_storage, storage_url
+from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
@@ -86,17 +86,27 @@ def fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
 
 
 def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
-    """The Optuna study (created or resumed), its lost trials failed and asked again."""
+    """The Optuna study (created, or joined and resumed), its lost trials failed and asked again. The process that
+    creates it samples with the spec's seed; a process that joins or resumes it with a seed of its own (two
+    samplers with one seed would propose the same trials)."""
     import optuna
 
-    study = optuna.create_study(
-        study_name=spec.name,
-        storage=open_storage(url),
-        sampler=make_sampler(spec),
-        pruner=make_pruner(spec.pruner),
-        directions=spec.directions,
-        load_if_exists=True,
-    )
+    storage = open_storage(url)
+    pruner = make_pruner(spec.pruner, spec.warmup_trials, spec.warmup_steps)
+    try:
+        seed = spec.seed
+        study = optuna.create_study(
+            study_name=spec.name,
+            storage=storage,
+            sampler=make_sampler(spec, seed),
+            pruner=pruner,
+            directions=spec.directions,
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        seed = process_seed(spec.seed)
+        study = optuna.load_study(
+            study_name=spec.name, storage=storage, sampler=make_sampler(spec, seed), pruner=pruner
+        )
     known = study.user_attrs.get("objectives")
     if known and [tuple(o) for o in known] != spec.objectives:
         raise ValueError(
@@ -112,10 +122,10 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
     with contextlib.suppress(Exception), warnings.catch_warnings():  # storages without heartbeats: nothing to do
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
-    return study
+    return study, seed
 
 
-def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str) -> str:
+def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: int) -> str:
     from mlflow.entities import Param as MLParam
 
     c = records.client(uri)
@@ -140,6 +150,10 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str) -> str:
             MLParam("objectives", ",".join(f"{m}:{d}" for m, d in spec.objectives)),
             MLParam("n_trials", str(spec.n_trials)),
             MLParam("space", ",".join(p.key for p in spec.space)),
+            MLParam("sampler_seed", str(seed)),
+            MLParam("startup_trials", str(spec.startup_trials)),
+            MLParam("pruner_warmup", f"{spec.warmup_trials} trials, {spec.warmup_steps} steps"),
+            MLParam("diverged", spec.diverged),
         ],
     )
     if os.path.exists(spec.source):
@@ -175,9 +189,9 @@ def run_search(
             "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
         )
     check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
-    study = _open_study(spec, url, out)
+    study, seed = _open_study(spec, url, out)
     experiment = experiment or spec.name
-    parent_id = _open_parent(spec, uri, url, experiment)
+    parent_id = _open_parent(spec, uri, url, experiment, seed)
     code = tracking.code_version()
 
     parallel = spec.resources.workers > 1
@@ -185,10 +199,20 @@ def run_search(
     import ray
 
     # a data-parallel trial's task only drives: its workers get the resources, in their own placement group
+    from ablations.sweep.placement import check_placement, trial_slots
+
+    stores = {"the MLflow store": uri, "the Optuna storage": url, "Ray Train's storage": tracking.ray_storage()}
+    check_placement(spec.resources, stores)
+    concurrency = min(spec.concurrency, trial_slots(spec.resources))
+    if concurrency < spec.concurrency:
+        out(f"concurrency {spec.concurrency} is more than the cluster holds at once: {concurrency} trial(s) at once")
+    # a trial whose process or node dies (out of memory, a lost node) is run again by Ray, up to SYSTEM_RETRIES
+    # times; a trial's own exception is a result (run_trial never raises)
     remote = ray.remote(run_trial).options(
         num_cpus=0 if parallel else spec.resources.cpus,
         num_gpus=None if parallel else spec.resources.gpus or None,
-        max_retries=0,
+        max_retries=SYSTEM_RETRIES,
+        retry_exceptions=False,
     )
     running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
     t0, status = time.monotonic(), records.STATUS_FAILED
@@ -199,12 +223,12 @@ def run_search(
         return spec.n_trials is None or counted_trials(study) < spec.n_trials
 
     out(
-        f"search {spec.name!r}: {spec.sampler} sampler, {spec.pruner} pruner, {spec.concurrency} trial(s) at once; "
+        f"search {spec.name!r}: {describe_sampler(spec)}, {spec.pruner} pruner, {concurrency} trial(s) at once; "
         f"storage {redact_url(url)}; MLflow parent run {parent_id}"
     )
     try:
         while True:
-            while len(running) < spec.concurrency and can_ask():
+            while len(running) < concurrency and can_ask():
                 with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": we beat them ourselves
                     warnings.simplefilter("ignore", UserWarning)
                     trial = study.ask()
@@ -230,6 +254,8 @@ def run_search(
                     objectives=spec.objectives,
                     prune_on=spec.prune_on,
                     pruner=spec.pruner,
+                    warmup_trials=spec.warmup_trials,
+                    warmup_steps=spec.warmup_steps,
                     code=code,
                     resources=spec.resources,
                     ray_storage=tracking.ray_storage(),
@@ -240,8 +266,8 @@ def run_search(
             done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
             for ref in done:
                 number, started = running.pop(ref)
-                result = ray.get(ref)
-                state = tell(study, number, result)
+                result = _result(ref, number, uri, experiment)
+                state = tell(study, number, result, spec)
                 if result.get("run_id"):
                     records.client(uri).set_tag(result["run_id"], "optuna_state", state)
                 out(progress_line(study, spec, number, state, result, time.monotonic() - started, len(running), t0))
@@ -259,7 +285,46 @@ def run_search(
     return SearchResult(name=spec.name, storage=url, parent_run_id=parent_id, counts=n, best=best, tracking_uri=uri)
 
 
-def tell(study, number: int, result: dict[str, Any]) -> str:
+SYSTEM_RETRIES = 2  # runs of a trial whose process or node died, before it is failed with the reason
+
+
+def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
+    """A trial's result; a trial whose process or node died on every attempt is failed with the reason, and its
+    MLflow run, left RUNNING, is ended as failed (the driver never crashes because of one trial)."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError as err:
+        reason = (
+            f"its process or node died on every attempt ({SYSTEM_RETRIES + 1}): {type(err).__name__}: "
+            + str(err).strip().splitlines()[0][:300]
+        )
+        exp = records.client(uri).get_experiment_by_name(experiment)
+        if exp is not None:
+            query = records.kind_filter(records.KIND_TRIAL, trial=str(number)) + " and attributes.status = 'RUNNING'"
+            for run in records.search_all(uri, [exp.experiment_id], query):
+                records.end_run(uri, run.info.run_id, records.STATUS_FAILED, reason)
+        return {"status": records.STATUS_FAILED, "reason": reason, "values": None, "run_id": ""}
+
+
+def worst_values(study, spec: SearchSpec) -> list[float] | None:
+    """The worst value each objective reached in a completed trial (None before any completed)."""
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    out = []
+    for i, (_, direction) in enumerate(spec.objectives):
+        values = [t.values[i] for t in complete]
+        out.append(max(values) if direction == "minimize" else min(values))
+    return out
+
+
+def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = None) -> str:
+    """Tell Optuna how a trial ended. A diverged trial is told as the worst value any completed trial reached (the
+    sampler learns where not to go; ``diverged: fail`` in the spec, or no completed trial yet: FAIL)."""
     from optuna.trial import TrialState
 
     status, values = result["status"], result.get("values")
@@ -269,8 +334,24 @@ def tell(study, number: int, result: dict[str, Any]) -> str:
     if status == records.STATUS_FINISHED and values and all(v is not None and math.isfinite(v) for v in values):
         study.tell(number, values if len(values) > 1 else values[0])
         return "COMPLETE"
-    study.tell(number, state=TrialState.FAIL)  # diverged, failed, or no value for an objective
+    if status == records.STATUS_DIVERGED and spec is not None and spec.diverged == "worst":
+        worst = worst_values(study, spec)
+        if worst is not None:
+            study.tell(number, worst if len(worst) > 1 else worst[0])
+            return "COMPLETE (diverged: told the worst value)"
+    study.tell(number, state=TrialState.FAIL)  # failed, diverged before any trial completed, or no objective value
     return "FAIL"
+
+
+def describe_sampler(spec: SearchSpec) -> str:
+    if spec.random_only:
+        return (
+            f"{spec.sampler} sampler, but n_trials={spec.n_trials} does not exceed its {spec.startup_trials} random "
+            "startup trials: this is a random search (raise n_trials or lower startup_trials)"
+        )
+    if spec.startup_trials:
+        return f"{spec.sampler} sampler (the first {spec.startup_trials} trials random)"
+    return f"{spec.sampler} sampler"
 
 
 def progress_line(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import time
 import warnings
 from pathlib import Path
 
@@ -49,41 +51,55 @@ def open_storage(url: str):
         )
 
 
-def make_sampler(spec: SearchSpec):
+def make_sampler(spec: SearchSpec, seed: int | None = None):
+    """The spec's sampler, seeded with ``seed`` (default: the spec's). Model-based samplers start with
+    ``spec.startup_trials`` random trials."""
     import optuna
 
     with warnings.catch_warnings():  # TPE's group option is marked experimental: not news to a user
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return _sampler(spec)
+        return _sampler(spec, spec.seed if seed is None else seed)
 
 
-def _sampler(spec: SearchSpec):
+def _sampler(spec: SearchSpec, seed: int):
     import optuna
 
-    s = spec.sampler
+    s, n = spec.sampler, spec.startup_trials
     if s == "tpe":
-        return optuna.samplers.TPESampler(seed=spec.seed, multivariate=True, group=True, constant_liar=True)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=n, multivariate=True, group=True, constant_liar=True
+        )
     if s == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     if s == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=spec.seed, warn_independent_sampling=False)
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if s == "gp":
-        return optuna.samplers.GPSampler(seed=spec.seed)
-    return optuna.samplers.NSGAIISampler(seed=spec.seed)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n)
+    return optuna.samplers.NSGAIISampler(seed=seed)
 
 
-def make_pruner(p: str):
-    """The pruner named ``p``. The storage keeps no pruner: the driver and every trial must build the same one."""
+def process_seed(seed: int) -> int:
+    """A sampler seed for a process that joins or resumes a study: derived from the spec's seed and this process,
+    so that two processes (or a resumed one) do not replay the same proposals."""
+    import hashlib
+
+    key = f"{seed}:{socket.gethostname()}:{os.getpid()}:{time.time_ns()}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % (2**31 - 1)
+
+
+def make_pruner(p: str, warmup_trials: int = 2, warmup_steps: int = 0):
+    """The pruner named ``p``, judging no trial before ``warmup_trials`` have finished or before step
+    ``warmup_steps``. The storage keeps no pruner: the driver and every trial must build the same one."""
     import optuna
 
     if p == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+        return optuna.pruners.MedianPruner(n_startup_trials=warmup_trials, n_warmup_steps=warmup_steps)
     if p == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner()
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, warmup_steps))
     if p == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
     if p == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner()
+        return optuna.pruners.WilcoxonPruner()  # its own warm-up counts reported values (2), not steps
     return optuna.pruners.NopPruner()
 
 

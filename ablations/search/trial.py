@@ -35,6 +35,8 @@ class TrialTask:
     objectives: list[tuple[str, str]]
     prune_on: str
     pruner: str
+    warmup_trials: int = 2
+    warmup_steps: int = 0
     code: dict[str, str]
     resources: Resources
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
@@ -52,7 +54,8 @@ def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -
         return []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage or open_storage(task.storage)
-    study = optuna.load_study(study_name=task.spec_name, storage=storage, pruner=make_pruner(task.pruner))
+    pruner = make_pruner(task.pruner, task.warmup_trials, task.warmup_steps)
+    study = optuna.load_study(study_name=task.spec_name, storage=storage, pruner=pruner)
     # optuna.trial.Trial(study, trial_id) is the public way to act on a trial another process asked
     trial = optuna.trial.Trial(study, trial_id(storage, task.spec_name, task.number))
 
@@ -82,12 +85,26 @@ def trial_tags(task: TrialTask) -> dict[str, str]:
     }
 
 
+def lost_attempts(task: TrialTask) -> None:
+    """Runs of this trial left RUNNING by an attempt whose process died (Ray runs the trial again): KILLED."""
+    try:
+        exp = records.client(task.uri).get_experiment_by_name(task.experiment)
+        if exp is None:
+            return
+        query = records.kind_filter(records.KIND_TRIAL, trial=str(task.number), study=task.spec_name)
+        for run in records.search_all(task.uri, [exp.experiment_id], query + " and attributes.status = 'RUNNING'"):
+            records.mark_killed(task.uri, run, "lost: its process or node died before it finished; run again")
+    except Exception:  # the store is unreachable: the trial's own run will say so
+        return
+
+
 def run_trial(task: TrialTask) -> dict[str, Any]:
     """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result).
 
     With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
     from ablations.train import Tracking, train
 
+    lost_attempts(task)
     storage = open_storage(task.storage)
     stop = threading.Event()
 

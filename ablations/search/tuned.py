@@ -25,13 +25,21 @@ def tune_study(
 ) -> Study:
     """Searches are Optuna studies named ``STUDY.tune.VARIANT``, tracked in the MLflow experiment ``STUDY.tuning``;
     they resume like any search, so a resubmitted study finds them done and gets the same cells (whose ids
-    include the tuned values), trained exactly once."""
+    include the tuned values), trained exactly once.
+
+    The searches train on a seed none of the study's cells uses (``tuning_seed``): the value chosen on a seed
+    is not then judged on that seed. Each chosen value's position in its range is reported; a value at the
+    edge of its range means the optimum may lie outside it."""
     best: dict[str, dict[str, Any]] = {}
+    tuning: dict[str, dict[str, Any]] = {}
+    seed = tuning_seed(study)
     for variant in study.variants:
         cell = next(c for c in study.cells if c.variant == variant)
         base = cell.run.to_dict()
         base.pop("name", None)
-        base.pop("seed", None)
+        base["seed"] = seed
+        if study.vary_data:
+            base["task"] = {**base["task"], "data_seed": seed}
         slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
         spec = load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base)
         out(
@@ -50,8 +58,12 @@ def tune_study(
         if not result.best:
             raise RuntimeError(f"tuning {variant!r} completed no trial; see the MLflow experiment {study.name}.tuning")
         best[variant] = result.best[0]["params"]
-        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best[variant].items())
-        out(f"  best for {variant!r}: {shown}")
+        tuning[variant] = {p.key: position(p, best[variant][p.key]) for p in spec.space if p.key in best[variant]}
+        shown = ", ".join(
+            (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") + _where(tuning[variant].get(k))
+            for k, v in best[variant].items()
+        )
+        out(f"  best for {variant!r} (tuned on seed {seed}): {shown}")
     cells = []
     for cell in study.cells:
         data = cell.run.to_dict()
@@ -59,4 +71,35 @@ def tune_study(
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
         settings = {**cell.settings, **{f"{TUNED_SETTING}{k}": v for k, v in best[cell.variant].items()}}
         cells.append(Cell(cell.variant, settings, cell.seed, run))
-    return dataclasses.replace(study, cells=cells)
+    return dataclasses.replace(study, cells=cells, tuning={"seed": seed, "variants": tuning})
+
+
+EDGE = 0.05  # a chosen value within 5% of either end of its range is "at the edge"
+
+
+def tuning_seed(study: Study) -> int:
+    """A seed none of the study's cells trains with."""
+    return max(study.seeds) + 1
+
+
+def position(p, value: Any) -> dict[str, Any]:
+    """Where ``value`` lies in the range of parameter ``p``: 0 at low, 1 at high (on the log scale for a log
+    range), and whether that is at an edge. Categorical parameters have no position."""
+    import math
+
+    if p.type == "categorical":
+        return {"value": value}
+    lo, hi, v = float(p.low), float(p.high), float(value)
+    frac = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)) if p.log else (v - lo) / (hi - lo)
+    edge = "low" if frac <= EDGE else "high" if frac >= 1 - EDGE else None
+    return {"value": value, "low": lo, "high": hi, "log": p.log, "position": round(frac, 4), "edge": edge}
+
+
+def _where(pos: dict[str, Any] | None) -> str:
+    if not pos or "position" not in pos:
+        return ""
+    note = f" (at {pos['position']:.0%} of its {'log ' if pos['log'] else ''}range"
+    if pos["edge"]:
+        beyond = "below" if pos["edge"] == "low" else "above"
+        note += f": at the {pos['edge']} edge, the optimum may lie {beyond} it; widen the range"
+    return note + ")"

@@ -161,12 +161,21 @@ class Resources(Strict):
     cpus: float = Field(1.0, gt=0)
     gpus: float = Field(0.0, ge=0)
     workers: int = Field(1, ge=1)
+    share_gpus: bool = False  # data-parallel workers may share a GPU (slow, and NCCL refuses it: gloo only)
 
     @model_validator(mode="after")
     def _fits(self) -> Resources:
         if self.workers > 1 and self.cpus < self.workers:
             raise KeyedError(
                 ("cpus",), f"{self.cpus:g} CPUs cannot feed {self.workers} workers; give at least one per worker"
+            )
+        per_worker = self.gpus / self.workers
+        if self.workers > 1 and self.gpus and per_worker != int(per_worker) and not self.share_gpus:
+            raise KeyedError(
+                ("gpus",),
+                f"{self.gpus:g} GPU(s) for {self.workers} data-parallel workers would put {per_worker:g} GPU on each: "
+                f"ranks would share a GPU; give each worker whole GPUs (gpus: {self.workers}) or set "
+                "resources.share_gpus: true",
             )
         return self
 

@@ -51,18 +51,18 @@ def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
         place = f"under {where}:" if where else "at the top level of the file"
         return f"did you mean {shown}? ({key} belongs {place})"
     siblings = [v for v in valid if _parent(v) == section]
-    close = _closest(key, [v.rsplit(".", 1)[-1] for v in siblings], 0.6)
+    close = closest(key, [v.rsplit(".", 1)[-1] for v in siblings], 0.6)
     if close:
         return "did you mean " + " or ".join(here + c for c in close) + "?"
     depth = full.count(".")
     peers = [v for v in valid if v.count(".") == depth and _parent(v) != section]
-    close = _closest(full, peers, 0.75)
+    close = closest(full, peers, 0.75)
     if close:
         return "did you mean " + " or ".join(close) + "?"
     return ""
 
 
-def _closest(word: str, options: list[str], cutoff: float) -> list[str]:
+def closest(word: str, options: list[str], cutoff: float) -> list[str]:
     """The closest options (the best, and any as close), at least ``cutoff`` similar."""
     scored = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in dict.fromkeys(options)), reverse=True)
     scored = [(r, o) for r, o in scored if r >= cutoff]

@@ -48,6 +48,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError
+from ablations.spec.metrics import intermediate_metrics, logged_metrics, unknown_metric
 from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
@@ -129,6 +130,14 @@ class Objective(Strict):
         return v
 
 
+class PrunerWarmup(Strict):
+    """No trial is pruned before ``trials`` trials have finished, nor before step ``steps`` (default: the base
+    run's first validation, ``training.val_every``)."""
+
+    trials: int = Field(2, ge=0)
+    steps: int | None = Field(None, ge=0)
+
+
 class SearchFile(Strict):
     name: str
     description: str = ""
@@ -140,6 +149,9 @@ class SearchFile(Strict):
     sampler: Literal["tpe", "random", "cmaes", "gp", "nsga2"] | None = None
     pruner: Literal["median", "successive_halving", "hyperband", "wilcoxon", "none"] | None = None
     prune_on: str = "val/loss"
+    pruner_warmup: PrunerWarmup = PrunerWarmup()
+    startup_trials: int | None = Field(None, ge=0)  # random trials before TPE/GP model (default: fitted to n_trials)
+    diverged: Literal["worst", "fail"] = "worst"  # how a diverged trial is told: the worst value seen, or FAIL
     n_trials: int | None = Field(None, ge=1)
     timeout: float | None = Field(None, gt=0)
     concurrency: int = Field(1, ge=1)
@@ -197,6 +209,15 @@ class SearchSpec:
     budget: Budget
     seed: int
     storage: str | None
+    warmup_trials: int = 2
+    warmup_steps: int = 0
+    startup_trials: int = 0  # random trials before the sampler's model (tpe, gp); 0 for the others
+    diverged: str = "worst"
+
+    @property
+    def random_only(self) -> bool:
+        """A model-based sampler that never gets past its random startup trials within the budget."""
+        return self.sampler in ("tpe", "gp") and self.n_trials is not None and self.n_trials <= self.startup_trials
 
     @property
     def directions(self) -> list[str]:
@@ -249,6 +270,24 @@ def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param
     return ordered
 
 
+def _val_every(base: dict[str, Any]) -> int:
+    """The base run's validation interval: the first step at which a pruner may judge a trial."""
+    from models.lightning import TrainingConfig
+
+    training = base.get("training") if isinstance(base.get("training"), dict) else {}
+    return int(training.get("val_every", TrainingConfig.val_every))
+
+
+def _startup(given: int | None, sampler: str, n_trials: int | None) -> int:
+    """Random startup trials of a model-based sampler: as given, else Optuna's 10 fitted to the budget (a quarter
+    of it, at least 2), so that a small search is not random search under TPE's name."""
+    if sampler not in ("tpe", "gp"):
+        return 0
+    if given is not None:
+        return given
+    return 10 if n_trials is None else min(10, max(2, n_trials // 4))
+
+
 def load_search(
     path: str | Path | Origin, data: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None
 ) -> SearchSpec:
@@ -274,6 +313,7 @@ def load_search(
     space = _space(origin, file.space, valid)
     objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
     objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
+    sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")
     spec = SearchSpec(
         name=file.name,
         description=file.description,
@@ -281,7 +321,7 @@ def load_search(
         base=base,
         space=space,
         objectives=objectives,
-        sampler=file.sampler or ("tpe" if len(objectives) == 1 else "nsga2"),
+        sampler=sampler,
         pruner=file.pruner or ("median" if len(objectives) == 1 else "none"),
         prune_on=file.prune_on,
         n_trials=file.n_trials,
@@ -291,18 +331,30 @@ def load_search(
         budget=file.budget,
         seed=file.seed,
         storage=file.storage,
+        warmup_trials=file.pruner_warmup.trials,
+        warmup_steps=file.pruner_warmup.steps if file.pruner_warmup.steps is not None else _val_every(base),
+        startup_trials=_startup(file.startup_trials, sampler, file.n_trials),
+        diverged=file.diverged,
     )
-    # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17)
+    # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17),
+    # which logs every objective and reports prune_on
     for pick in (0, -1):
         params: dict[str, Any] = {}
         for p in space:
             if p.active(params):
                 params[p.key] = p.end(pick)
         try:
-            resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
+            run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
         except SpecError as err:
             end = "low" if pick == 0 else "high"
             raise origin.error(
                 ("space",), f"{err.message} (with the space at its {end} end: {params})", key=f"space ({err.key})"
             ) from None
+        logged = logged_metrics(run)
+        for i, (metric, _) in enumerate(spec.objectives):
+            problem = unknown_metric(metric, logged)
+            if problem:
+                raise origin.error(("objectives", i, "metric") if file.objectives else ("metric",), problem)
+        if spec.pruner != "none" and spec.prune_on not in intermediate_metrics(run):
+            raise origin.error(("prune_on",), unknown_metric(spec.prune_on, intermediate_metrics(run)) or "")
     return spec

@@ -53,6 +53,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError
+from ablations.spec.metrics import logged_metrics, unknown_metric
 from ablations.spec.run import RunConfig, apply_overrides, axis_keys, load_base, read_document, resolve_run
 from ablations.spec.search import load_search
 
@@ -146,6 +147,7 @@ class StudyFile(Strict):
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/spec/search.py)
     analysis: dict[str, Any] | None = None  # how the results are compared (dashboards/analysis.py)
     vary_data: bool = False  # true: each seed also regenerates the task's data (task.data_seed = seed)
+    reuse_results: Literal["same_code", "any_code"] = "same_code"  # any_code: results of other code count as done
 
     @field_validator("name")
     @classmethod
@@ -214,6 +216,9 @@ class Study:
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/search/tuned.py)
     analysis: dict[str, Any] | None = None  # the validated analysis: section (dashboards/analysis.py)
     vary_data: bool = False
+    reuse_any_code: bool = False  # results trained by other code (another code fingerprint) count as done
+    tuning: dict[str, Any] | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
+    metrics: list[str] = field(default_factory=list)  # the summary metrics every variant's runs log
 
     @property
     def variants(self) -> list[str]:
@@ -341,7 +346,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     if not cells:
         raise origin.error(("design",), "leaves no cell to run (every cell is skipped)")
     tune = _tune(origin, file, base, axes)
-    analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes)
+    metrics = _metrics(origin, file, cells)
+    analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes, metrics)
     return Study(
         name=file.name,
         description=file.description,
@@ -360,6 +366,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         tune=tune,
         analysis=analysis,
         vary_data=file.vary_data,
+        reuse_any_code=file.reuse_results == "any_code",
+        metrics=sorted(metrics),
     )
 
 
@@ -381,15 +389,34 @@ def _variant_error(
     return blamed
 
 
-def _analysis(origin: Origin, file: StudyFile, variants: list[str], axes: list[str]) -> dict[str, Any] | None:
-    """The ``analysis:`` section, checked against the study's variants and axes before anything runs."""
+def _metrics(origin: Origin, file: StudyFile, cells: list[Cell]) -> set[str]:
+    """The metrics every variant's runs log; the study's ``metric`` must be one of them (a typo in it would
+    otherwise be found by ``ablate report``, after all the compute)."""
+    per_variant: dict[str, set[str]] = {}
+    for cell in cells:
+        if cell.variant not in per_variant:
+            per_variant[cell.variant] = logged_metrics(cell.run)
+    common = set.intersection(*per_variant.values())
+    missing = [v for v, names in per_variant.items() if file.metric not in names]
+    if missing:
+        problem = unknown_metric(file.metric, per_variant[missing[0]]) or ""
+        if len(missing) < len(per_variant):
+            problem += f" (the runs of {', '.join(repr(v) for v in missing)} do not log it)"
+        raise origin.error(("metric",), problem)
+    return common
+
+
+def _analysis(
+    origin: Origin, file: StudyFile, variants: list[str], axes: list[str], metrics: set[str]
+) -> dict[str, Any] | None:
+    """The ``analysis:`` section, checked against the study's variants, axes and metrics before anything runs."""
     if file.analysis is None:
         return None
     from dashboards.analysis import AnalysisError, check_analysis, parse_analysis
 
     try:
         analysis = parse_analysis(file.analysis)
-        check_analysis(analysis, variants, axes, None, kind=file.design.kind)
+        check_analysis(analysis, variants, axes, metrics, kind=file.design.kind)
     except AnalysisError as err:
         raise origin.error(err.path, err.message) from None
     return analysis.model_dump(mode="json", exclude_defaults=True)

@@ -25,11 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablations import claims as cl
 from ablations import records, tracking
+from ablations.claims import Claim, Claims
 from ablations.secrets import redact_url
 from ablations.spec import Cell, Study
+from ablations.sweep.placement import check_placement, describe_cluster, trial_slots
 from ablations.sweep.plan import format_rows, plan, summarize
-from ablations.sweep.submission import Heartbeat, check_no_live_submission, open_submission
+from ablations.sweep.submission import Keeper, open_submission
 from ablations.sweep.trial import TrialContext, trainable
 
 
@@ -112,7 +115,10 @@ class StudyResult:
     @property
     def complete(self) -> bool:
         """Every cell has a result: finished, diverged or failed."""
-        return not (self.counts.get("to train") or self.counts.get("killed") or self.counts.get("running"))
+        return not any(n for s, n in self.counts.items() if s.startswith(("to train", "killed", "running")))
+
+
+POLL_S = 5.0  # how often a submission looks at cells another submission holds
 
 
 def run_study(
@@ -122,9 +128,13 @@ def run_study(
     tracking_uri: str | None = None,
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
+    claims_url: str | None = None,
+    reuse_any_code: bool = False,
     out: Callable[[str], None] = print,
 ) -> StudyResult:
-    """Run the cells of a study that MLflow does not hold yet; return the summary from MLflow."""
+    """Run the cells of a study that MLflow does not hold yet (trained by this code, unless ``reuse_any_code``);
+    return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
+    study may run at once, each training what it claims and waiting for the rest."""
     from ablations.cluster import check_fits, connect, is_loopback_address
 
     uri = tracking.resolve_uri(tracking_uri)
@@ -134,33 +144,44 @@ def run_study(
             f"the Ray cluster at {address} cannot write to the local store {redact_url(uri)}; start an MLflow "
             "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
         )
-    check_no_live_submission(study, uri)
+    fingerprint = tracking.code_fingerprint()
+    reuse_any_code = reuse_any_code or study.reuse_any_code
+    code = None if reuse_any_code else fingerprint
+    claims = Claims(cl.claims_url(uri, claims_url))
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before the searches
         from ablations.search.tuned import tune_study
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
-    p = plan(study, uri)
-    for run in p.stale:
+    p = plan(study, uri, code)
+    claims.expire_dead_local_owners(study.name)  # a killed driver on this machine: its cells are free at once
+    stale = _stale(study, p, claims, fingerprint)
+    for run in stale:
         records.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
-    if p.stale:
-        out(f"marked {len(p.stale)} run(s) left RUNNING by an earlier submission as KILLED")
+    if stale:
+        out(f"marked {len(stale)} run(s) left RUNNING by an earlier submission as KILLED")
     if not p.todo:
-        counts, rows = summarize(study, uri)
+        counts, rows = summarize(study, uri, code)
         out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
 
     check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
-    parent = open_submission(study, uri, p)
+    parent, alive_claim = open_submission(study, uri, p, claims)
+    keeper = Keeper(claims, [alive_claim] if alive_claim else [], out)
+    keeper.start()
     ctx = TrialContext(
         uri=uri,
         study=study.name,
         parent_run_id=parent.run_id,
         submission=parent.submission,
         resources=study.resources,
-        storage=str(tracking.home() / "ray_results"),
+        storage=tracking.ray_storage(),
         metric=study.metric,
         code=tracking.code_version(),
+        fingerprint=fingerprint,
+        reuse_any_code=reuse_any_code,
+        claims_url=claims.url,
+        owner=claims.owner,
     )
     out(
         f"submission {parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} already done "
@@ -168,26 +189,41 @@ def run_study(
     )
     status = records.STATUS_FAILED
     conn = None
-    heartbeat = Heartbeat(uri, parent.run_id)
-    heartbeat.start()
+    held: dict[str, Claim] = {}
     try:
         conn = connect(address, num_cpus=num_cpus, dashboard=study.resources.workers > 1)
-        import ray
-
-        total_cpus = ray.cluster_resources().get("CPU", 1)
-        slots = max(1, int(total_cpus // study.resources.cpus))
-        if max_concurrent or study.max_concurrent:
-            slots = min(slots, max_concurrent or study.max_concurrent)
-        out(
-            f"Ray: {'local, started here' if conn.started_here else address} "
-            f"({int(total_cpus)} CPUs, {len(ray.nodes())} node(s)); up to {slots} trial(s) at once"
-        )
-        _tune(study, p.todo, ctx, slots, max_concurrent or study.max_concurrent, out)
+        stores = {"the MLflow store": uri, "the claims store": claims.url, "Ray Train's storage": ctx.storage}
+        check_placement(study.resources, stores)
+        slots = trial_slots(study.resources, max_concurrent or study.max_concurrent)
+        out(f"Ray: {'local, started here' if conn.started_here else address} ({describe_cluster()}); "
+            f"up to {slots} trial(s) at once")  # fmt: skip
+        pending, tried = list(p.todo), set()
+        while pending:
+            mine = []
+            for cell in pending:
+                claim = claims.claim(study.name, cell.cell_id, fingerprint) if cell.cell_id not in tried else None
+                if claim is not None:
+                    held[cell.cell_id] = claim
+                    keeper.hold(claim)
+                    mine.append(cell)
+            if mine:
+                ctx.tokens = {c: k.token for c, k in held.items()}
+                _tune(study, mine, ctx, slots, max_concurrent or study.max_concurrent, out)
+                for cell in mine:  # given back: a failed or lost cell may be tried again by a later submission
+                    tried.add(cell.cell_id)
+                    keeper.drop(held[cell.cell_id])
+                    claims.release(held.pop(cell.cell_id))
+            pending = _still_pending(study, uri, code, pending, tried, claims, fingerprint, out)
+            if pending and not mine:
+                time.sleep(POLL_S)
         status = records.STATUS_FINISHED
     except KeyboardInterrupt:
         status = records.STATUS_KILLED
         raise
     finally:
+        keeper.stop()
+        for claim in held.values():
+            claims.release(claim)
         for run in [
             r
             for runs in records.cell_runs(uri, study.name).values()
@@ -195,16 +231,64 @@ def run_study(
             if r.info.status == "RUNNING" and r.data.tags.get(records.TAG_SUBMISSION) == str(parent.submission)
         ]:
             records.mark_killed(uri, run, "the submission stopped before the trial finished")
-        counts, rows = summarize(study, uri)
-        if status == records.STATUS_FINISHED and (counts.get("to train") or counts.get("killed")):
+        if status == records.STATUS_FINISHED:
+            _failed_on_every_attempt(study, uri, code, parent.submission, study.retries)
+        counts, rows = summarize(study, uri, code)
+        if status == records.STATUS_FINISHED and any(
+            n for s, n in counts.items() if s.startswith(("to train", "killed"))
+        ):
             status = records.STATUS_KILLED  # Tune was interrupted (Ctrl-C) and returned
         if status != records.STATUS_FINISHED:
             out("the submission did not finish: run the same command again to train the missing cells")
-        heartbeat.stop()
         parent.finish(status, counts, rows, format_rows(study, rows))
+        if alive_claim is not None:
+            claims.release(alive_claim)
         if conn is not None:
             conn.close()
     return StudyResult(study=study.name, parent_run_id=parent.run_id, counts=counts, rows=rows, tracking_uri=uri)
+
+
+def _stale(study: Study, p, claims: Claims, fingerprint: str) -> list:
+    """Runs left RUNNING whose cell no live submission holds (a RUNNING run of a held cell is someone's trial)."""
+    out = []
+    for run in p.stale:
+        row = claims.state(study.name, run.data.tags.get(records.TAG_CELL_ID, ""), fingerprint)
+        if row is None or row["state"] != "claimed" or row["left"] <= 0:
+            out.append(run)
+    return out
+
+
+def _still_pending(study, uri, code, pending, tried, claims: Claims, fingerprint, out) -> list:
+    """The cells still without a result that this submission has not tried yet (held by another submission)."""
+    done = {cell_id for cell_id, runs in records.cell_runs(uri, study.name).items() if records.result_run(runs, code)}
+    left = [c for c in pending if c.cell_id not in done and c.cell_id not in tried]
+    if left:
+        owners = set()
+        for cell in left:
+            row = claims.state(study.name, cell.cell_id, fingerprint)
+            if row is not None and row["state"] == "done":  # claimed done, but its run never reached MLflow
+                claims.reopen_lost(study.name, cell.cell_id, fingerprint, row["run_id"])
+            elif row is not None:
+                owners.add(row["owner"].rsplit(":", 1)[0])
+        if owners:
+            out(f"waiting for {len(left)} cell(s) another submission is training ({', '.join(sorted(owners))})")
+    return left
+
+
+def _failed_on_every_attempt(study: Study, uri: str, code, submission: int, retries: int) -> None:
+    """A cell whose every attempt in this submission was killed (its process or node died each time: out of
+    memory?) ends as failed, with the reason, not as killed."""
+    for runs in records.cell_runs(uri, study.name).values():
+        mine = [r for r in runs if r.data.tags.get(records.TAG_SUBMISSION) == str(submission)]
+        if not mine or records.result_run(runs, code) or len(mine) < retries + 1:
+            continue
+        if all(records.cell_state(r) == records.STATUS_KILLED for r in mine):
+            records.end_run(
+                uri,
+                mine[-1].info.run_id,
+                records.STATUS_FAILED,
+                f"its process or node died on every attempt ({len(mine)}): out of memory, or a lost node?",
+            )
 
 
 class _OneVoice(logging.Filter):

@@ -22,12 +22,13 @@ class Plan:
     stale: list[Any]  # runs left RUNNING by a submission that died
 
 
-def plan(study: Study, uri: str) -> Plan:
+def plan(study: Study, uri: str, code: str | None = None) -> Plan:
+    """What is done (a result trained by the code ``code``; None: by any code) and what is left."""
     runs = records.cell_runs(uri, study.name)
     todo, done, stale = [], {}, []
     for cell in study.cells:
         cell_runs = runs.get(cell.cell_id, [])
-        result = records.result_run(cell_runs)
+        result = records.result_run(cell_runs, code)
         if result is not None:
             done[cell.cell_id] = result
         else:
@@ -44,6 +45,8 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> 
     )
     budget = study.budget.as_dict() or "from the run file"
     out(f"each trial: {study.resources.describe()}; budget {budget}; metric {study.metric} ({study.direction})")
+    if study.metrics:
+        out("the runs log: " + ", ".join(m for m in study.metrics if not m.startswith("cost/")) + ", cost/*")
     out(f"{'variant':<{width}}  seed  cell id           state")
     for cell in study.cells:
         state = f"done ({records.cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
@@ -54,15 +57,20 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> 
         out(f"{len(p.stale)} run(s) left RUNNING by an earlier submission will be marked KILLED")
 
 
-def summarize(study: Study, uri: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """One row per cell from MLflow: its final state (its best attempt), metric and run."""
+def summarize(study: Study, uri: str, code: str | None = None) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """One row per cell from MLflow: its final state (its result by the code ``code``, else its latest attempt),
+    metric and run."""
     runs = records.cell_runs(uri, study.name)
     rows, counts = [], Counter()
     for cell in study.cells:
-        cell_runs = runs.get(cell.cell_id, [])
+        every = runs.get(cell.cell_id, [])
+        cell_runs = [r for r in every if records.same_code(r, code)]
         result = records.result_run(cell_runs)
         run = result or (cell_runs[-1] if cell_runs else None)
         state = records.cell_state(run) if run is not None else "to train"
+        other = records.result_run(every) if run is None else None
+        if other is not None:  # a result exists, trained by other code: not this code's, and said so
+            run, state = other, "to train (other code)"
         counts[state] += 1
         value = run.data.metrics.get(study.metric) if run is not None else None
         rows.append(

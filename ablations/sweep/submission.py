@@ -1,11 +1,13 @@
-"""A submission of a study: its MLflow parent run (the design, the summary), its heartbeat, and the check that no
-other submission of the same study is alive (two would train the same cells)."""
+"""A submission of a study: its MLflow parent run (the design, the summary) and its leases.
+
+A submission is alive while it renews its lease in the claims store (``ablations.claims``); several
+submissions of one study may run at once: each trains the cells it claims and waits for the others'."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -14,58 +16,82 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablations import records, tracking
+from ablations.claims import RENEW_S, Claim, Claims
 from ablations.spec import Study
 from ablations.sweep.plan import Plan
 
-HEARTBEAT_S = 10.0  # a submission's parent run records a heartbeat this often
-STALE_AFTER_S = 60.0  # a submission on another machine without a heartbeat for this long has died
+
+def submission_key(run_id: str) -> str:
+    """The claims row that says a submission is alive (its lease is renewed while its driver runs)."""
+    return f"submission:{run_id}"
 
 
-class SubmissionRunning(ValueError):
-    """Another submission of the same study is alive: two would train the same cells."""
+SUBMISSION_CODE = "-"  # submission rows are not tied to a code fingerprint
 
 
-def _alive(run) -> bool:
-    """Whether the driver of a RUNNING parent run is still there (its pid on this machine, else its heartbeat)."""
-    tags = run.data.tags
-    if tags.get("driver_host") == socket.gethostname() and tags.get("driver_pid", "").isdigit():
-        try:
-            os.kill(int(tags["driver_pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    beat = run.data.metrics.get("heartbeat", run.info.start_time / 1000)
-    return time.time() - beat < STALE_AFTER_S
+def alive(claims: Claims, study: str, run_id: str) -> bool:
+    """Whether the submission that opened parent run ``run_id`` still holds its lease (the store's clock)."""
+    row = claims.state(study, submission_key(run_id), SUBMISSION_CODE)
+    return row is not None and row["state"] == "claimed" and row["left"] > 0
 
 
-def check_no_live_submission(study: Study, uri: str) -> None:
+def live_submissions(study: Study, uri: str, claims: Claims) -> list:
+    """The parent runs of this study's submissions that are alive now."""
     exp = records.client(uri).get_experiment_by_name(study.name)
     if exp is None:
-        return
+        return []
     query = records.kind_filter(records.KIND_STUDY) + " and attributes.status = 'RUNNING'"
-    for run in records.search_all(uri, [exp.experiment_id], query):
-        if _alive(run):
-            t = run.data.tags
-            raise SubmissionRunning(
-                f"submission {t.get('submission')} of {study.name!r} is still running (pid {t.get('driver_pid')} on "
-                f"{t.get('driver_host')}, MLflow run {run.info.run_id}); two submissions would train the same "
-                "cells: wait for it to end, or stop it, then run the same command again"
-            )
+    return [r for r in records.search_all(uri, [exp.experiment_id], query) if alive(claims, study.name, r.info.run_id)]
 
 
-class Heartbeat(threading.Thread):
-    """Tells later submissions on other machines that this one is alive."""
+def live_notes(study: Study, uri: str, claims_url: str | None = None) -> list[str]:
+    """For a dry run: the submissions of this study that are alive now (read only: nothing is created)."""
+    from ablations import claims as cl
 
-    def __init__(self, uri: str, run_id: str) -> None:
-        super().__init__(daemon=True, name="ablate-heartbeat")
-        self.uri, self.run_id, self.stopped = uri, run_id, threading.Event()
+    url = cl.claims_url(uri, claims_url)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return []
+    claims = Claims(url)
+    return [
+        f"submission {r.data.tags.get(records.TAG_SUBMISSION)} of {study.name!r} is running (pid "
+        f"{r.data.tags.get('driver_pid')} on {r.data.tags.get('driver_host')}): a new submission trains the cells "
+        "it has not claimed and waits for the rest"
+        for r in live_submissions(study, uri, claims)
+    ]
+
+
+class Keeper(threading.Thread):
+    """Renews this submission's leases (its own row and every cell it holds) while its driver lives."""
+
+    def __init__(self, claims: Claims, held: list[Claim], out) -> None:
+        super().__init__(daemon=True, name="ablate-leases")
+        self.claims, self.held, self.out = claims, held, out
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def hold(self, claim: Claim) -> None:
+        with self.lock:
+            self.held.append(claim)
+
+    def drop(self, claim: Claim) -> None:
+        with self.lock:
+            self.held = [c for c in self.held if c != claim]
 
     def run(self) -> None:
-        while not self.stopped.wait(HEARTBEAT_S):
-            with contextlib.suppress(Exception):  # a slow or unreachable store must not stop the study
-                records.client(self.uri).log_metric(self.run_id, "heartbeat", time.time())
+        while not self.stopped.wait(RENEW_S):
+            with self.lock:
+                held = list(self.held)
+            try:
+                lost, ended = self.claims.renew(held)
+            except Exception as err:  # the store is unreachable: the leases may expire; the fence guards results
+                self.out(f"warning: could not renew this submission's claims ({type(err).__name__}); retrying")
+                continue
+            for c in ended:
+                self.drop(c)
+            for c in lost:
+                self.drop(c)
+                if not c.cell_id.startswith("submission:"):
+                    self.out(f"warning: the claim on cell {c.cell_id} expired and was taken by another submission")
 
     def stop(self) -> None:
         self.stopped.set()
@@ -83,7 +109,8 @@ class Submission:
         c = records.client(self.uri)
         now = int(time.time() * 1000)
         c.log_batch(
-            self.run_id, metrics=[Metric(f"cells_{k.replace(' ', '_')}", float(v), now, 0) for k, v in counts.items()]
+            self.run_id,
+            metrics=[Metric("cells_" + re.sub(r"\W+", "_", k).strip("_"), float(v), now, 0) for k, v in counts.items()],
         )
         c.log_text(self.run_id, table + "\n", "summary.txt")
         c.log_text(self.run_id, json.dumps(rows, indent=1, default=str), "cells.json")
@@ -107,17 +134,20 @@ def design_record(study: Study) -> dict:
         "cells": {c.cell_id: c.variant for c in study.cells},
         "analysis": study.analysis or {},  # how the report compares (dashboards/analysis.py)
         "vary_data": study.vary_data,
+        "tuning": study.tuning or {},  # tuned studies: the tuning seed, each chosen value's place in its range
     }
 
 
-def open_submission(study: Study, uri: str, p: Plan) -> Submission:
+def open_submission(study: Study, uri: str, p: Plan, claims: Claims) -> tuple[Submission, Claim]:
+    """The parent run of this submission and the claim that says it is alive. Parent runs left RUNNING by
+    submissions whose lease expired are marked KILLED; live ones are left alone."""
     from mlflow.entities import Param
 
     c = records.client(uri)
     exp_id = tracking.experiment_id(uri, study.name)
     previous = records.search_all(uri, [exp_id], records.kind_filter(records.KIND_STUDY))
-    for run in previous:  # a submission that died without finishing (check_no_live_submission ran first)
-        if run.info.status == "RUNNING":
+    for run in previous:  # a submission that died without finishing
+        if run.info.status == "RUNNING" and not alive(claims, study.name, run.info.run_id):
             records.mark_killed(uri, run, "the driver stopped before the submission ended")
     number = 1 + max([int(r.data.tags.get(records.TAG_SUBMISSION, 0)) for r in previous] or [0])
     tags = {
@@ -127,6 +157,8 @@ def open_submission(study: Study, uri: str, p: Plan) -> Submission:
         "design": study.design,
         "driver_host": socket.gethostname(),
         "driver_pid": str(os.getpid()),
+        "claims_owner": claims.owner,
+        records.TAG_CODE: tracking.code_fingerprint(),
         "cells": str(len(study.cells)),
         "cells_to_train": str(len(p.todo)),
         records.TAG_STATUS: records.STATUS_RUNNING,
@@ -149,4 +181,5 @@ def open_submission(study: Study, uri: str, p: Plan) -> Submission:
     c.log_dict(run.info.run_id, design_record(study), records.DESIGN_ARTIFACT)
     if study.description:
         c.set_tag(run.info.run_id, "mlflow.note.content", study.description)
-    return Submission(uri, run.info.run_id, number)
+    mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)
+    return Submission(uri, run.info.run_id, number), mine

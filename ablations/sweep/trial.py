@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations import records, tracking
+from ablations.claims import Claim, Fence
 from ablations.spec import Cell, Resources
 
 
@@ -31,7 +32,12 @@ class TrialContext:
     resources: Resources
     storage: str
     metric: str
-    code: dict[str, str] = field(default_factory=dict)
+    code: dict[str, str] = field(default_factory=dict)  # git sha and dirty flag (tags)
+    fingerprint: str = ""  # of the code that shapes a result (ablations.tracking.code_fingerprint)
+    reuse_any_code: bool = False  # a result trained by other code counts as done
+    claims_url: str = ""
+    owner: str = ""
+    tokens: dict[str, int] = field(default_factory=dict)  # cell_id -> the fencing token of its claim
 
 
 def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
@@ -48,6 +54,7 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
         "pid": str(os.getpid()),
         "workers": str(ctx.resources.workers),
         **ctx.code,
+        records.TAG_CODE: ctx.fingerprint,  # train() replaces it with the fingerprint of the code it runs
     }
     if ray.is_initialized():
         rc = ray.get_runtime_context()
@@ -84,7 +91,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
 
     torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
-    done = records.result_run(runs)
+    done = records.result_run(runs, None if ctx.reuse_any_code else ctx.fingerprint)
     if done is not None:  # trained by an earlier attempt or submission: never twice
         out = {"status": records.cell_state(done), "run_id": done.info.run_id, "reused": True}
         report(out)
@@ -94,6 +101,11 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
             records.mark_killed(ctx.uri, run, "lost: its process or node stopped before it finished; retried")
     attempt = 1 + len(runs)  # every earlier run of this cell, whichever submission made it
     tags = cell_tags(cell, ctx, attempt)
+    fence = None
+    if cell.cell_id in ctx.tokens:  # the result is written only while this submission's claim holds
+        claim = Claim(ctx.study, cell.cell_id, ctx.fingerprint, ctx.tokens[cell.cell_id])
+        fence = Fence(ctx.claims_url, ctx.owner, claim)
+        tags[records.TAG_CLAIM] = str(claim.token)
     where = Tracking(
         uri=ctx.uri, experiment=ctx.study, parent_run_id=ctx.parent_run_id, run_name=run_name(cell), tags=tags
     )
@@ -104,9 +116,9 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
 
     try:
         if ctx.resources.workers > 1:
-            result = _run_data_parallel(cell, ctx, where)
+            result = _run_data_parallel(cell, ctx, where, fence)
         else:
-            result = train(cell.run, where, hooks=[hook])
+            result = train(cell.run, where, hooks=[hook], fence=fence)
     except Exception as err:
         recorded = any(
             r.data.tags.get(records.TAG_ATTEMPT) == str(attempt)
@@ -122,12 +134,12 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     return out
 
 
-def _run_data_parallel(cell: Cell, ctx: TrialContext, where):
+def _run_data_parallel(cell: Cell, ctx: TrialContext, where, fence):
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from ablations.parallel import ParallelJob, run_data_parallel
 
-    job = ParallelJob(run=cell.run, where=where, resources=ctx.resources, report_validation=True)
+    job = ParallelJob(run=cell.run, where=where, resources=ctx.resources, report_validation=True, fence=fence)
     name = f"ddp-{cell.cell_id}-{where.tags.get(records.TAG_ATTEMPT, '1')}"
     return run_data_parallel(job, name=name, storage_path=ctx.storage, callbacks=[TuneReportCallback()])
 

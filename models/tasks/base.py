@@ -73,6 +73,7 @@ class Task:
     archs: ClassVar[tuple[str, ...]]
     Params: ClassVar[type[TaskParams]] = TaskParams
     splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
+    answer_mask: ClassVar[bool] = False  # lm tasks that mark answer tokens (loss_mask): exact match is scored
 
     def __init__(self, params: TaskParams) -> None:
         self.params = params

@@ -45,6 +45,7 @@ def _examples(keys: int, values: int, pairs: int, queries: int, seed: int, size:
 
 
 class RecallTask(Task):
+    answer_mask = True  # only the answer tokens are scored (loss_mask): exact match per sequence
     name = "recall"
     kind = "lm"
     archs = ("decoder",)

@@ -36,6 +36,7 @@ def _examples(symbols: int, length: int, distance: int, seed: int, size: int, **
 
 
 class RetrievalTask(Task):
+    answer_mask = True  # only the answer tokens are scored (loss_mask): exact match per sequence
     name = "retrieval"
     kind = "lm"
     archs = ("decoder",)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import signal
 import socket
@@ -21,6 +23,7 @@ from optuna.trial import TrialState
 from ablations.records import KIND_SEARCH, KIND_TRIAL
 from ablations.search import open_storage, run_search
 from ablations.spec import load_search
+from tests import reliability
 from tests.conftest import ROOT
 
 TINY = {
@@ -208,16 +211,20 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
 
 @pytest.mark.slow
 def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store):
+    """Every trial raises (its data vanished after the checks): the search ends after n_trials, each a FAIL with the
+    reason, instead of asking forever. (A typo in the objective no longer gets this far: tests/ablations/spec.)"""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec = load_search(
-        write_spec(tmp_path, n_trials=2, pruner="none", budget={"steps": 10}, metric="final/val_lost")
-    )  # a typo in the objective: every run finishes without it
+    corpus = tmp_path / "vanishing.txt"
+    corpus.write_text(" ".join(["the", "of", "and", "to", "in"] * 400))
+    base = {**TINY, "task": {"name": "text", "source": str(corpus), "block_size": 16}}
+    spec = load_search(write_spec(tmp_path, base=base, n_trials=2, pruner="none", budget={"steps": 10}))
+    corpus.unlink()
     lines: list[str] = []
     result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lines.append)
     study = optuna.load_study(study_name="srch", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # n_trials counts failures: no endless asking
     assert result.best == [] and result.counts == {"FAIL": 2}
-    assert sum("no finite final/val_lost" in line for line in lines) == 2, lines
+    assert sum("vanishing.txt" in line for line in lines) >= 2, lines
 
 
 @pytest.mark.slow
@@ -440,14 +447,133 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
         lr = best[run.data.tags["variant"]]
         assert float(run.data.params["training.lr"]) == pytest.approx(lr)
         assert float(run.data.tags["tuned.training.lr"]) == pytest.approx(lr)
-    assert c.get_experiment_by_name("tuned.tuning") is not None  # the searches' runs, apart from the cells
+    tuning = c.get_experiment_by_name("tuned.tuning")  # the searches' runs, apart from the cells
+    # tuned on a seed none of the cells uses (the value chosen on a seed is not judged on it)
+    assert {r.data.params["seed"] for r in c.search_runs([tuning.experiment_id], "tags.kind = 'trial'")} == {"2"}
+    assert {r.data.params["seed"] for r in cells} == {"0", "1"}
+    parent = c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'study'")[0]
+    design = json.loads(Path(c.download_artifacts(parent.info.run_id, "design.json", str(tmp_path))).read_text())
+    for variant, lr in best.items():  # each chosen value's place in its (log) range, and whether at its edge
+        where = design["tuning"]["variants"][variant]["training.lr"]
+        expected = (math.log(lr) - math.log(1e-5)) / (math.log(3e-2) - math.log(1e-5))
+        assert where["position"] == pytest.approx(expected, abs=1e-3)
+        assert where["edge"] == ("low" if expected <= 0.05 else "high" if expected >= 0.95 else None)
     from dashboards.load import load_study as load_runs
     from dashboards.table import build, to_markdown
 
     table = build(load_runs(store, "tuned"))  # the ablation table says what each variant's search chose
     assert {r["variant"]: r["tuned"] for r in table.as_records()} == {v: f"lr={lr:.3g}" for v, lr in best.items()}
-    assert "| variant | changed | tuned | test/exact_match" in to_markdown(table)
+    assert "| variant | changed | tuned | success" in to_markdown(table)
     # the same command again: the searches are complete, the cells are the same: nothing trains
     again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
     assert again.parent_run_id is None
     assert len(c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'cell'")) == 4
+
+
+# --- faults and honest samplers (bookkeeping) ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_trial_whose_process_dies_on_every_attempt_is_failed_and_the_driver_survives(tmp_path, store, monkeypatch):
+    """The trial's worker is SIGKILLed (as an out-of-memory kill would); Ray runs it again once; killed again, the
+    trial is failed with the reason, its runs are ended (none left RUNNING), and the search goes on to the end."""
+    import threading
+
+    from ablations.search import driver
+
+    monkeypatch.setattr(driver, "SYSTEM_RETRIES", 1)
+    spec = load_search(
+        write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 5000}, sampler="random")
+    )
+    killed: list[int] = []
+
+    def kill_twice() -> None:
+        c = MlflowClient(store)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(killed) < 2:
+            exp = c.get_experiment_by_name("srch")
+            for run in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'") if exp else []:
+                pid = int(run.data.tags.get("pid", 0))
+                if (
+                    run.data.tags.get("kind") == "trial"
+                    and pid not in killed
+                    and c.get_metric_history(run.info.run_id, "train/loss")
+                ):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.3)
+
+    killer = threading.Thread(target=kill_twice, daemon=True)
+    killer.start()
+    lines: list[str] = []
+    result = run_search(
+        spec, tracking_uri=store, storage=f"sqlite:///{tmp_path / 'o.db'}", num_cpus=2, out=lines.append
+    )
+    killer.join(timeout=5)
+    assert len(killed) == 2, "\n".join(lines)
+    assert result.counts == {"FAIL": 1}, "\n".join(lines)
+    runs = sorted(runs_of_kind(store, "srch", KIND_TRIAL), key=lambda r: r.info.start_time)
+    assert [r.info.status for r in runs] == ["KILLED", "FAILED"]
+    assert "run again" in runs[0].data.tags["status_detail"]
+    assert "died on every attempt (2)" in runs[1].data.tags["status_detail"]
+    assert any("died on every attempt" in line for line in lines)
+    reliability.record(
+        "a search trial whose worker is SIGKILLed on every attempt",
+        "2 SIGKILLs (the attempt and its retry)",
+        {"cells": 1, "lost": sum(r.info.status == "RUNNING" for r in runs), "duplicated": 0, "failed": 1},
+    )
+
+
+def test_samplers_are_honest(tmp_path):
+    """The process that creates a study samples with the spec's seed; one that joins or resumes it with its own
+    (two samplers with one seed propose the same trials); a small budget fits TPE's random startup, and a budget
+    within it is called a random search; a diverged trial is told as the worst value seen, so TPE learns from it."""
+    from ablations.search.driver import _open_study, describe_sampler, tell
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    spec = load_search(write_spec(tmp_path, n_trials=8, sampler="tpe", seed=7))
+    first, seed_1 = _open_study(spec, url, lambda line: None)
+    _, seed_2 = _open_study(spec, url, lambda line: None)
+    _, seed_3 = _open_study(spec, url, lambda line: None)
+    assert seed_1 == 7 and len({seed_1, seed_2, seed_3}) == 3
+    assert spec.startup_trials == 2 and "the first 2 trials random" in describe_sampler(spec)
+    small = load_search(write_spec(tmp_path, n_trials=3, sampler="tpe", startup_trials=5))
+    assert small.random_only and "this is a random search" in describe_sampler(small)
+    # a diverged trial is told as the worst value any completed trial reached
+    for value in (0.5, 2.5):
+        trial = first.ask()
+        tell(first, trial.number, {"status": "finished", "values": [value]}, spec)
+    diverged = first.ask()
+    assert tell(first, diverged.number, {"status": "diverged", "values": [None]}, spec).startswith("COMPLETE")
+    assert first.trials[diverged.number].value == 2.5
+    failing = load_search(write_spec(tmp_path, name="f", diverged="fail"))
+    late = first.ask()
+    assert tell(first, late.number, {"status": "diverged", "values": [None]}, failing) == "FAIL"
+
+
+def test_the_pruner_waits_for_the_warm_up_stated_in_the_file(tmp_path):
+    """pruner_warmup: {trials, steps}: no trial is judged before `steps` (default: the first validation)."""
+    from ablations.search import make_pruner
+    from ablations.search.trial import TrialTask, pruning_hooks
+    from ablations.spec import Resources
+    from ablations.train import StopTraining
+
+    spec = load_search(write_spec(tmp_path, pruner="median", pruner_warmup={"trials": 1, "steps": 20}))
+    assert (spec.warmup_trials, spec.warmup_steps) == (1, 20)
+    assert load_search(write_spec(tmp_path, name="d", pruner="median")).warmup_steps == TINY["training"]["val_every"]
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    study = optuna.create_study(study_name="p", storage=open_storage(url), pruner=make_pruner("median", 1, 20))
+    done = study.ask()
+    for step in (10, 20, 30):
+        done.report(1.0, step)
+    study.tell(done, 1.0)
+    trial = study.ask()
+    task = TrialTask(
+        spec_name="p", storage=url, number=trial.number, params={}, run_data={}, uri="", experiment="",
+        parent_run_id="", objectives=[("final/val_loss", "minimize")], prune_on="val/loss", pruner="median",
+        code={}, resources=Resources(), ray_storage=str(tmp_path), warmup_trials=1, warmup_steps=20,
+    )  # fmt: skip
+    (hook,) = pruning_hooks(task, last_step=100)
+    hook(10, {"val/loss": 9.0})  # far worse, but inside the warm-up: not judged
+    with pytest.raises(StopTraining):
+        hook(20, {"val/loss": 9.0})

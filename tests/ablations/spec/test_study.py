@@ -311,3 +311,39 @@ def test_seeds_can_vary_the_data(tmp_path):
     assert {(c.seed, c.run.task_spec["data_seed"]) for c in varied.cells} == {(0, 0), (1, 1)}
     data = [c.run.task.build("train")[:3]["tgt"] for c in varied.cells if c.variant == "norm=pre"]
     assert data[0] != data[1]  # the examples themselves differ
+
+
+# --- metrics known before anything trains ---------------------------------------------------------------------
+
+
+def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
+    """A typo in the study's metric (final/val_los) was caught only by `ablate report`, after all the compute."""
+    err = refused(tmp_path, metric="final/val_los")
+    assert err.key == "metric" and "did you mean final/val_loss?" in err.message
+    listed = refused(tmp_path, metric="test/accuracy").message  # not a classifier: every name it could be
+    assert "the runs log:" in listed and "test/exact_match" in listed
+    margin = refused(tmp_path, analysis={"margins": {"final/val_lss": 0.1}})
+    assert margin.key == "analysis.margins.final/val_lss" and "did you mean 'final/val_loss'" in margin.message
+    assert load_study(write(tmp_path, metric="test_long/exact_match")).metric == "test_long/exact_match"
+
+
+def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store):
+    """What the study file is checked against is what training records: one short run of each kind of task."""
+    from ablations.spec import resolve_run
+    from ablations.spec.metrics import logged_metrics
+    from ablations.train import Tracking, train
+
+    tiny = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}
+    training = {"max_steps": 4, "val_every": 2, "batch_size": 8, "warmup_steps": 0}
+    for task in (
+        {"name": "reverse", "train_size": 40, "val_size": 8, "test_size": 8, "max_len": 5},
+        {"name": "recall", "train_size": 40, "val_size": 8, "test_size": 8},
+        {"name": "listops", "train_size": 40, "val_size": 8, "test_size": 8, "max_len": 40},
+    ):
+        run = resolve_run({"task": task, "model": tiny, "training": training})
+        result = train(run, Tracking(store, task["name"]))
+        logged = {k for k in result.metrics if not k.startswith("cost/")}
+        expected = {k for k in logged_metrics(run) if not k.startswith("cost/")} - {"diverged_step", "stopped_step"}
+        assert logged == expected, (task["name"], logged ^ expected)
+        costs = {k for k in result.metrics if k.startswith("cost/")}
+        assert costs <= logged_metrics(run), costs - logged_metrics(run)

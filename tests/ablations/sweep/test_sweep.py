@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from ablations.records import KIND_CELL, KIND_STUDY, cell_state
 from ablations.spec import load_study
 from ablations.sweep import run_study
+from tests import reliability
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
 
@@ -120,6 +121,17 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
     assert Counter(r.data.tags["submission"] for r in runs) == {"1": 4, "2": 2}
     assert_exactly_once(store, bigger)
 
+    # the code is part of a result's identity: every run says which code trained it, and after a change to the
+    # model, the tasks or the training loop (another fingerprint) nothing is done until it trains again, unless
+    # results of other code are reused on purpose
+    from ablations import tracking
+    from ablations.sweep import plan
+
+    assert {r.data.tags["code_fingerprint"] for r in runs} == {tracking.code_fingerprint()}
+    assert plan(bigger, store, tracking.code_fingerprint()).todo == []
+    assert len(plan(bigger, store, "0123456789ab").todo) == 6  # code that trained none of them
+    assert plan(bigger, store, None).todo == []  # reuse_results: any_code (or --reuse-any-code)
+
 
 def test_failures_are_results(tmp_path, store):
     """A trial that raises (its data vanished), one that diverges, one whose process is SIGKILLed."""
@@ -200,6 +212,13 @@ def test_failures_are_results(tmp_path, store):
     assert killed, "the victim was never seen training\n" + log
     assert result.complete, log
     assert result.counts == {"finished": 2, "diverged": 1, "failed": 1, "skipped": 0}, log
+    figures = reliability.count(store, "faults", [c.cell_id for c in study.cells])
+    assert figures["lost"] == 0 and figures["duplicated"] == 0
+    reliability.record(
+        "a trial that raises; a worker SIGKILLed mid-trial",
+        "1 raise (twice: retried), 1 SIGKILL, 1 divergence",
+        figures,
+    )
 
     cells = by_cell(runs_of(store, "faults"))
     state = {
@@ -261,10 +280,6 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
     try:
         log = tmp_path / "first.log"
         running = lambda runs: any(r.info.status == "RUNNING" for r in runs)  # noqa: E731
-        wait_for(driver, log, store, "crash", running, "a running cell")
-        # while it runs, a second submission of the same study is refused: both would train the same cells
-        second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
-        assert second.returncode == 2 and "is still running" in second.stderr, second.stdout + second.stderr
         finished = lambda runs: any(r.info.status == "FINISHED" for r in runs)  # noqa: E731
         both = lambda runs: finished(runs) and running(runs)  # noqa: E731
         wait_for(driver, log, store, "crash", both, "a finished and a running cell")  # kill it then
@@ -283,6 +298,9 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "marked 1 run(s) left RUNNING" in again.stdout
     results = assert_exactly_once(store, study)
+    figures = reliability.count(store, "crash", [c.cell_id for c in study.cells])
+    assert figures["lost"] == 0 and figures["duplicated"] == 0
+    reliability.record("the driver SIGKILLed mid-sweep, then the same command", "1 SIGKILL of the driver", figures)
     for cell_id, run_id in finished_before.items():  # finished cells were not trained again
         assert results[cell_id].info.run_id == run_id
     runs = runs_of(store, "crash")
@@ -325,6 +343,9 @@ def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store):
         assert cluster.nodes[1].poll() is not None, "the second node was not stopped during the study"
     assert result.complete and result.counts["finished"] == 6, "\n".join(lines)
     results = assert_exactly_once(store, study)
+    figures = reliability.count(store, study.name, [c.cell_id for c in study.cells])
+    assert figures["lost"] == 0 and figures["duplicated"] == 0
+    reliability.record("a node lost mid-study", "1 of 2 nodes stopped", figures)
     nodes = Counter(r.data.tags["ray_node"] for r in results.values())
     assert len(nodes) == 2, nodes  # trials ran on both nodes
     assert {r.data.tags["ray_node_ip"] for r in results.values()} == {"127.0.0.1"}
@@ -353,3 +374,42 @@ def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
     assert run.data.tags["workers"] == "2" and cell_state(run) == "finished"
     history = MlflowClient(store).get_metric_history(run.info.run_id, "val/loss")
     assert [m.step for m in history] == [10, 20, 25]  # each point once: no other rank logged
+
+
+def test_a_cell_killed_on_every_attempt_ends_failed_with_the_reason(tmp_path, store):
+    """Its process is SIGKILLed (as an out-of-memory kill would) and there is no retry left: the cell is a failure
+    with its reason, not "killed" (which a later submission would take for an interruption)."""
+    path = write_study(
+        tmp_path,
+        "doomed",
+        retries=0,
+        design={"variants": [{"name": "doomed", "set": {"training.max_steps": 5000, "training.val_every": 1000}}]},
+    )
+    study = load_study(path)
+    killed: list[int] = []
+
+    def kill() -> None:
+        c = MlflowClient(store)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            exp = c.get_experiment_by_name("doomed")
+            for run in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'") if exp else []:
+                if run.data.tags.get("kind") == "cell" and c.get_metric_history(run.info.run_id, "train/loss"):
+                    os.kill(int(run.data.tags["pid"]), signal.SIGKILL)
+                    killed.append(int(run.data.tags["pid"]))
+                    return
+            time.sleep(0.3)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    killer.join(timeout=5)
+    assert killed, "\n".join(lines)
+    assert result.counts == {"failed": 1, "skipped": 0}, "\n".join(lines)
+    (run,) = runs_of(store, "doomed")
+    assert run.info.status == "FAILED"
+    assert "died on every attempt (1)" in run.data.tags["status_detail"]
+    figures = reliability.count(store, "doomed", [c.cell_id for c in study.cells])
+    assert figures == {"cells": 1, "lost": 0, "duplicated": 0, "failed": 1}
+    reliability.record("a cell whose worker is SIGKILLed on every attempt", "1 SIGKILL, no retry left", figures)

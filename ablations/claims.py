@@ -1,0 +1,267 @@
+"""Atomic cell claims: every cell of a study is trained by one submission at a time, exactly once.
+
+A cell is claimed in a transactional store (SQLite with its write lock on one machine, PostgreSQL on a
+cluster) before it trains. A claim holds a lease whose expiry is computed by the store's clock (never a
+client's), renewed while its submission lives, and a fencing token that grows with every claim. A result is
+written only by the holder of the current token: ``finish`` marks the cell done in the same statement that
+checks the token, and only then is the MLflow run ended as a result. A submission that died loses its leases
+when they expire; another submission then claims its cells (token + 1), and the dead one's late writes are
+refused.
+
+States: ``open`` (anyone may claim), ``claimed`` (held until ``lease_until``), ``done`` (its result is
+``run_id``; ``lease_until`` is the window in which the holder writes that run to MLflow). A ``done`` cell whose
+run never reached MLflow is reopened once that window has passed (``reopen_lost``).
+
+The key is (study, cell id, code fingerprint): a cell trained by other code is another cell.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, and_, create_engine, literal_column, or_, select
+from sqlalchemy.engine import Engine
+
+LEASE_S = 60.0  # a claim held this long without renewal is free again
+RENEW_S = 15.0  # how often a live submission renews its leases
+WRITE_WINDOW_S = 600.0  # a done cell whose run is not in MLflow after this long is reopened
+
+metadata = MetaData()
+CLAIMS = Table(
+    "ablate_claims",
+    metadata,
+    Column("study", String(250), primary_key=True),
+    Column("cell_id", String(64), primary_key=True),
+    Column("code", String(64), primary_key=True),
+    Column("owner", String(250), nullable=False),
+    Column("token", Integer, nullable=False),
+    Column("lease_until", Float, nullable=False),  # seconds since the epoch, by the store's clock
+    Column("state", String(16), nullable=False),  # open | claimed | done
+    Column("run_id", String(64), nullable=True),
+)
+
+
+def host_name() -> str:
+    """This machine's name in claims: ABLATE_HOST (containers' host names may mean nothing), else the hostname."""
+    return os.environ.get("ABLATE_HOST") or socket.gethostname()
+
+
+def owner_id() -> str:
+    """This process: host, pid and a random part (pids repeat across machines and restarts)."""
+    return f"{host_name()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claims_url(tracking_uri: str, explicit: str | None = None) -> str:
+    """Where claims live: ``--claims``/ABLATE_CLAIMS_URL; else beside a SQLite MLflow store; else the shared
+    Optuna storage when it is a database server (PostgreSQL on a cluster); else this machine's .ablate/."""
+    url = explicit or os.environ.get("ABLATE_CLAIMS_URL")
+    if url:
+        return url
+    if tracking_uri.startswith("sqlite:///"):
+        return f"sqlite:///{Path(tracking_uri.removeprefix('sqlite:///')).with_name('claims.db')}"
+    storage = os.environ.get("ABLATE_OPTUNA_STORAGE", "")
+    if storage.startswith(("postgresql", "mysql")):
+        return storage
+    from ablations import tracking
+
+    return f"sqlite:///{tracking.home() / 'claims.db'}"
+
+
+def is_local(url: str) -> bool:
+    """A store only this machine can reach (a multi-node cluster needs a database server)."""
+    return url.startswith("sqlite")
+
+
+@functools.lru_cache(maxsize=8)
+def engine(url: str) -> Engine:
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # BEGIN IMMEDIATE: a transaction takes SQLite's write lock before it reads, so two claims serialise
+        # (SQLAlchemy's recipe for pysqlite: the driver's own transaction handling off, ours on)
+        eng = create_engine(url, connect_args={"timeout": 60, "isolation_level": None})
+
+        from sqlalchemy import event
+
+        @event.listens_for(eng, "begin")
+        def _begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    else:
+        eng = create_engine(url, pool_pre_ping=True)
+    metadata.create_all(eng, checkfirst=True)
+    return eng
+
+
+def _now(eng: Engine):
+    """The store's clock, in seconds since the epoch (an SQL expression: never the client's clock)."""
+    if eng.dialect.name == "sqlite":
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", Float)
+    if eng.dialect.name == "postgresql":
+        return literal_column("extract(epoch from clock_timestamp())", Float)
+    raise ValueError(f"claims need SQLite or PostgreSQL (got {eng.dialect.name}); set ABLATE_CLAIMS_URL")
+
+
+def _insert(eng: Engine):
+    if eng.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(CLAIMS)
+
+
+def _dead_here(owner: str, host: str) -> bool:
+    """Whether ``owner`` (host:pid:random) is a process of this machine that has exited."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass(frozen=True)
+class Claim:
+    study: str
+    cell_id: str
+    code: str
+    token: int
+
+
+class Claims:
+    """The claims of one submission (``owner``) in the store at ``url``."""
+
+    def __init__(self, url: str, owner: str | None = None, lease_s: float = LEASE_S) -> None:
+        self.url, self.owner, self.lease_s = url, owner or owner_id(), lease_s
+        self.engine = engine(url)
+
+    def _key(self, study: str, cell_id: str, code: str):
+        return and_(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id, CLAIMS.c.code == code)
+
+    def claim(self, study: str, cell_id: str, code: str) -> Claim | None:
+        """Take the cell if it is open, its lease has expired, or this owner holds it; None if another holds it or
+        it is done. Atomic: of any number of concurrent claims, one gets the cell."""
+        now = _now(self.engine)
+        stmt = _insert(self.engine).values(
+            study=study, cell_id=cell_id, code=code, owner=self.owner, token=1, lease_until=now + self.lease_s,
+            state="claimed", run_id=None,
+        )  # fmt: skip
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[CLAIMS.c.study, CLAIMS.c.cell_id, CLAIMS.c.code],
+            set_={
+                "owner": stmt.excluded.owner,
+                "token": CLAIMS.c.token + 1,
+                "lease_until": stmt.excluded.lease_until,
+                "state": "claimed",
+                "run_id": None,
+            },
+            where=and_(
+                CLAIMS.c.state != "done",
+                or_(CLAIMS.c.state == "open", CLAIMS.c.lease_until < now, CLAIMS.c.owner == self.owner),
+            ),
+        ).returning(CLAIMS.c.token)
+        with self.engine.begin() as conn:
+            row = conn.execute(stmt).first()
+        return Claim(study, cell_id, code, row[0]) if row else None
+
+    def renew(self, claims: list[Claim]) -> tuple[list[Claim], list[Claim]]:
+        """Extend the leases still held. Returns (lost, ended): claims another holder took over after they
+        expired, and claims that ended (their cell done, or given back) and need no lease any more."""
+        lost, ended = [], []
+        with self.engine.begin() as conn:
+            for c in claims:
+                key = self._key(c.study, c.cell_id, c.code)
+                result = conn.execute(
+                    CLAIMS.update()
+                    .where(key, CLAIMS.c.token == c.token, CLAIMS.c.state == "claimed")
+                    .values(lease_until=_now(self.engine) + self.lease_s)
+                )
+                if result.rowcount == 0:
+                    row = conn.execute(select(CLAIMS.c.token).where(key)).first()
+                    (ended if row is not None and row.token == c.token else lost).append(c)
+        return lost, ended
+
+    def finish(self, claim: Claim, run_id: str) -> bool:
+        """Mark the cell done with ``run_id`` if ``claim`` still holds it (its token is current): the fencing
+        check. Leaves ``WRITE_WINDOW_S`` to write the run to MLflow. False: another took it over; write no
+        result."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                CLAIMS.update()
+                .where(
+                    self._key(claim.study, claim.cell_id, claim.code),
+                    CLAIMS.c.token == claim.token,
+                    CLAIMS.c.state == "claimed",
+                )
+                .values(state="done", run_id=run_id, lease_until=_now(self.engine) + WRITE_WINDOW_S)
+            )
+        return result.rowcount == 1
+
+    def release(self, claim: Claim) -> None:
+        """Give the cell back (it failed or was interrupted): anyone may claim it again."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                CLAIMS.update()
+                .where(self._key(claim.study, claim.cell_id, claim.code), CLAIMS.c.token == claim.token)
+                .where(CLAIMS.c.state == "claimed")
+                .values(state="open", lease_until=_now(self.engine))
+            )
+
+    def reopen_lost(self, study: str, cell_id: str, code: str, run_id: str | None) -> bool:
+        """A done cell whose run (``run_id``) never reached MLflow as a result, after its write window: open it."""
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                CLAIMS.update()
+                .where(self._key(study, cell_id, code), CLAIMS.c.state == "done", CLAIMS.c.run_id == run_id)
+                .where(CLAIMS.c.lease_until < _now(self.engine))
+                .values(state="open")
+            )
+        return result.rowcount == 1
+
+    def expire_dead_local_owners(self, study: str) -> int:
+        """Free now the claims held by processes of this machine that no longer exist (a killed driver), instead
+        of waiting for their leases to expire. Owners on other machines are judged by their leases only."""
+        host = host_name()
+        with self.engine.begin() as conn:
+            owners = conn.execute(
+                select(CLAIMS.c.owner).distinct().where(CLAIMS.c.study == study, CLAIMS.c.state == "claimed")
+            ).scalars()
+            dead = [o for o in owners if _dead_here(o, host)]
+            for owner in dead:
+                conn.execute(
+                    CLAIMS.update()
+                    .where(CLAIMS.c.study == study, CLAIMS.c.owner == owner, CLAIMS.c.state == "claimed")
+                    .values(lease_until=_now(self.engine))
+                )
+        return len(dead)
+
+    def state(self, study: str, cell_id: str, code: str) -> dict | None:
+        """The cell's row (state, owner, token, run_id, seconds left on the lease), or None if never claimed."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(CLAIMS, (CLAIMS.c.lease_until - _now(self.engine)).label("left")).where(
+                    self._key(study, cell_id, code)
+                )
+            ).first()
+        return dict(row._mapping) if row else None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The check a trial makes before it writes a result: picklable, so it travels to Ray workers (and to rank 0
+    of a data-parallel trial)."""
+
+    url: str
+    owner: str
+    claim: Claim
+
+    def __call__(self, run_id: str) -> bool:
+        return Claims(self.url, self.owner).finish(self.claim, run_id)

@@ -1,0 +1,67 @@
+"""The summary metrics a run will log, known before it trains: a study's ``metric`` (or an analysis margin, a
+search objective) that no run logs is a typo caught before any compute, with the names that do exist.
+
+A run logs, for every split its task evaluates:
+- ``best/val_<name>`` and ``final/val_<name>``: the best and the last validation (names of
+  ``models.lightning.LitTransformer.metric_names``: loss, ppl, token_acc, exact_match, accuracy, length_acc);
+- ``<split>/<name>`` for the test splits (``test``, ``test_long``, ...), evaluated once after training;
+- ``cost/<name>`` (COST) and, when it stops early, ``diverged_step`` or ``stopped_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ablations.spec.errors import closest
+from ablations.spec.run import RunConfig
+
+# what ablations.train summarises under cost/ (models.lightning's cost_summary, plus the run's wall time)
+COST = (
+    "tokens_per_s",
+    "step_time_ms",
+    "train_tokens",
+    "train_time_s",
+    "peak_memory_mb",
+    "n_params",
+    "flops_per_token",
+    "achieved_flops_per_s",
+    "mfu",
+    "wall_time_s",
+    "steps",
+)
+
+
+def split_names(run: RunConfig) -> list[str]:
+    """The metric names (without prefix) of one evaluated split of this run."""
+    from models.lightning import LitTransformer
+
+    task = run.task
+    exact = task.kind == "seq2seq" or (task.kind == "lm" and task.answer_mask)
+    length = run.model.arch == "encoder_decoder" and getattr(run.model, "decoding", "") == "non_autoregressive"
+    return LitTransformer.metric_names(task.kind, exact=exact, length=length)
+
+
+def logged_metrics(run: RunConfig) -> set[str]:
+    """Every summary metric this run will log (when it trains to the end)."""
+    names = split_names(run)
+    out = {f"{prefix}/val_{n}" for prefix in ("best", "final") for n in names}
+    for split in run.task.splits:
+        if split not in ("train", "validation"):
+            out |= {f"{split}/{n}" for n in names}
+    out |= {f"cost/{n}" for n in COST}
+    return out | {"diverged_step", "stopped_step"}
+
+
+def unknown_metric(metric: str, known: Iterable[str]) -> str | None:
+    """None if ``metric`` is logged; else what to say: the closest names, or every one."""
+    known = sorted(known)
+    if metric in known:
+        return None
+    close = closest(metric, known, 0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "the runs log: " + ", ".join(known)
+    return f"{metric!r} is not a metric these runs log; {hint}"
+
+
+def intermediate_metrics(run: RunConfig) -> set[str]:
+    """What a run reports at each validation (a search's ``prune_on``)."""
+    return {f"val/{n}" for n in split_names(run)}

@@ -1,0 +1,129 @@
+"""Atomic cell claims on real stores (SQLite here, PostgreSQL on 127.0.0.1 when it answers): one holder at a
+time, leases by the store's clock, fencing tokens checked when a result is written."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ablations.claims import Claims, Fence
+
+STUDY, CODE = "s", "abc123"
+
+
+def postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'claims.db'}"
+        return
+    if not postgres_reachable():
+        pytest.skip("no PostgreSQL reachable on 127.0.0.1:5432")
+    db = f"ablate_claims_{uuid.uuid4().hex[:8]}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-q", "-c"]
+    subprocess.run([*psql, f"CREATE DATABASE {db}"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
+    finally:
+        from ablations.claims import engine
+
+        engine.cache_clear()
+        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"], capture_output=True)
+
+
+def test_one_holder_leases_expire_and_stale_tokens_are_fenced_out(url):
+    a, b = Claims(url, "host:1:a", lease_s=1.0), Claims(url, "host:2:b", lease_s=1.0)
+    first = a.claim(STUDY, "c1", CODE)
+    assert first is not None and first.token == 1
+    assert b.claim(STUDY, "c1", CODE) is None  # held
+    assert a.claim(STUDY, "c1", "other-code") is not None  # a cell trained by other code is another cell
+    time.sleep(1.3)  # a's lease expires (it did not renew): b takes the cell over
+    second = b.claim(STUDY, "c1", CODE)
+    assert second is not None and second.token == 2
+    assert a.renew([first]) == ([first], [])  # a learns that it lost the cell
+    assert not a.finish(first, "run-a")  # a's late result is refused: its token is stale
+    assert Fence(url, "host:2:b", second)("run-b")  # b writes its result
+    row = b.state(STUDY, "c1", CODE)
+    assert (row["state"], row["run_id"], row["token"]) == ("done", "run-b", 2)
+    assert a.claim(STUDY, "c1", CODE) is None and b.claim(STUDY, "c1", CODE) is None  # done: nobody trains it
+    assert b.renew([second]) == ([], [second])  # ended, not lost
+
+
+def test_a_released_cell_is_free_at_once_and_a_lost_result_is_reopened_after_its_window(url, monkeypatch):
+    a, b = Claims(url, "host:1:a"), Claims(url, "host:2:b")
+    held = a.claim(STUDY, "c1", CODE)
+    a.release(held)  # it failed: anyone may try it again
+    again = b.claim(STUDY, "c1", CODE)
+    assert again is not None and again.token == 2
+    assert b.finish(again, "run-b")
+    assert not a.reopen_lost(STUDY, "c1", CODE, "run-b")  # inside the write window: b may still be writing
+    import ablations.claims as claims
+
+    monkeypatch.setattr(claims, "WRITE_WINDOW_S", 0.0)
+    third = a.claim(STUDY, "c2", CODE)
+    assert a.finish(third, "run-lost")
+    time.sleep(0.1)
+    assert a.reopen_lost(STUDY, "c2", CODE, "run-lost")  # its run never reached MLflow: open again
+    assert b.claim(STUDY, "c2", CODE) is not None
+
+
+def test_leases_follow_the_stores_clock_not_the_clients(url, monkeypatch):
+    """A client whose clock runs an hour ahead cannot take a cell whose lease has not expired by the store."""
+    holder = Claims(url, "host:1:a", lease_s=30.0)
+    assert holder.claim(STUDY, "c1", CODE) is not None
+    monkeypatch.setattr(time, "time", lambda: 1e10)  # the client's clock: far in the future
+    assert Claims(url, "host:2:b").claim(STUDY, "c1", CODE) is None
+
+
+def test_a_dead_process_of_this_machine_loses_its_claims_at_once(url):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    Claims(url, f"{host}:{dead.pid}:x", lease_s=600).claim(STUDY, "c1", CODE)
+    Claims(url, f"elsewhere:{dead.pid}:y", lease_s=600).claim(STUDY, "c2", CODE)  # another machine: its lease
+    Claims(url, f"{host}:{os.getpid()}:z", lease_s=600).claim(STUDY, "c3", CODE)  # alive
+    other = Claims(url, f"{host}:{os.getpid()}:w")
+    assert other.expire_dead_local_owners(STUDY) == 1
+    assert other.claim(STUDY, "c1", CODE) is not None
+    assert other.claim(STUDY, "c2", CODE) is None and other.claim(STUDY, "c3", CODE) is None
+
+
+def _claim_all(url: str, owner: str, cells: int, start: float, out: str) -> None:
+    while time.time() < start:
+        time.sleep(0.001)
+    c = Claims(url, owner, lease_s=600)
+    got = [i for i in range(cells) if c.claim(STUDY, f"c{i}", CODE) is not None]
+    Path(out).write_text(",".join(map(str, got)))
+
+
+def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
+    """Eight processes race for the same 40 cells at the same moment."""
+    Claims(url, "init")  # the table exists before the race
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 3.0
+    procs = [
+        ctx.Process(target=_claim_all, args=(url, f"host:{i}:p", 40, start, str(tmp_path / f"{i}.txt")))
+        for i in range(8)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    granted = [int(x) for i in range(8) for x in (tmp_path / f"{i}.txt").read_text().split(",") if x]
+    assert sorted(granted) == list(range(40))  # every cell once, none twice
