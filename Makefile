@@ -8,6 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Two test processes (pytest-xdist): most tests wait on subprocesses, servers and Ray as much as they compute.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install tools quickstart test test-fast lint format bench constraints clean
 
@@ -37,10 +39,10 @@ tools:
 	fi
 
 test: install tools
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m 'not slow' $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -24,7 +24,20 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, and_, create_engine, literal_column, or_, select
+from sqlalchemy import (
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    and_,
+    case,
+    create_engine,
+    literal_column,
+    or_,
+    select,
+)
 from sqlalchemy.engine import Engine
 
 LEASE_S = 60.0  # a claim held this long without renewal is free again
@@ -91,10 +104,17 @@ def engine(url: str) -> Engine:
         def _begin(conn):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+        metadata.create_all(eng, checkfirst=True)  # under SQLite's write lock: one creator at a time
     else:
         eng = create_engine(url, pool_pre_ping=True)
-    metadata.create_all(eng, checkfirst=True)
+        with eng.begin() as conn:  # ten submissions at once must not race to CREATE TABLE: one at a time
+            if eng.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK})")
+            metadata.create_all(conn, checkfirst=True)
     return eng
+
+
+_CREATE_LOCK = 0x61626C61  # "abla": the advisory lock that serialises creating the claims table on PostgreSQL
 
 
 def _now(eng: Engine):
@@ -171,6 +191,20 @@ class Claims:
         with self.engine.begin() as conn:
             row = conn.execute(stmt).first()
         return Claim(study, cell_id, code, row[0]) if row else None
+
+    def next_number(self, study: str, at_least: int = 1) -> int:
+        """The next submission number of ``study``, atomically (ten submissions at once get ten numbers), and at
+        least ``at_least`` (the numbers MLflow already holds from before)."""
+        stmt = _insert(self.engine).values(
+            study=study, cell_id="#submissions", code="counter", owner="-", token=at_least, lease_until=0.0,
+            state="done", run_id=None,
+        )  # fmt: skip
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[CLAIMS.c.study, CLAIMS.c.cell_id, CLAIMS.c.code],
+            set_={"token": case((CLAIMS.c.token + 1 < at_least, at_least), else_=CLAIMS.c.token + 1)},
+        ).returning(CLAIMS.c.token)
+        with self.engine.begin() as conn:
+            return int(conn.execute(stmt).scalar_one())
 
     def renew(self, claims: list[Claim]) -> tuple[list[Claim], list[Claim]]:
         """Extend the leases still held. Returns (lost, ended): claims another holder took over after they

@@ -99,6 +99,11 @@ class Connection:
     dashboard_url: str | None
     owned: bool = True  # False: Ray was already connected by the caller, who disconnects it
 
+    def describe(self) -> str:
+        if self.started_here:
+            return "local, started here"
+        return self.address or "the Ray this process was already connected to"
+
     def close(self) -> None:
         import ray
 

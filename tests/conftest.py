@@ -27,17 +27,23 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 # --- the session: Ctrl-C and SIGTERM stop it, and every process it started, at once ---------------------
 #
-# Every process the suite starts (subprocesses, Ray's daemons and workers, servers) inherits this marker in its
+# Every process the suite starts (subprocesses, Ray's daemons and workers, servers) inherits a marker in its
 # environment; whatever still carries it when the session ends, or is interrupted, is killed. Lightning turns
 # Ctrl-C inside training into sys.exit(1) (and SIGTERM into a SystemExit): ablations.train.fit gives both back
 # as KeyboardInterrupt, so pytest stops instead of failing one test and carrying on.
+#
+# With pytest-xdist (`make test` runs two workers) the controller's SESSION_MARK reaches the workers and all they
+# start: a signal to the controller kills the whole run. Each worker also has a WORKER_MARK of its own, and kills
+# only what carries it when it ends (the other worker goes on).
 SESSION_MARK = "ABLATE_TEST_SESSION"
+WORKER_MARK = "ABLATE_TEST_WORKER"
+_own = SESSION_MARK  # the marker whose processes this process kills: SESSION_MARK, or WORKER_MARK in a worker
 _terms = 0
 
 
-def session_processes(mark: str | None = None) -> list[int]:
-    """PIDs of the live processes that carry this session's marker (Linux: read from /proc)."""
-    needle = f"{SESSION_MARK}={mark or os.environ.get(SESSION_MARK, '')}".encode()
+def marked_processes(var: str, value: str) -> list[int]:
+    """PIDs of the live processes started with ``var=value`` in their environment (Linux: read from /proc)."""
+    needle = f"{var}={value}".encode()
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -48,8 +54,14 @@ def session_processes(mark: str | None = None) -> list[int]:
     return pids
 
 
+def session_processes(mark: str | None = None) -> list[int]:
+    """PIDs of the live processes that carry this session's marker (or ``mark``)."""
+    return marked_processes(SESSION_MARK, mark or os.environ.get(SESSION_MARK, ""))
+
+
 def kill_session_processes() -> None:
-    for pid in session_processes():
+    """Kill what this process started: the whole session's processes, or in an xdist worker its own."""
+    for pid in marked_processes(_own, os.environ.get(_own, "")):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
@@ -64,7 +76,10 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def pytest_configure(config) -> None:
-    os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+    global _own
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller's session marker stays
+        _own = WORKER_MARK
+    os.environ[_own] = f"{os.getpid()}-{time.time_ns()}"
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -152,6 +167,31 @@ def mlflow_server(tmp: Path, extra_args: list[str] | None = None, env: dict[str,
     finally:
         stop(proc)
         log.close()
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray (2 CPUs, loopback) shared by the tests that ask for it: run_study and run_search join a Ray this
+    process is already connected to (ablations.cluster.connect) instead of starting and stopping their own, and its
+    worker processes keep torch and Lightning imported between tests. Started on first use, stopped at the end of
+    the session, or by ``own_ray`` before a test that needs a cluster of its own."""
+    import ray
+
+    from ablations.cluster import connect
+
+    if not ray.is_initialized():
+        connect(num_cpus=2)
+    yield
+
+
+@pytest.fixture
+def own_ray():
+    """No shared Ray in this process: the test starts or joins a cluster of its own."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    yield
 
 
 @pytest.fixture

@@ -43,17 +43,26 @@ def test_never_reached():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupted_session_stops_at_once_and_leaves_no_process(tmp_path, sig):
+@pytest.mark.parametrize(
+    ("sig", "workers"),
+    [(signal.SIGINT, 0), (signal.SIGTERM, 0), (signal.SIGINT, 1), (signal.SIGTERM, 1)],
+    ids=["ctrl-c", "sigterm", "ctrl-c, xdist", "sigterm, xdist"],
+)
+def test_an_interrupted_session_stops_at_once_and_leaves_no_process(tmp_path, sig, workers):
+    """Ctrl-C reaches the terminal's whole process group (with xdist: the controller and its worker); SIGTERM
+    (`kill`, a CI time limit) reaches the controller alone, which must stop its workers and all they started."""
     (tmp_path / "test_inner.py").write_text(INNER)
     mark_file = tmp_path / "mark"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # not a worker of ours
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(tmp_path)]
+        + (["-n", str(workers)] if workers else []),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "MARK_FILE": str(mark_file)},
+        env={**env, "PYTHONPATH": str(ROOT), "MARK_FILE": str(mark_file)},
+        start_new_session=True,  # its own process group, as a terminal gives it
     )
     try:
         deadline = time.monotonic() + 120
@@ -65,12 +74,15 @@ def test_an_interrupted_session_stops_at_once_and_leaves_no_process(tmp_path, si
         assert len(session_processes(mark)) >= 1  # its sleeper carries the session's marker
         time.sleep(3)  # well inside Lightning's training loop
         sent = time.monotonic()
-        proc.send_signal(sig)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # the terminal's Ctrl-C
+        else:
+            proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0 and ("Interrupted" in out or "KeyboardInterrupt" in out), out
     assert not (tmp_path / "mark.next").exists(), out  # the suite did not carry on
     time.sleep(0.5)

@@ -114,6 +114,9 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
             f"{spec.objectives}: give the search another name"
         )
     study.set_user_attr("objectives", [list(o) for o in spec.objectives])
+    with warnings.catch_warnings():  # optuna-dashboard labels the axes with these (not "Objective 0")
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([metric for metric, _ in spec.objectives])
     # trials a dead process left running: failed, and asked again with the same parameters (on this machine by
     # the pid of the process that asked them; elsewhere, RDB storages, by their heartbeat)
     for t in stale_trials(study):

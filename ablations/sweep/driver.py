@@ -191,12 +191,6 @@ def run_study(
     conn = None
     held: dict[str, Claim] = {}
     try:
-        conn = connect(address, num_cpus=num_cpus, dashboard=study.resources.workers > 1)
-        stores = {"the MLflow store": uri, "the claims store": claims.url, "Ray Train's storage": ctx.storage}
-        check_placement(study.resources, stores)
-        slots = trial_slots(study.resources, max_concurrent or study.max_concurrent)
-        out(f"Ray: {'local, started here' if conn.started_here else address} ({describe_cluster()}); "
-            f"up to {slots} trial(s) at once")  # fmt: skip
         pending, tried = list(p.todo), set()
         while pending:
             mine = []
@@ -206,6 +200,13 @@ def run_study(
                     held[cell.cell_id] = claim
                     keeper.hold(claim)
                     mine.append(cell)
+            if mine and conn is None:  # Ray only once there is something to train (not to wait for others)
+                conn = connect(address, num_cpus=num_cpus, dashboard=study.resources.workers > 1)
+                stores = {"the MLflow store": uri, "the claims store": claims.url, "Ray Train's storage": ctx.storage}
+                check_placement(study.resources, stores)
+                slots = trial_slots(study.resources, max_concurrent or study.max_concurrent)
+                out(f"Ray: {conn.describe()} ({describe_cluster()}); "
+                    f"up to {slots} trial(s) at once")  # fmt: skip
             if mine:
                 ctx.tokens = {c: k.token for c, k in held.items()}
                 _tune(study, mine, ctx, slots, max_concurrent or study.max_concurrent, out)

@@ -149,7 +149,11 @@ def open_submission(study: Study, uri: str, p: Plan, claims: Claims) -> tuple[Su
     for run in previous:  # a submission that died without finishing
         if run.info.status == "RUNNING" and not alive(claims, study.name, run.info.run_id):
             records.mark_killed(uri, run, "the driver stopped before the submission ended")
-    number = 1 + max([int(r.data.tags.get(records.TAG_SUBMISSION, 0)) for r in previous] or [0])
+    # numbered by the claims store: several submissions at once never share a number (their RUNNING runs are
+    # told apart by it when one of them ends)
+    number = claims.next_number(
+        study.name, 1 + max([int(r.data.tags.get(records.TAG_SUBMISSION, 0)) for r in previous] or [0])
+    )
     tags = {
         records.TAG_KIND: records.KIND_STUDY,
         records.TAG_STUDY: study.name,

@@ -106,14 +106,15 @@ def test_a_dead_process_of_this_machine_loses_its_claims_at_once(url):
 def _claim_all(url: str, owner: str, cells: int, start: float, out: str) -> None:
     while time.time() < start:
         time.sleep(0.001)
-    c = Claims(url, owner, lease_s=600)
+    c = Claims(url, owner, lease_s=600)  # the first use creates the table: all eight at once
+    number = c.next_number(STUDY, at_least=3)  # submissions 1 and 2 are in MLflow already
     got = [i for i in range(cells) if c.claim(STUDY, f"c{i}", CODE) is not None]
-    Path(out).write_text(",".join(map(str, got)))
+    Path(out).write_text(f"{number};" + ",".join(map(str, got)))
 
 
 def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
-    """Eight processes race for the same 40 cells at the same moment."""
-    Claims(url, "init")  # the table exists before the race
+    """Eight processes race to create the table, to number their submissions and for the same 40 cells, at the
+    same moment."""
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 3.0
     procs = [
@@ -125,5 +126,7 @@ def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
     for p in procs:
         p.join(timeout=120)
         assert p.exitcode == 0
-    granted = [int(x) for i in range(8) for x in (tmp_path / f"{i}.txt").read_text().split(",") if x]
+    written = [(tmp_path / f"{i}.txt").read_text().split(";") for i in range(8)]
+    assert sorted(int(number) for number, _ in written) == list(range(3, 11))  # eight numbers, none shared
+    granted = [int(x) for _, cells in written for x in cells.split(",") if x]
     assert sorted(granted) == list(range(40))  # every cell once, none twice

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 
 @pytest.mark.slow
-def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store):
+def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, local_ray):
     path = tmp_path / "mh.yaml"
     path.write_text(
         yaml.safe_dump(

@@ -431,7 +431,7 @@ def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_pa
 
 
 def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
-    deployment, compose_mlflow, tmp_path, monkeypatch
+    deployment, compose_mlflow, tmp_path, monkeypatch, own_ray
 ):
     import optuna
     from mlflow import MlflowClient

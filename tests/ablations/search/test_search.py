@@ -124,7 +124,7 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
 
 
 @pytest.mark.slow
-def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store):
+def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store, local_ray):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     spec = load_search(
         write_spec(
@@ -210,7 +210,7 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
 
 
 @pytest.mark.slow
-def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store):
+def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store, local_ray):
     """Every trial raises (its data vanished after the checks): the search ends after n_trials, each a FAIL with the
     reason, instead of asking forever. (A typo in the objective no longer gets this far: tests/ablations/spec.)"""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -228,7 +228,7 @@ def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store):
 
 
 @pytest.mark.slow
-def test_journal_storage_resuming_and_two_objectives(tmp_path, store):
+def test_journal_storage_resuming_and_two_objectives(tmp_path, store, local_ray):
     storage = f"journal:{tmp_path / 'journal.log'}"
     objectives = [
         {"metric": "final/val_loss", "direction": "minimize"},
@@ -241,6 +241,7 @@ def test_journal_storage_resuming_and_two_objectives(tmp_path, store):
     result = run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda _: None)
     study = optuna.load_study(study_name="srch", storage=open_storage(storage))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    assert study.metric_names == ["final/val_loss", "cost/tokens_per_s"]  # optuna-dashboard's axis labels
     assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2  # one parent run per process
     # the Pareto front: every trial no other trial beats in both objectives
     front = {t.number for t in study.trials if not any(dominates(o.values, t.values) for o in study.trials)}
@@ -395,7 +396,7 @@ def postgres_url() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(postgres_url() is None, reason="no PostgreSQL reachable on 127.0.0.1:5432")
-def test_postgresql_storage(tmp_path, store):
+def test_postgresql_storage(tmp_path, store, local_ray):
     url = postgres_url()
     name = f"srch_{uuid.uuid4().hex[:8]}"
     spec = load_search(write_spec(tmp_path, name, n_trials=2, pruner="none"))
@@ -409,7 +410,7 @@ def test_postgresql_storage(tmp_path, store):
 
 
 @pytest.mark.slow
-def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch):
+def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch, local_ray):
     from ablations.spec import load_study
     from ablations.sweep import run_study
 
@@ -474,7 +475,9 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
 
 
 @pytest.mark.slow
-def test_a_trial_whose_process_dies_on_every_attempt_is_failed_and_the_driver_survives(tmp_path, store, monkeypatch):
+def test_a_trial_whose_process_dies_on_every_attempt_is_failed_and_the_driver_survives(
+    tmp_path, store, monkeypatch, local_ray
+):
     """The trial's worker is SIGKILLed (as an out-of-memory kill would); Ray runs it again once; killed again, the
     trial is failed with the reason, its runs are ended (none left RUNNING), and the search goes on to the end."""
     import threading

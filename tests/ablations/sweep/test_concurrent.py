@@ -17,7 +17,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, RESULT_STATES, cell_state
+from ablations.records import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state
 from tests import reliability
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
@@ -95,6 +95,10 @@ def test_ten_submissions_at_once_train_each_cell_exactly_once(tmp_path, backend)
         results = Counter(r.data.tags["cell_id"] for r in runs if cell_state(r) in RESULT_STATES)
         assert len(results) == 4 and set(results.values()) == {1}  # every cell has exactly one result
         assert set(per_cell.values()) == {1}, per_cell  # and was trained exactly once: no second run at all
+        parents = c.search_runs([exp.experiment_id], f"tags.kind = '{KIND_STUDY}'", max_results=1000)
+        numbers = sorted(int(r.data.tags["submission"]) for r in parents)
+        assert numbers == list(range(1, len(parents) + 1)), numbers  # no two submissions share a number
+        assert all(r.info.status == "FINISHED" for r in parents)
         for out in outputs:  # every submission ends with the full table: four cells, all finished
             assert out.count(" finished ") >= 4 and "together: 4 finished" in out, out
         figures = reliability.count(store, "together", list(per_cell))

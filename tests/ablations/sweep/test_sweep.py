@@ -79,7 +79,7 @@ def assert_exactly_once(uri: str, study) -> dict[str, object]:
 # --- a local Ray, started on demand ------------------------------------------------------------------
 
 
-def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
+def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
     path = write_study(tmp_path, seeds=2)
     study = load_study(path)
     lines: list[str] = []
@@ -133,7 +133,7 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store):
     assert plan(bigger, store, None).todo == []  # reuse_results: any_code (or --reuse-any-code)
 
 
-def test_failures_are_results(tmp_path, store):
+def test_failures_are_results(tmp_path, store, local_ray):
     """A trial that raises (its data vanished), one that diverges, one whose process is SIGKILLed."""
     corpus, vanishing = tmp_path / "corpus.txt", tmp_path / "vanishing.txt"
     words = [
@@ -314,7 +314,7 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
 # --- a cluster of several nodes -----------------------------------------------------------------------
 
 
-def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store):
+def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store, own_ray):
     path = write_study(
         tmp_path,
         "nodes",
@@ -376,7 +376,7 @@ def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
     assert [m.step for m in history] == [10, 20, 25]  # each point once: no other rank logged
 
 
-def test_a_cell_killed_on_every_attempt_ends_failed_with_the_reason(tmp_path, store):
+def test_a_cell_killed_on_every_attempt_ends_failed_with_the_reason(tmp_path, store, local_ray):
     """Its process is SIGKILLed (as an out-of-memory kill would) and there is no retry left: the cell is a failure
     with its reason, not "killed" (which a later submission would take for an interruption)."""
     path = write_study(
