@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 quickstart: install
 	$(BIN)/ablate sweep ablations/studies/quickstart.yaml
 	$(BIN)/ablate report quickstart
-	@echo "Browse it in MLflow: $(BIN)/ablate ui   (then open http://127.0.0.1:5000, experiment 'quickstart';"
-	@echo "the report is an artifact of its parent run: report/report.html)"
+	@echo "Browse it in MLflow: $(BIN)/ablate ui quickstart   (it prints the link to open: the experiment 'quickstart';"
+	@echo "the report is an artifact of its parent run: report/report.html). Other commands: source $(VENV)/bin/activate"
 
 # Test tools from Debian packages: headless Chromium + chromedriver (browser tests) and docker-compose (it
 # validates docker-compose.yml without an engine). Tests that need a missing one skip and say why.

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from ablations import records, tracking
-from ablations.secrets import redact_url
+from ablations.secrets import redact, redact_url
 
 DEFAULT_PORTS = {"mlflow": 5000, "optuna": 8080}
 
@@ -130,6 +130,7 @@ def serve_mlflow(
         lean_server_env(),
         ready=f"{base}/health",
         lines=[f"MLflow UI on {redact_url(uri)}", *([note] if note else []), *links, "(Ctrl-C stops it)"],
+        name="mlflow-ui",
     )
 
 
@@ -168,6 +169,7 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int | None 
             f"open {base}",
             "(Ctrl-C stops it)",
         ],
+        name="optuna-dashboard",
     )
 
 
@@ -175,15 +177,21 @@ class _Stop(Exception):
     """SIGTERM, turned into an exception in the main thread."""
 
 
-def serve(command: list[str], env: dict[str, str], *, ready: str, lines: list[str], timeout: float = 120) -> int:
+def serve(
+    command: list[str], env: dict[str, str], *, ready: str, lines: list[str], name: str, timeout: float = 120
+) -> int:
     """Run a server in its own process group until it exits, Ctrl-C or SIGTERM (which stop the whole group).
-    ``lines`` are printed once ``ready`` answers."""
+    ``lines`` are printed once ``ready`` answers. The server's own output (access lines, its libraries' warnings
+    and notes) goes to a log file, not the terminal: one voice. If the server fails, the log's end is printed."""
 
     def on_term(signum, frame):
         raise _Stop
 
+    log_path = tracking.home() / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     previous = signal.signal(signal.SIGTERM, on_term)
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
@@ -192,10 +200,14 @@ def serve(command: list[str], env: dict[str, str], *, ready: str, lines: list[st
                     break
             except OSError:
                 time.sleep(0.3)
-        if proc.poll() is not None:
-            return proc.returncode
-        print("\n".join(lines), flush=True)
-        return proc.wait()
+        if proc.poll() is None:
+            print("\n".join([*lines, f"(the server's own log: {log_path})"]), flush=True)
+            proc.wait()
+        if proc.returncode:
+            tail = log_path.read_text(errors="replace").splitlines()[-20:]
+            print(f"error: the server exited with code {proc.returncode}; the end of {log_path}:", file=sys.stderr)
+            print(redact("\n".join(tail)), file=sys.stderr)
+        return proc.returncode
     except (KeyboardInterrupt, _Stop):
         return 0
     finally:

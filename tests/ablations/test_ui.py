@@ -95,6 +95,9 @@ def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm
         assert line.endswith(f"/#/experiments/{exp.experiment_id}/runs/{result.run_id}?workflowType=machine_learning")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
             assert r.status == 200
+        printed = log.read_text()  # one voice: the server's access lines, notes and warnings go to its own log
+        assert "Warning" not in printed and "Uvicorn" not in printed and "GET /health" not in printed, printed
+        assert "(the server's own log: " in printed
         group = os.getpgid(proc.pid)
         servers = [
             int(p)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 import yaml
 
 from dashboards.load import load_study
@@ -48,6 +49,7 @@ def doc_analysis() -> dict:
     return yaml.safe_load(block)["analysis"]
 
 
+@pytest.mark.slow
 def test_the_worked_example_in_the_docs_is_what_the_code_produces(store):
     analysis = doc_analysis()
     fabricate(store, analysis)

@@ -278,6 +278,7 @@ def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
     assert [r["variant"] for r in records] == ["baseline", "better", "same"]
 
 
+@pytest.mark.slow
 def test_compare_finds_the_conclusions_that_changed(store):
     """Eight seeds (was five): the exact sign-flip test needs more than 5 seeds to reach 0.05 after Holm."""
     seeds = range(8)
@@ -301,6 +302,7 @@ def test_compare_finds_the_conclusions_that_changed(store):
     assert by["b"].changed and by["b"].a == "different (better)" and by["b"].b == "different (worse)"
 
 
+@pytest.mark.slow
 def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path):
     three_variants(store)
     out = subprocess.run(
@@ -330,6 +332,7 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path)
     assert bad.returncode == 2 and "no study 'nope'" in bad.stderr and "abl" in bad.stderr
 
 
+@pytest.mark.slow
 def test_another_metric_brings_its_own_direction(store):
     three_variants(store)  # the study maximises test/acc
     runs = load_study(store, "abl")

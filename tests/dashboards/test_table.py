@@ -90,6 +90,7 @@ def test_survivors_that_are_shown_better_are_bold_but_marked(store):
     assert "fragile in bold: the best mean (higher is better" in to_markdown(table)
 
 
+@pytest.mark.slow
 def test_a_variant_that_failed_on_every_seed_is_a_result(store):
     rng = np.random.default_rng(1)
     base = base_values(SEEDS8, rng)
@@ -295,6 +296,7 @@ def test_every_rendering_carries_the_same_numbers(store):
         assert field in header
 
 
+@pytest.mark.slow
 def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
     """For the sweep's dry run: an earlier submission is the pilot for the study file's analysis section."""
     from dashboards.analysis import parse_analysis

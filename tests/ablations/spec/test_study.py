@@ -202,6 +202,7 @@ def test_every_catalogue_study_loads():
         assert study.name == name and study.cells
 
 
+@pytest.mark.slow
 def test_dry_run_lists_cells_without_starting_ray(tmp_path):
     path = write(tmp_path, seeds=2)
     out = subprocess.run(
@@ -243,6 +244,7 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "resources", "words"),
     [("sweep", {"cpus": 2}, "needs 2 CPUs"), ("search", {"cpus": 1, "gpus": 1}, "needs 1 GPU")],

@@ -54,6 +54,7 @@ def test_malformed_files_are_refused_with_one_line(tmp_path, loader, kind, conte
     assert "\n" not in line and line.startswith(str(path)) and words in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "sweep", "search"])
 def test_every_command_refuses_them_with_exit_2_and_one_line(tmp_path, command):
     files = {kind: content for kind, content, _ in MALFORMED if kind in ("utf16", "alias-bomb", "python-tag")}
