@@ -209,11 +209,12 @@ class MetricWriter:
         pause = self.interval
         while not self._stop.is_set():
             self._stop.wait(pause)
-            pause = self.interval
+            sent = True
             while items := self._batch():
                 if not self._send(items):
-                    pause = min(30.0, max(self.interval, pause) * 2)  # back off while the store is away
+                    sent = False
                     break
+            pause = self.interval if sent else min(30.0, pause * 2)  # back off while the store is away
 
     def close(self) -> None:
         self._stop.set()

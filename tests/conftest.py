@@ -194,6 +194,35 @@ def own_ray():
     yield
 
 
+def postgres_reachable() -> bool:
+    """This machine's PostgreSQL on 127.0.0.1:5432 (trust authentication) answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def fresh_postgres_database(prefix: str):
+    """A new, empty PostgreSQL database for one test (skipped when none is reachable); its URL for SQLAlchemy,
+    MLflow and the claims store. Dropped afterwards, whoever is still connected."""
+    import uuid
+
+    if not postgres_reachable():
+        pytest.skip("no PostgreSQL reachable on 127.0.0.1:5432")
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-q", "-c"]
+    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        from ablations.claims import engine
+
+        engine.cache_clear()  # its pooled connections would hold the database open
+        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> str:
     """A fresh SQLite MLflow store for one test."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,3 +40,29 @@ def record(scenario: str, faults: str, figures: dict[str, int]) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data[scenario] = {"faults": faults, **figures}
     path.write_text(json.dumps(data, indent=1))
+
+
+def kill_while_training(
+    store: str, experiment: str, where: str, times: int = 1, timeout: float = 240.0
+) -> tuple[threading.Thread, list[int]]:
+    """A fault: a thread that SIGKILLs the process of a RUNNING run of ``experiment`` that matches the MLflow
+    filter ``where`` as soon as it has logged a training loss (as an out-of-memory kill or a lost worker would),
+    ``times`` distinct processes in all. Returns the started thread and the pids it killed."""
+    killed: list[int] = []
+
+    def kill() -> None:
+        c = MlflowClient(store)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(killed) < times:
+            exp = c.get_experiment_by_name(experiment)
+            for run in c.search_runs([exp.experiment_id], f"{where} and attributes.status = 'RUNNING'") if exp else []:
+                pid = int(run.data.tags.get("pid", 0))
+                if pid and pid not in killed and c.get_metric_history(run.info.run_id, "train/loss"):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread, killed

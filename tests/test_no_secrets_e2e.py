@@ -22,7 +22,8 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from tests.deployment.processes import postgres_reachable, roles_and_databases, started_mlflow
+from tests.conftest import postgres_reachable
+from tests.deployment.processes import roles_and_databases, started_mlflow
 from tests.deployment.resolve import compose, compose_argv, compose_env, env_values, local_database_url
 
 pytestmark = [

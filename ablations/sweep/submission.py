@@ -20,10 +20,12 @@ from ablations.claims import RENEW_S, Claim, Claims
 from ablations.spec import Study
 from ablations.sweep.plan import Plan
 
+SUBMISSION_PREFIX = "submission:"
+
 
 def submission_key(run_id: str) -> str:
     """The claims row that says a submission is alive (its lease is renewed while its driver runs)."""
-    return f"submission:{run_id}"
+    return SUBMISSION_PREFIX + run_id
 
 
 SUBMISSION_CODE = "-"  # submission rows are not tied to a code fingerprint
@@ -90,7 +92,7 @@ class Keeper(threading.Thread):
                 self.drop(c)
             for c in lost:
                 self.drop(c)
-                if not c.cell_id.startswith("submission:"):
+                if not c.cell_id.startswith(SUBMISSION_PREFIX):
                     self.out(f"warning: the claim on cell {c.cell_id} expired and was taken by another submission")
 
     def stop(self) -> None:
@@ -138,7 +140,7 @@ def design_record(study: Study) -> dict:
     }
 
 
-def open_submission(study: Study, uri: str, p: Plan, claims: Claims) -> tuple[Submission, Claim]:
+def open_submission(study: Study, uri: str, p: Plan, claims: Claims, fingerprint: str) -> tuple[Submission, Claim]:
     """The parent run of this submission and the claim that says it is alive. Parent runs left RUNNING by
     submissions whose lease expired are marked KILLED; live ones are left alone."""
     from mlflow.entities import Param
@@ -162,7 +164,7 @@ def open_submission(study: Study, uri: str, p: Plan, claims: Claims) -> tuple[Su
         "driver_host": socket.gethostname(),
         "driver_pid": str(os.getpid()),
         "claims_owner": claims.owner,
-        records.TAG_CODE: tracking.code_fingerprint(),
+        records.TAG_CODE: fingerprint,
         "cells": str(len(study.cells)),
         "cells_to_train": str(len(p.todo)),
         records.TAG_STATUS: records.STATUS_RUNNING,

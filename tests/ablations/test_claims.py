@@ -9,22 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from ablations.claims import Claims, Fence
+from tests.conftest import fresh_postgres_database
 
 STUDY, CODE = "s", "abc123"
-
-
-def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -32,18 +24,8 @@ def url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'claims.db'}"
         return
-    if not postgres_reachable():
-        pytest.skip("no PostgreSQL reachable on 127.0.0.1:5432")
-    db = f"ablate_claims_{uuid.uuid4().hex[:8]}"
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-q", "-c"]
-    subprocess.run([*psql, f"CREATE DATABASE {db}"], check=True, capture_output=True)
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
-    finally:
-        from ablations.claims import engine
-
-        engine.cache_clear()
-        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"], capture_output=True)
+    with fresh_postgres_database("ablate_claims") as url:
+        yield url
 
 
 def test_one_holder_leases_expire_and_stale_tokens_are_fenced_out(url):

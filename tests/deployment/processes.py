@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,6 @@ from tests.deployment.resolve import ROOT, local_database_url, on_this_machine
 
 INIT = ROOT / "platform" / "postgres" / "init.sh"
 SUPERUSER = "postgresql://postgres@127.0.0.1:5432/postgres"  # this machine's PostgreSQL (trust authentication)
-
-
-def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def run_init(postgres_env: dict[str, str], prefix: str) -> None:

@@ -25,12 +25,11 @@ import uuid
 import pytest
 import yaml
 
-from tests.conftest import free_port, stop, wait_for_http
+from tests.conftest import free_port, postgres_reachable, stop, wait_for_http
 from tests.deployment.processes import (
     SUPERUSER,
     command_lines_showing,
     drop_prefixed,
-    postgres_reachable,
     request,
     roles_and_databases,
     run_init,

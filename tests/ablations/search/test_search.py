@@ -7,7 +7,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from ablations.records import KIND_SEARCH, KIND_TRIAL
 from ablations.search import open_storage, run_search
 from ablations.spec import load_search
 from tests import reliability
-from tests.conftest import ROOT
+from tests.conftest import ROOT, postgres_reachable
 
 TINY = {
     "task": {"name": "reverse", "train_size": 300, "max_len": 5},
@@ -389,19 +388,13 @@ def test_two_search_processes_share_one_study(tmp_path, store):
     assert len(runs_of_kind(store, "srch", KIND_TRIAL)) == len(study.trials)
 
 
-def postgres_url() -> str | None:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            pass
-    except OSError:
-        return None
-    return "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES_TEST = "postgresql://postgres@127.0.0.1:5432/test"  # the database this machine's PostgreSQL has
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(postgres_url() is None, reason="no PostgreSQL reachable on 127.0.0.1:5432")
+@pytest.mark.skipif(not postgres_reachable(), reason="no PostgreSQL reachable on 127.0.0.1:5432")
 def test_postgresql_storage(tmp_path, store, local_ray):
-    url = postgres_url()
+    url = POSTGRES_TEST
     name = f"srch_{uuid.uuid4().hex[:8]}"
     spec = load_search(write_spec(tmp_path, name, n_trials=2, pruner="none"))
     try:
@@ -484,34 +477,13 @@ def test_a_trial_whose_process_dies_on_every_attempt_is_failed_and_the_driver_su
 ):
     """The trial's worker is SIGKILLed (as an out-of-memory kill would); Ray runs it again once; killed again, the
     trial is failed with the reason, its runs are ended (none left RUNNING), and the search goes on to the end."""
-    import threading
-
     from ablations.search import driver
 
     monkeypatch.setattr(driver, "SYSTEM_RETRIES", 1)
     spec = load_search(
         write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 5000}, sampler="random")
     )
-    killed: list[int] = []
-
-    def kill_twice() -> None:
-        c = MlflowClient(store)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and len(killed) < 2:
-            exp = c.get_experiment_by_name("srch")
-            for run in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'") if exp else []:
-                pid = int(run.data.tags.get("pid", 0))
-                if (
-                    run.data.tags.get("kind") == "trial"
-                    and pid not in killed
-                    and c.get_metric_history(run.info.run_id, "train/loss")
-                ):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            time.sleep(0.3)
-
-    killer = threading.Thread(target=kill_twice, daemon=True)
-    killer.start()
+    killer, killed = reliability.kill_while_training(store, "srch", f"tags.kind = '{KIND_TRIAL}'", times=2, timeout=300)
     lines: list[str] = []
     result = run_search(
         spec, tracking_uri=store, storage=f"sqlite:///{tmp_path / 'o.db'}", num_cpus=2, out=lines.append

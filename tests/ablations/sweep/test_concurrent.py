@@ -5,12 +5,11 @@ the leases in the store, timed by the store's clock)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 
 import pytest
@@ -19,7 +18,7 @@ from mlflow import MlflowClient
 
 from ablations.records import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state
 from tests import reliability
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fresh_postgres_database
 from tests.ray_nodes import ray_cluster
 
 pytestmark = pytest.mark.slow
@@ -38,38 +37,26 @@ STUDY = {
 }
 
 
-def postgres_database() -> str | None:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            pass
-    except OSError:
-        return None
-    name = f"ablate_together_{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-q", "-c", f"CREATE DATABASE {name}"],
-        check=True,
-        capture_output=True,
-    )
-    return name
+@contextlib.contextmanager
+def backend_store(tmp_path, backend: str):
+    """The MLflow store the submissions share: SQLite (claims beside it, claims.db) or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'mlflow.db'}"
+    else:
+        with fresh_postgres_database("ablate_together") as url:
+            yield url
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_ten_submissions_at_once_train_each_cell_exactly_once(tmp_path, backend):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ABLATE_", "RAY_ADDRESS"))}
     env["PYTHONPATH"] = str(ROOT)
-    database = None
-    if backend == "sqlite":
-        store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # claims: beside it, claims.db
-    else:
-        database = postgres_database()
-        if database is None:
-            pytest.skip("no PostgreSQL reachable on 127.0.0.1:5432")
-        store = f"postgresql+psycopg://postgres@127.0.0.1:5432/{database}"
-        env["ABLATE_CLAIMS_URL"] = store
-    MlflowClient(store).search_experiments()  # the store's schema exists before the race
     path = tmp_path / "together.yaml"
     path.write_text(yaml.safe_dump(STUDY))
-    try:
+    with backend_store(tmp_path, backend) as store:
+        if backend == "postgresql":
+            env["ABLATE_CLAIMS_URL"] = store
+        MlflowClient(store).search_experiments()  # the store's schema exists before the race
         with ray_cluster(tmp_path, nodes=1, cpus_per_node=2, dashboard=False) as cluster:
             command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store]
             command += ["--address", cluster.address]
@@ -108,13 +95,3 @@ def test_ten_submissions_at_once_train_each_cell_exactly_once(tmp_path, backend)
         )
         waited = sum("waiting for" in out or "nothing to train" in out for out in outputs)
         print(f"{backend}: {SUBMISSIONS} submissions in {took:.0f} s; {waited} waited for or reused others' cells")
-    finally:
-        if database is not None:
-            from ablations.claims import engine
-
-            engine.cache_clear()
-            subprocess.run(
-                ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-q", "-c",
-                 f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"],
-                capture_output=True,
-            )  # fmt: skip

@@ -185,26 +185,7 @@ def test_failures_are_results(tmp_path, store, local_ray):
     study = load_study(path)  # checked while every file exists
     vanishing.unlink()  # ... and then the data of one cell disappears
 
-    killed: list[int] = []
-
-    def kill_the_victim() -> None:
-        c = MlflowClient(store)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
-            exp = c.get_experiment_by_name("faults")
-            if exp is not None:
-                for run in c.search_runs(
-                    [exp.experiment_id], "tags.variant = 'victim' and attributes.status = 'RUNNING'"
-                ):
-                    if c.get_metric_history(run.info.run_id, "train/loss"):  # it is training
-                        pid = int(run.data.tags["pid"])
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                        return
-            time.sleep(0.5)
-
-    killer = threading.Thread(target=kill_the_victim, daemon=True)
-    killer.start()
+    killer, killed = reliability.kill_while_training(store, "faults", "tags.variant = 'victim'")
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
     killer.join(timeout=5)
@@ -386,22 +367,7 @@ def test_a_cell_killed_on_every_attempt_ends_failed_with_the_reason(tmp_path, st
         design={"variants": [{"name": "doomed", "set": {"training.max_steps": 5000, "training.val_every": 1000}}]},
     )
     study = load_study(path)
-    killed: list[int] = []
-
-    def kill() -> None:
-        c = MlflowClient(store)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
-            exp = c.get_experiment_by_name("doomed")
-            for run in c.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'") if exp else []:
-                if run.data.tags.get("kind") == "cell" and c.get_metric_history(run.info.run_id, "train/loss"):
-                    os.kill(int(run.data.tags["pid"]), signal.SIGKILL)
-                    killed.append(int(run.data.tags["pid"]))
-                    return
-            time.sleep(0.3)
-
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
+    killer, killed = reliability.kill_while_training(store, "doomed", f"tags.kind = '{KIND_CELL}'")
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
     killer.join(timeout=5)
