@@ -163,25 +163,30 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _heads(args: argparse.Namespace) -> int:
+    """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module."""
     from ablations import tracking
-    from ablations.heads import format_heads, head_ablation, heads_json, log_heads
+    from ablations.heads import format_heads, head_ablation, save_heads
+    from ablations.pruning import format_pruning, save_pruning, study_pruning
     from dashboards.load import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
         effects, info = head_ablation(uri, args.study, args.metric)
+        text = format_heads(effects, info)
+        print(text)
+        saved = [save_heads(uri, args.study, text, effects, args.out)]
+        if args.prune:
+            print(f"pruning every model's heads 10% at a time, measured on {args.prune} ...", flush=True)
+            models, info = study_pruning(uri, args.study, args.prune)
+            print(format_pruning(models, info))
+            saved.append(save_pruning(uri, args.study, models, info, args.out))
     except (NoResults, LookupError, ValueError) as err:
         return error(str(err))
-    text = format_heads(effects, info)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "heads.md").write_text(text)
-        (args.out / "heads.json").write_text(heads_json(effects))
-        print(f"written: {args.out / 'heads.md'}, {args.out / 'heads.json'}")
-    parent = log_heads(uri, args.study, text, effects)
-    if parent:
-        print(f"logged to MLflow: run {parent}, artifacts heads/heads.md and heads/heads.json")
+    for written, parent, logged in saved:
+        if written:
+            print("written: " + ", ".join(str(p) for p in written))
+        if parent:
+            print(f"logged to MLflow: run {parent}, artifacts {', '.join(logged)}")
     return EXIT_OK
 
 
@@ -335,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a validation or test metric (significance tests for losses), e.g. val/loss",
     )
     p.add_argument("--out", type=Path, default=None, help="also write heads.md and heads.json to this folder")
+    p.add_argument(
+        "--prune",
+        metavar="METRIC",
+        default=None,
+        help="also prune heads 10%% at a time by importance and at random, and keep one head per module (Michel "
+        "et al. section 4 and Table 2), measured on a test metric, e.g. --prune test/loss",
+    )
     add_tracking_uri(p)
     p.set_defaults(func=_heads)
 

@@ -60,7 +60,8 @@ class ModelHeads:
     heads: list[HeadEffect]
 
 
-def _load(run_id: str, uri: str):
+def load_trained(run_id: str, uri: str):
+    """(the resolved run, its data (set up), the LitTransformer with the run's kept weights, in eval mode)."""
     import torch
 
     from models.lightning import LitTransformer
@@ -110,7 +111,7 @@ def sequence_losses(module, loader) -> tuple[Any, Any]:
 
 def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tuple[str, int], float]]:
     """(the metric with every head, {(module, head): the metric without that head}) for one trained run."""
-    _, data, module = _load(run_id, uri)
+    _, data, module = load_trained(run_id, uri)
     split, key = metric.split("/", 1)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
 
@@ -179,7 +180,7 @@ def model_heads(
         full, without = evaluate_heads(run_id, uri, metric)
         heads = [HeadEffect(seed=seed, module=m, head=h, change=v - full, p=math.nan) for (m, h), v in without.items()]
         return ModelHeads(variant, seed, run_id, full, 0, heads)
-    _, data, module = _load(run_id, uri)
+    _, data, module = load_trained(run_id, uri)
     loader = data.val_dataloader() if split == "val" else data.loader(split)
     (nll, w), without = _each_head(module, lambda: sequence_losses(module, loader))
     full, sequences, heads = judge_heads(nll, w, {k: v[0] for k, v in without.items()}, seed, test=test, alpha=alpha)
@@ -294,12 +295,21 @@ def heads_json(models: list[ModelHeads]) -> str:
     return json.dumps(rows, indent=1)
 
 
-def log_heads(uri: str, study: str, text: str, models: list[ModelHeads]) -> str | None:
-    runs = load_study(uri, study)
-    parent = runs.latest_parent
+def save_heads(
+    uri: str, study: str, text: str, models: list[ModelHeads], out: Path | None = None
+) -> tuple[list[Path], str | None, list[str]]:
+    """heads.md and heads.json in ``out`` (when given) and under ``heads/`` of the study's latest parent run:
+    (the files written to ``out``, the parent run's id or None, the artifacts logged there)."""
+    written = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        written = [out / "heads.md", out / "heads.json"]
+        written[0].write_text(text)
+        written[1].write_text(heads_json(models))
+    parent = load_study(uri, study).latest_parent
     if parent is None:
-        return None
+        return written, None, []
     c = records.client(uri)
     c.log_text(parent.info.run_id, text, "heads/heads.md")
     c.log_text(parent.info.run_id, heads_json(models), "heads/heads.json")
-    return parent.info.run_id
+    return written, parent.info.run_id, ["heads/heads.md", "heads/heads.json"]

@@ -359,5 +359,5 @@ def _final_evaluation(module, data, drain: Drain) -> dict[str, float]:
     results: dict[str, float] = {}
     for split in data.task.splits:
         if split not in ("train", "validation"):
-            results.update(module.evaluate(data.loader(split), split))
+            results.update(module.evaluate(data.loader(split), split, positions=data.task.target_positions(split)))
     return results

@@ -128,8 +128,8 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float]:
     import torch
     import torch.nn.functional as F
 
-    from models.lightning import lr_factor
     from models.tasks import PAD, TaskDataModule
+    from models.training import lr_factor
     from models.transformer import Transformer
 
     t = run.training

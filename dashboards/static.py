@@ -62,3 +62,31 @@ def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "va
         plt.close(fig)
         written.append(path)
     return written
+
+
+def pruning_png(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:
+    """Michel et al.'s Figure 3 in miniature: the metric against the share of heads removed, least important first
+    and in random order, one panel line pair per variant (``curves``: variant -> the rows of
+    ``ablations.pruning.compare_orders``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for i, (variant, rows) in enumerate(curves.items()):
+        colour = PALETTE[i % len(PALETTE)]
+        x = [100 * r["fraction"] for r in rows]
+        name = f"{variant}: " if variant else ""
+        ax.plot(x, [r["importance"] for r in rows], "o-", color=colour, label=f"{name}by importance")
+        ax.plot(x, [r["random"] for r in rows], "s--", color=colour, alpha=0.6, label=f"{name}random order")
+    ax.set_xlabel("attention heads removed (%)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"pruning heads: {metric} (mean over seeds)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

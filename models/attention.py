@@ -385,8 +385,8 @@ class MultiHeadAttention(nn.Module):
                 )
                 if cache is not None:
                     cache.write(k, v, start, key_padding, ring=self._ring())
-        if self.head_gate is not None:
-            out = out * self.head_gate.to(out.dtype).view(1, -1, 1, 1)
+        if self.head_gate is not None:  # (H,) for every sequence, or (B, H): one gate per sequence and head
+            out = out * self.head_gate.to(out.dtype).view(-1 if self.head_gate.dim() > 1 else 1, self.n_heads, 1, 1)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def _ring(self) -> int | None:

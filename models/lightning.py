@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
 from typing import Any
 
 import lightning as L
@@ -29,153 +28,18 @@ import torch.nn.functional as F
 from models.config import ConfigError, ModelConfig
 from models.flops import training_flops_per_token, utilisation
 from models.tasks.base import BOS, EOS, PAD
+from models.training import (  # noqa: F401  (re-exported: models.lightning.TrainingConfig keeps working)
+    OMITTED_AT_DEFAULT,
+    SAMPLING,
+    SAMPLING_SCHEDULES,
+    SCHEDULES,
+    SPEED_OPTIONS,
+    TrainingConfig,
+    lr_factor,
+    metric_names,
+    teacher_forcing_p,
+)
 from models.transformer import Transformer
-
-SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
-SAMPLING = ("teacher_forcing", "scheduled")
-SAMPLING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")
-SPEED_OPTIONS = ("compile", "fused_adamw")  # fields that change how fast a run trains, not what it learns
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """How a run trains. ``lr`` is the peak rate, except for ``noam`` where it is the factor in front of
-    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. used 1)."""
-
-    max_steps: int = 1000
-    max_time: float | None = None  # seconds of training at most (a budget), None: no limit
-    batch_size: int = 32
-    eval_batch_size: int | None = None
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    weight_decay: float = 0.0  # applied to matrices only, not to norms, biases or embeddings
-    schedule: str = "warmup_cosine"
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.0  # warmup_cosine decays to lr * min_lr_ratio
-    grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
-    label_smoothing: float = 0.0
-    length_loss_weight: float = 0.1  # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
-    precision: str = "32-true"  # Lightning's precision (bf16-mixed, 16-mixed on GPUs)
-    val_every: int = 100  # steps between validations
-    val_batches: int | None = None  # cap on validation batches, None: the whole split
-    decode_batches: int | None = 4  # validation batches decoded greedily for exact match (seq2seq)
-    sampling: str = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
-    sampling_schedule: str = "inverse_sigmoid"
-    sampling_k: float = 500.0  # linear: steps to reach sampling_min; exponential: 1/e time; inverse_sigmoid: k
-    sampling_min: float = 0.0  # lowest probability of feeding the gold token
-    diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
-    diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)
-    deterministic: bool = True
-    # Speed only (the same training, other kernels): torch.compile the model's forward; AdamW's fused
-    # implementation (one kernel for every parameter; CUDA, and CPU from torch 2.4).
-    compile: bool = False
-    fused_adamw: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.betas, list):
-            object.__setattr__(self, "betas", tuple(self.betas))
-        self._validate()
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown training key(s) {unknown}; valid keys: {sorted(names)}")
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, except speed options left at their defaults: a configuration written before they
-        existed keeps its dictionary, hence its config hash (its run's identity)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["betas"] = list(self.betas)
-        for name in SPEED_OPTIONS:
-            if out[name] is False:
-                del out[name]
-        return out
-
-    def _validate(self) -> None:
-        def number(name, lo=None, hi=None, none=False, integer=False, lo_open=False):
-            v = getattr(self, name)
-            if v is None and none:
-                return
-            kinds = (int,) if integer else (int, float)
-            if isinstance(v, bool) or not isinstance(v, kinds):
-                raise ConfigError(f"{name}={v!r} must be {'an integer' if integer else 'a number'}")
-            if lo is not None and (v <= lo if lo_open else v < lo):
-                raise ConfigError(f"{name}={v!r} must be {'>' if lo_open else '>='} {lo}")
-            if hi is not None and v > hi:
-                raise ConfigError(f"{name}={v!r} must be <= {hi}")
-
-        number("max_steps", 1, integer=True)
-        number("max_time", 0, none=True, lo_open=True)
-        number("batch_size", 1, integer=True)
-        number("eval_batch_size", 1, none=True, integer=True)
-        number("lr", 0, lo_open=True)
-        number("eps", 0, lo_open=True)
-        number("weight_decay", 0)
-        number("warmup_steps", 0, integer=True)
-        number("min_lr_ratio", 0, 1)
-        number("grad_clip", 0, none=True, lo_open=True)
-        number("label_smoothing", 0, 0.99)
-        number("length_loss_weight", 0)
-        number("val_every", 1, integer=True)
-        number("val_batches", 1, none=True, integer=True)
-        number("decode_batches", 0, none=True, integer=True)
-        number("sampling_k", 0, lo_open=True)
-        number("sampling_min", 0, 1)
-        number("diverge_factor", 1, none=True, lo_open=True)
-        number("diverge_after", 0, integer=True)
-        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
-        for name, choices in (
-            ("schedule", SCHEDULES),
-            ("sampling", SAMPLING),
-            ("sampling_schedule", SAMPLING_SCHEDULES),
-        ):
-            if getattr(self, name) not in choices:
-                raise ConfigError(
-                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {', '.join(map(repr, choices))}"
-                )
-        if self.schedule == "noam" and self.warmup_steps < 1:
-            raise ConfigError("schedule='noam' needs warmup_steps >= 1")
-        if self.sampling_schedule == "inverse_sigmoid" and self.sampling == "scheduled" and self.sampling_k < 1:
-            raise ConfigError(f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})")
-        if not isinstance(self.precision, str) or not self.precision:
-            raise ConfigError(f"precision={self.precision!r} must be a Lightning precision such as '32-true'")
-        for name in ("deterministic", *SPEED_OPTIONS):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
-
-
-def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:
-    """Multiplier of ``lr`` at optimizer step ``step`` (0-based)."""
-    s = step + 1
-    w = cfg.warmup_steps
-    if cfg.schedule == "noam":
-        return d_model**-0.5 * min(s**-0.5, s * w**-1.5)
-    warm = min(1.0, s / w) if w > 0 else 1.0
-    if cfg.schedule == "constant":
-        return 1.0
-    if cfg.schedule == "warmup_constant" or s <= w:
-        return warm
-    progress = min(1.0, (s - w) / max(1, cfg.max_steps - w))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def teacher_forcing_p(cfg: TrainingConfig, step: int) -> float:
-    """Probability of feeding the gold previous token at ``step`` (1.0 for plain teacher forcing)."""
-    if cfg.sampling == "teacher_forcing":
-        return 1.0
-    k = cfg.sampling_k
-    if cfg.sampling_schedule == "linear":
-        p = 1.0 - step / k
-    elif cfg.sampling_schedule == "exponential":
-        p = math.exp(-step / k)
-    else:
-        p = k / (k + math.exp(min(step / k, 700.0)))
-    return max(cfg.sampling_min, p)
 
 
 def reset_peak_memory() -> None:
@@ -304,8 +168,9 @@ class LitTransformer(L.LightningModule):
             inp = self._mix_predictions(inp, self.model, tf_p)
         logits = self.model(inp)  # right padding needs no mask in a causal model
         keep = tgt != PAD
-        if "loss_mask" in batch:
-            keep &= batch["loss_mask"]
+        for mask in ("loss_mask", "score_mask"):  # answers only; positions scored only
+            if mask in batch:
+                keep &= batch[mask]
         return logits, tgt.masked_fill(~keep, -100)
 
     def _parallel(self, batch: dict[str, torch.Tensor], sample_masks: bool):
@@ -465,6 +330,9 @@ class LitTransformer(L.LightningModule):
             betas=t.betas,
             eps=t.eps,
             fused=True if t.fused_adamw else None,
+            # one kernel per operation for all parameters: torch picks it by default on CUDA only, and on the CPU
+            # the loop over tensors cost more than a small model's forward pass (the same arithmetic)
+            foreach=None if t.fused_adamw else True,
         )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(t, self.cfg.d_model, step))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -491,9 +359,12 @@ class LitTransformer(L.LightningModule):
         self.pending.append((self.global_step, metrics))
 
     @torch.no_grad()
-    def batch_sums(self, batch: dict[str, torch.Tensor], decode: bool) -> torch.Tensor:
+    def batch_sums(
+        self, batch: dict[str, torch.Tensor], decode: bool, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[loss sum, scored tokens, correct tokens, sequences, exact sequences, decoded sequences,
-        correct lengths, predicted lengths] (the last two for non-autoregressive decoding)."""
+        correct lengths, predicted lengths] (the last two for non-autoregressive decoding). ``positions``
+        (2, P), when given, gathers the decoded sequences' errors and targets by position (``exact_matches``)."""
         length_ok = length_n = 0.0
         if self.kind == "seq2seq" and self.cfg.non_autoregressive:
             logits, targets, length_logits, lengths = self._parallel(batch, sample_masks=False)
@@ -510,7 +381,7 @@ class LitTransformer(L.LightningModule):
             exact = correct.sum()
             decoded = n_seq
         elif self.kind == "seq2seq" and decode:
-            exact = self.exact_matches(batch)
+            exact = self.exact_matches(batch, positions)
             decoded = n_seq
         elif self.kind == "lm" and "loss_mask" in batch:  # every answer right (recall, retrieval)
             exact = ((correct | ~scored).all(dim=1) & scored.any(dim=1)).sum()
@@ -523,25 +394,35 @@ class LitTransformer(L.LightningModule):
             device=self.device,
         )
 
-    def exact_matches(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Sequences whose decoding (greedy with the key/value cache, or mask-predict for non-autoregressive
-        models) is exactly the target."""
+    def exact_matches(self, batch: dict[str, torch.Tensor], positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Sequences whose decoding (greedy or beam search with the key/value cache, as ``beam_size`` and
+        ``length_penalty`` say, or mask-predict for non-autoregressive models) is exactly the target.
+
+        ``positions`` (2, P), when given, adds for each target position k (the end of sequence included) the
+        sequences decoded wrongly there (row 0) and the sequences with a target there (row 1): the free-running
+        error by position, where exposure bias shows (Bengio et al. 2015; an early mistake is fed back)."""
         src, tgt_out = batch["src"], batch["tgt_out"]
+        t = self.training_cfg
         out = self.model.generate(
-            source=src, source_padding=src == PAD, max_new_tokens=tgt_out.shape[1], bos_id=BOS, eos_id=EOS
+            source=src,
+            source_padding=src == PAD,
+            max_new_tokens=tgt_out.shape[1],
+            bos_id=BOS,
+            eos_id=EOS,
+            beam_size=t.beam_size,
+            length_penalty=t.length_penalty,
         )
         width = max(out.shape[1], tgt_out.shape[1])
         out = F.pad(out, (0, width - out.shape[1]), value=PAD)
         tgt_out = F.pad(tgt_out, (0, width - tgt_out.shape[1]), value=PAD)
+        if positions is not None:
+            w = min(width, positions.shape[1])
+            target = tgt_out[:, :w] != PAD
+            positions[0, :w] += ((out[:, :w] != tgt_out[:, :w]) & target).sum(0).to(positions.dtype)
+            positions[1, :w] += target.sum(0).to(positions.dtype)
         return (out == tgt_out).all(dim=1).sum()
 
-    @staticmethod
-    def metric_names(kind: str, *, exact: bool, length: bool) -> list[str]:
-        """The names ``metrics_from_sums`` gives a split's metrics (without the split's prefix): for a task of
-        ``kind``, with exact match scored (``exact``) and the target length predicted (``length``, NAT)."""
-        if kind == "classify":
-            return ["loss", "accuracy"]
-        return ["loss", "ppl", "token_acc"] + (["exact_match"] if exact else []) + (["length_acc"] if length else [])
+    metric_names = staticmethod(metric_names)
 
     def metrics_from_sums(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
         nll, scored, correct, n_seq, exact, decoded, length_ok, length_n = sums.tolist()
@@ -561,16 +442,25 @@ class LitTransformer(L.LightningModule):
         return out
 
     @torch.no_grad()
-    def evaluate(self, loader, prefix: str, decode_batches: int | None = None) -> dict[str, float]:
-        """Metrics of a whole split in this process (used after training for the test splits)."""
+    def evaluate(self, loader, prefix: str, decode_batches: int | None = None, positions: int = 0) -> dict[str, float]:
+        """Metrics of a whole split in this process (used after training for the test splits). ``positions`` > 0
+        (seq2seq): also the decoded error rate at each target position 1..positions that some target reaches,
+        ``{prefix}/error_at_{k}`` (``exact_matches``)."""
         was_training = self.training
         self.eval()
         sums = torch.zeros(8, dtype=torch.float64, device=self.device)
+        by_position = torch.zeros(2, positions, dtype=torch.float64, device=self.device) if positions else None
         for i, batch in enumerate(loader):
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            sums += self.batch_sums(batch, decode_batches is None or i < decode_batches)
+            sums += self.batch_sums(batch, decode_batches is None or i < decode_batches, by_position)
         self.train(was_training)
-        return self.metrics_from_sums(sums, prefix)
+        metrics = self.metrics_from_sums(sums, prefix)
+        if by_position is not None and self.kind == "seq2seq":
+            errors, counts = by_position.tolist()
+            metrics.update(
+                {f"{prefix}/error_at_{k + 1}": e / n for k, (e, n) in enumerate(zip(errors, counts)) if n > 0}
+            )
+        return metrics
 
     # -- cost -------------------------------------------------------------------------------------
     def cost_summary(self) -> dict[str, float]:

@@ -255,7 +255,10 @@ class Transformer(nn.Module):
         """Scale each head's output by a gate (0 removes the head); None restores every head.
 
         ``gates`` maps names from ``attention_modules()`` to one gate per head, e.g.
-        ``{"layers.0.attn": [1, 0, 1, 1]}``. Unnamed modules keep all their heads.
+        ``{"layers.0.attn": [1, 0, 1, 1]}``, or to a (B, H) tensor, one gate per sequence of the next batch and
+        head: with ``requires_grad`` its gradient is each sequence's own dL/d(gate) (Michel et al.'s head
+        importance). A tensor of float32 on the model's device is used as it is (gradients reach it). Unnamed
+        modules keep all their heads.
         """
         modules = dict(self.attention_modules())
         gates = gates or {}
@@ -268,8 +271,11 @@ class Transformer(nn.Module):
                 module.head_gate = None
                 continue
             g = torch.as_tensor(g, dtype=torch.float32, device=self.head.weight.device)
-            if g.shape != (module.n_heads,):
-                raise ValueError(f"head mask for {name} has shape {tuple(g.shape)}; expected ({module.n_heads},)")
+            if g.dim() not in (1, 2) or g.shape[-1] != module.n_heads:
+                raise ValueError(
+                    f"head mask for {name} has shape {tuple(g.shape)}; expected ({module.n_heads},) or "
+                    f"(batch, {module.n_heads})"
+                )
             module.head_gate = g
 
     # -- incremental decoding -------------------------------------------------------------------

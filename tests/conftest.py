@@ -85,6 +85,14 @@ def pytest_configure(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    # Disconnect from the shared local Ray first: a driver whose Ray was killed under it waits 60 s for its GCS at
+    # exit ("Failed to connect to GCS within 60 seconds"), in every test process that used one.
+    if "ray" in sys.modules:
+        import ray
+
+        with contextlib.suppress(Exception):
+            if ray.is_initialized():
+                ray.shutdown()
     kill_session_processes()
 
 

@@ -3,8 +3,9 @@ search objective) that no run logs is a typo caught before any compute, with the
 
 A run logs, for every split its task evaluates:
 - ``best/val_<name>`` and ``final/val_<name>``: the best and the last validation (names of
-  ``models.lightning.LitTransformer.metric_names``: loss, ppl, token_acc, exact_match, accuracy, length_acc);
-- ``<split>/<name>`` for the test splits (``test``, ``test_long``, ...), evaluated once after training;
+  ``models.training.metric_names``: loss, ppl, token_acc, exact_match, accuracy, length_acc);
+- ``<split>/<name>`` for the test splits (``test``, ``test_long``, ...), evaluated once after training, and for
+  seq2seq tasks ``<split>/error_at_<k>``: the decoded error rate at target position k (1 = the first token);
 - ``cost/<name>`` (COST) and, when it stops early, ``diverged_step`` or ``stopped_step``.
 """
 
@@ -33,12 +34,12 @@ COST = (
 
 def split_names(run: RunConfig) -> list[str]:
     """The metric names (without prefix) of one evaluated split of this run."""
-    from models.lightning import LitTransformer
+    from models.training import metric_names
 
     task = run.task
     exact = task.kind == "seq2seq" or (task.kind == "lm" and task.answer_mask)
     length = run.model.arch == "encoder_decoder" and getattr(run.model, "decoding", "") == "non_autoregressive"
-    return LitTransformer.metric_names(task.kind, exact=exact, length=length)
+    return metric_names(task.kind, exact=exact, length=length)
 
 
 def logged_metrics(run: RunConfig) -> set[str]:
@@ -48,6 +49,7 @@ def logged_metrics(run: RunConfig) -> set[str]:
     for split in run.task.splits:
         if split not in ("train", "validation"):
             out |= {f"{split}/{n}" for n in names}
+            out |= {f"{split}/error_at_{k}" for k in range(1, run.task.target_positions(split) + 1)}
     out |= {f"cost/{n}" for n in COST}
     return out | {"diverged_step", "stopped_step"}
 

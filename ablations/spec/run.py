@@ -6,7 +6,7 @@ A run file has these sections (only ``task`` is required)::
     seed: 0
     model:    {...}           # models.ModelConfig fields; vocab_size and n_classes default to the task's
     task:     {name: copy, ...}
-    training: {...}           # models.lightning.TrainingConfig fields
+    training: {...}           # models.training.TrainingConfig fields
     tracking: {experiment: ..., log_every: 10, checkpoint: false}   # operational: not in params or ids
     resources: {threads: 1}                                          # operational
 
@@ -77,7 +77,7 @@ class RunConfig:
 
     task_spec: dict[str, Any]
     model: ModelConfig
-    training: Any  # models.lightning.TrainingConfig (imported lazily: it pulls in lightning)
+    training: Any  # models.training.TrainingConfig
     seed: int = 0
     name: str | None = None
     tracking: TrackingSection = field(default_factory=TrackingSection)
@@ -115,8 +115,8 @@ class RunConfig:
 
 def run_keys(base: dict[str, Any]) -> list[str]:
     """Every dotted key of a run file, for the base's task (model.*, training.*, task.*, tracking.*, ...)."""
-    from models.lightning import TrainingConfig
     from models.tasks import TASKS
+    from models.training import TrainingConfig
 
     keys = ["name", "seed", "model", "task", "training", "tracking", "resources"]
     keys += [f"model.{f.name}" for f in fields(ModelConfig)]
@@ -232,8 +232,8 @@ def _section(origin: Origin, section: str, build, data: dict[str, Any], names: l
 
 def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
     """Check a run's sections and fill in what the task determines. Raises SpecError."""
-    from models.lightning import TrainingConfig
     from models.tasks import TASKS, make_task
+    from models.training import TrainingConfig
 
     origin = Origin.of(source)
     valid = run_keys(data)

@@ -272,7 +272,7 @@ def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param
 
 def _val_every(base: dict[str, Any]) -> int:
     """The base run's validation interval: the first step at which a pruner may judge a trial."""
-    from models.lightning import TrainingConfig
+    from models.training import TrainingConfig
 
     training = base.get("training") if isinstance(base.get("training"), dict) else {}
     return int(training.get("val_every", TrainingConfig.val_every))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import ConfigError
-from models.tasks.base import BOS, EOS, PAD, SEP, Task, TaskDataModule, collate
+from models.tasks.base import BOS, EOS, PAD, SEP, Task, collate
 from models.tasks.listops import ListOpsTask
 from models.tasks.recall import RecallTask
 from models.tasks.retrieval import RetrievalTask
@@ -24,6 +24,15 @@ def make_task(spec: dict[str, Any]) -> Task:
     if name not in TASKS:
         raise ConfigError(f"name={name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}")
     return TASKS[name].from_dict(spec)
+
+
+def __getattr__(name: str):
+    """``TaskDataModule`` on first use: it pulls in Lightning, which declaring and checking tasks does not need."""
+    if name == "TaskDataModule":
+        from models.tasks.data import TaskDataModule
+
+        return TaskDataModule
+    raise AttributeError(f"module 'models.tasks' has no attribute {name!r}")
 
 
 __all__ = ["BOS", "EOS", "PAD", "SEP", "TASKS", "DataUnavailable", "Task", "TaskDataModule", "collate", "make_task"]

@@ -7,7 +7,8 @@ with the same parameters). The run's seed only changes the order in which traini
 
 Kinds of examples (one per task):
   seq2seq   {"src": [...], "tgt": [...]}                      encoder_decoder; targets end with EOS
-  lm        {"tokens": [...], "loss_mask": [...] (optional)}   decoder; mask aligned with tokens[1:]
+  lm        {"tokens": [...], "loss_mask": [...] (optional)}   decoder; mask aligned with tokens[1:]: the answer
+            tokens (scored, and exact match over them); or "score_mask": the tokens scored, no exact match
   classify  {"tokens": [...], "label": int}                    encoder
 """
 
@@ -17,9 +18,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
 from models.config import ConfigError
 
@@ -107,6 +106,11 @@ class Task:
         """The split as a ``datasets.Dataset`` (generated, cached by fingerprint)."""
         raise NotImplementedError
 
+    def target_positions(self, split: str) -> int:
+        """seq2seq: the most target positions (end of sequence included) of the split, whose decoded error is
+        logged position by position after training (``<split>/error_at_<k>``); 0: none."""
+        return 0
+
     def describe(self) -> str:
         return f"{self.name}: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.params).items())
 
@@ -139,15 +143,15 @@ def split_size(params: SyntheticParams, split: str) -> int:
 
 
 def pad_batch(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    return out
+    """(len(seqs), longest) right-padded with ``value``; one tensor built from padded lists (a tensor per sequence
+    cost more than a small model's training step)."""
+    width = max(len(s) for s in seqs)
+    return torch.tensor([[*s, *([value] * (width - len(s)))] for s in seqs], dtype=torch.long)
 
 
 def collate(kind: str, examples: list[dict]) -> dict[str, torch.Tensor]:
     """Right-padded tensors. seq2seq: src, tgt_in (BOS + target), tgt_out (target + EOS);
-    lm: tokens, and loss_mask for the targets tokens[1:]; classify: tokens, label."""
+    lm: tokens, and loss_mask or score_mask for the targets tokens[1:]; classify: tokens, label."""
     if kind == "seq2seq":
         return {
             "src": pad_batch([e["src"] for e in examples]),
@@ -156,60 +160,11 @@ def collate(kind: str, examples: list[dict]) -> dict[str, torch.Tensor]:
         }
     if kind == "lm":
         batch = {"tokens": pad_batch([e["tokens"] for e in examples])}
-        if examples[0].get("loss_mask") is not None:
-            batch["loss_mask"] = pad_batch([e["loss_mask"] for e in examples], 0).bool()
+        for mask in ("loss_mask", "score_mask"):
+            if examples[0].get(mask) is not None:
+                batch[mask] = pad_batch([e[mask] for e in examples], 0).bool()
         return batch
     return {
         "tokens": pad_batch([e["tokens"] for e in examples]),
         "label": torch.tensor([e["label"] for e in examples], dtype=torch.long),
     }
-
-
-class TaskDataModule(L.LightningDataModule):
-    """The splits of a task as DataLoaders; training order shuffled by the run's seed."""
-
-    def __init__(
-        self, task: Task, batch_size: int, seed: int, eval_batch_size: int | None = None, cache_dir: str | None = None
-    ) -> None:
-        super().__init__()
-        self.task, self.batch_size, self.seed = task, batch_size, seed
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.cache_dir = cache_dir
-        self.data: dict[str, Any] = {}  # split -> datasets.Dataset (its lineage goes to MLflow)
-        self.rows: dict[str, list[dict]] = {}  # split -> examples in memory (Arrow row access is slow)
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in self.task.splits:
-            if split not in self.data:
-                self.data[split] = self.task.build(split, self.cache_dir)
-                self.rows[split] = self.data[split].to_list()
-
-    def loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        gen = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(
-            self.rows[split],
-            batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            shuffle=shuffle,
-            generator=gen,
-            collate_fn=self._collate,
-            drop_last=False,
-        )
-
-    def digest(self, split: str) -> str:
-        """A digest of the split's content (changes whenever any example does)."""
-        import hashlib
-        import json
-
-        return hashlib.sha256(json.dumps(self.rows[split]).encode()).hexdigest()[:16]
-
-    def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        return collate(self.task.kind, examples)
-
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self.loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> list[DataLoader]:
-        return [self.loader(s, shuffle=False) for s in self.task.splits if s not in ("train", "validation")]

@@ -3,12 +3,19 @@
 Training, validation and test sequences have lengths in [min_len, max_len]; the ``test_long`` split holds
 longer ones, [long_min_len, long_max_len], never seen in training: length generalisation, which is what
 the positions ablation needs.
+
+The splits are disjoint (``disjoint``, the default): every possible sequence belongs to one split by a hash of
+its symbols, a share ``heldout`` of them (at every length alike) to validation and test, the rest to training.
+Without it, short sequences are drawn so often that a third of a test set can appear verbatim in training,
+and a test score measures memory as much as the rule.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 from models.config import ConfigError
 from models.tasks.base import FIRST_SYMBOL, SyntheticParams, Task, generate, split_seed, split_size
@@ -21,12 +28,26 @@ class Seq2SeqParams(SyntheticParams):
     max_len: int = 10
     long_min_len: int | None = None  # default max_len + 1
     long_max_len: int | None = None  # default 2 * max_len
+    disjoint: bool = True  # no sequence of validation or test appears in training
+    heldout: float = 0.2  # the share of sequences (by hash) that validation and test draw from, half each
 
     def check(self) -> None:
         if self.symbols < 2:
             raise ConfigError(f"symbols={self.symbols} must be at least 2")
         if not 1 <= self.min_len <= self.max_len:
             raise ConfigError(f"min_len={self.min_len} and max_len={self.max_len} need 1 <= min_len <= max_len")
+        if not 0.0 < self.heldout < 1.0:
+            raise ConfigError(f"heldout={self.heldout} must be in (0, 1)")
+        if self.disjoint:
+            for split in ("train", "validation", "test"):
+                bounds = _bounds(split, self.heldout)
+                lengths = range(self.min_len, self.max_len + 1)
+                if all(self.symbols**n <= ENUMERATE_UP_TO and not _members(self.symbols, n, *bounds) for n in lengths):
+                    raise ConfigError(
+                        f"no sequence of lengths {self.min_len}..{self.max_len} over {self.symbols} symbols falls in "
+                        f"the {split} split's share of the hash (disjoint splits, heldout={self.heldout}): raise "
+                        "max_len, symbols or heldout, or set disjoint: false"
+                    )
         lo, hi = self.long_range
         if not self.max_len < lo <= hi:
             raise ConfigError(
@@ -48,13 +69,68 @@ def _target(name: str, src: list[int]) -> list[int]:
     return sorted(src)
 
 
+def _share(src: list[int]) -> float:
+    """Where a sequence falls in [0, 1), by a hash of its symbols: the same on every machine and run."""
+    digest = hashlib.blake2b(",".join(map(str, src)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _bounds(split: str, heldout: float) -> tuple[float, float]:
+    """The part of [0, 1) whose sequences belong to ``split``: validation and test share ``heldout``."""
+    return {"validation": (0.0, heldout / 2), "test": (heldout / 2, heldout)}.get(split, (heldout, 1.0))
+
+
+ENUMERATE_UP_TO = 20_000  # lengths with at most this many sequences are enumerated, not sampled
+
+
+@lru_cache(maxsize=64)
+def _members(symbols: int, length: int, lo: float, hi: float) -> tuple[tuple[int, ...], ...]:
+    """Every sequence of a short length whose share falls in [lo, hi)."""
+    out = []
+    for code in range(symbols**length):
+        src = [FIRST_SYMBOL + (code // symbols**i) % symbols for i in range(length)]
+        if lo <= _share(src) < hi:
+            out.append(tuple(src))
+    return tuple(out)
+
+
+def _draw(rng: random.Random, symbols: int, a: int, b: int, bounds: tuple[float, float] | None) -> list[int]:
+    """A sequence of uniform length in [a, b] and uniform symbols; with ``bounds``, one of its split (a length
+    with no sequence in the split is drawn again)."""
+    while True:
+        n = rng.randint(a, b)
+        if bounds is None:
+            return [FIRST_SYMBOL + rng.randrange(symbols) for _ in range(n)]
+        if symbols**n <= ENUMERATE_UP_TO:
+            members = _members(symbols, n, *bounds)
+            if members:
+                return list(members[rng.randrange(len(members))])
+            continue
+        while True:  # a long length: a share of its many sequences, found by drawing
+            src = [FIRST_SYMBOL + rng.randrange(symbols) for _ in range(n)]
+            if bounds[0] <= _share(src) < bounds[1]:
+                return src
+
+
 def _examples(
-    split: str, task: str, symbols: int, min_len: int, max_len: int, lo: int, hi: int, seed: int, size: int, **_
+    split: str,
+    task: str,
+    symbols: int,
+    min_len: int,
+    max_len: int,
+    lo: int,
+    hi: int,
+    seed: int,
+    size: int,
+    disjoint: bool = True,
+    heldout: float = 0.2,
+    **_,
 ):
     rng = random.Random(seed)
     a, b = (lo, hi) if split == "test_long" else (min_len, max_len)
+    bounds = _bounds(split, heldout) if disjoint and split != "test_long" else None
     for _ in range(size):
-        src = [FIRST_SYMBOL + rng.randrange(symbols) for _ in range(rng.randint(a, b))]
+        src = _draw(rng, symbols, a, b, bounds)
         yield {"src": src, "tgt": _target(task, src)}
 
 
@@ -71,6 +147,9 @@ class Seq2SeqTask(Task):
     @property
     def max_length(self) -> int:
         return self.params.long_range[1] + 1  # BOS or EOS added to the target
+
+    def target_positions(self, split: str) -> int:
+        return (self.params.long_range[1] if split == "test_long" else self.params.max_len) + 1
 
     def build(self, split: str, cache_dir: str | None = None):
         from datasets import Features, Sequence, Value

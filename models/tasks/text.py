@@ -8,6 +8,10 @@
 
 The corpus is split by position (the first 90% trains, then validation, then test), cut into blocks of
 ``block_size`` + 1 tokens; ``max_chars`` caps the corpus read.
+
+``long_block_size`` adds a split ``test_long``: the test text in longer blocks, scored only where the model
+predicts from positions it never saw in training (position ``block_size`` and beyond): length generalisation
+of a causal language model (Press et al. 2022 evaluate ALiBi so), with no in-distribution positions mixed in.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class TextParams(TaskParams):
     val_fraction: float = 0.05
     test_fraction: float = 0.05
     max_chars: int | None = None
+    long_block_size: int | None = None  # test_long: blocks this long, scored beyond block_size only
 
     def check(self) -> None:
         if self.level not in ("byte", "char"):
@@ -43,6 +48,11 @@ class TextParams(TaskParams):
             raise ConfigError(f"block_size={self.block_size} must be at least 2")
         if not (0 < self.val_fraction < 0.5 and 0 < self.test_fraction < 0.5):
             raise ConfigError("val_fraction and test_fraction must each be in (0, 0.5)")
+        if self.long_block_size is not None and self.long_block_size <= self.block_size:
+            raise ConfigError(
+                f"long_block_size={self.long_block_size} must exceed block_size={self.block_size} (it tests longer "
+                "sequences than training saw)"
+            )
         if self.max_chars is not None and self.max_chars < 1000:
             raise ConfigError(f"max_chars={self.max_chars} must be at least 1000")
         if self.source != "pydoc" and not self.source.startswith("hf:") and not Path(self.source).exists():
@@ -78,11 +88,19 @@ def read_corpus(source: str, max_chars: int | None = None) -> str:
 
 
 def _examples(split: str, digest: str, **params):
-    """Blocks of block_size + 1 tokens (the digest of the corpus enters the cache fingerprint)."""
+    """Blocks of block_size + 1 tokens (the digest of the corpus enters the cache fingerprint); test_long's
+    blocks of long_block_size + 1 carry a score_mask that scores only the predictions made from positions
+    block_size and beyond."""
     task = TextTask(TextParams(**{k: v for k, v in params.items() if k in TextParams.__dataclass_fields__}))
-    ids, block = task.split_ids(split), task.params.block_size
+    p = task.params
+    ids = task.split_ids(split)
+    block = p.long_block_size if split == "test_long" else p.block_size
+    beyond = [j >= p.block_size for j in range(block)]  # aligned with tokens[1:]
     for start in range(0, len(ids) - block, block):
-        yield {"tokens": ids[start : start + block + 1]}
+        example = {"tokens": ids[start : start + block + 1]}
+        if split == "test_long":
+            example["score_mask"] = beyond
+        yield example
 
 
 class TextTask(Task):
@@ -110,15 +128,19 @@ class TextTask(Task):
         return FIRST_SYMBOL + (256 if self.params.level == "byte" else len(self.alphabet))
 
     @property
+    def splits(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("train", "validation", "test") + (("test_long",) if self.params.long_block_size else ())
+
+    @property
     def max_length(self) -> int:
-        return self.params.block_size
+        return max(self.params.block_size, self.params.long_block_size or 0)
 
     def split_ids(self, split: str) -> list[int]:
         ids = self.encode(self.corpus)
         n = len(ids)
         a = int(n * (1 - self.params.val_fraction - self.params.test_fraction))
         b = int(n * (1 - self.params.test_fraction))
-        return {"train": ids[:a], "validation": ids[a:b], "test": ids[b:]}[split]
+        return {"train": ids[:a], "validation": ids[a:b], "test": ids[b:], "test_long": ids[b:]}[split]
 
     def unigram_entropy(self, split: str = "validation") -> float:
         """Entropy (nats) of the split's tokens under their own unigram distribution: a model that
@@ -130,13 +152,21 @@ class TextTask(Task):
     def build(self, split: str, cache_dir: str | None = None):
         from datasets import Features, Sequence, Value
 
-        features = Features({"tokens": Sequence(Value("int32"))})
+        features = {"tokens": Sequence(Value("int32"))}
+        if split == "test_long":
+            features["score_mask"] = Sequence(Value("bool"))
         ids = self.split_ids(split)
-        if len(ids) <= self.params.block_size:
+        block, name = (
+            (self.params.long_block_size, "long_block_size")
+            if split == "test_long"
+            else (self.params.block_size, "block_size")
+        )
+        if len(ids) <= block:
             raise DataUnavailable(
                 f"the {split} split of source={self.params.source!r} has {len(ids)} tokens, fewer than one block "
-                f"of block_size={self.params.block_size}; use a larger corpus or a smaller block_size"
+                f"of {name}={block}; use a larger corpus or a smaller {name}"
             )
+        features = Features(features)
         return generate(self, split, _examples, cache_dir, features, digest=self.digest)
 
     @cached_property

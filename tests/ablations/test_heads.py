@@ -28,7 +28,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
                 "seeds": 2,
                 "design": {"variants": [{"name": "trained", "set": {}}]},
                 "base": {
-                    "task": {"name": "reverse", "train_size": 300, "max_len": 5},
+                    "task": {"name": "reverse", "train_size": 300, "max_len": 5, "val_size": 120, "test_size": 120},
                     "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
                     "training": {"max_steps": 40, "val_every": 20, "batch_size": 16},
                     "tracking": {"checkpoint": True},
@@ -77,7 +77,8 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
     assert info["seeds"] == 2 and [m.seed for m in models] == [0, 1]
     assert all(len(m.heads) == len(without) and m.sequences > 0 for m in models)
     out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store],
+        [sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store]
+        + ["--prune", "test/loss", "--out", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -87,6 +88,27 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
     assert "matter (Holm p ≤ 0.01)" in out.stdout  # issue 14: counted after Holm only (was raw p < 0.01)
     seeds = [line.split("|")[1].strip() for line in out.stdout.splitlines() if re.match(r"\| \d+ \| \d", line)]
     assert seeds == ["0", "1"]  # one row per trained model
+
+    # --prune (Michel et al. section 4 and Table 2): the curves start at the model with every head, in both orders
+    import json
+
+    pruned = json.loads((tmp_path / "out" / "pruning.json").read_text())
+    assert [m["seed"] for m in pruned] == [0, 1] and all(m["heads"] == 6 for m in pruned)  # enc self, dec self, cross
+    test_loss = {
+        r.info.run_id: r.data.metrics["test/loss"]
+        for r in c.search_runs([c.get_experiment_by_name("mh").experiment_id])
+        if "test/loss" in r.data.metrics
+    }
+    for m in pruned:
+        assert m["fractions"][:2] == [0.0, 0.1] and len(m["by_importance"]) == len(m["at_random"]) == 10
+        assert (
+            m["by_importance"][0] == pytest.approx(m["at_random"][0]) == pytest.approx(test_loss[m["run_id"]], rel=1e-5)
+        )
+        assert set(m["one_head"]) == {"layers.0.attn", "dec_layers.0.attn", "dec_layers.0.cross"}
+    assert "| 50% |" in out.stdout and "One head per module" in out.stdout
+    parent = c.search_runs([c.get_experiment_by_name("mh").experiment_id], "tags.kind = 'study'")[0]
+    logged = {a.path for a in c.list_artifacts(parent.info.run_id, "heads")}
+    assert {"heads/pruning.md", "heads/pruning.json", "heads/pruning.png"} <= logged
 
 
 def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
@@ -192,3 +214,52 @@ def test_better_without_is_counted_after_holm_only():
     matter = sum(e.p_holm <= 0.01 for e in heads)
     assert f"| {matter}/20 | 0 |" in row  # no head counted as better without: head 1 is not significant after Holm
     assert "paired t-test" in text and "matter (Holm p ≤ 0.01)" in text
+
+
+def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_head():
+    """Michel et al. (2019), eq. 2: I_h = E_x |dL(x)/d xi_h|, normalised within each module. Recomputed here one
+    sequence at a time with a plain (H,) gate; and the property pruning relies on: a head whose output never
+    reaches the model (its columns of the output projection zeroed) has importance 0, so it goes first."""
+    import torch.nn.functional as F
+
+    from ablations.pruning import head_importance
+    from ablations.spec import resolve_run
+    from models.lightning import LitTransformer
+    from models.tasks import TaskDataModule
+
+    run = resolve_run(
+        {
+            "task": {"name": "reverse", "train_size": 32, "val_size": 24, "max_len": 5},
+            "model": {"d_model": 16, "n_heads": 4, "n_layers": 1, "d_ff": 32},
+        }
+    )
+    data = TaskDataModule(run.task, 8, 0, 8)
+    data.setup()
+    torch.manual_seed(0)
+    module = LitTransformer(run.model, run.training, run.task.kind).eval()
+    attn = dict(module.model.attention_modules())["dec_layers.0.cross"]
+    with torch.no_grad():
+        attn.out_proj.weight[:, 2 * attn.head_dim : 3 * attn.head_dim] = 0  # head 2 of the cross-attention is silent
+    got = head_importance(module, data.val_dataloader(), removed={("layers.0.attn", 1)})
+
+    sums = {name: torch.zeros(a.n_heads, dtype=torch.float64) for name, a in module.model.attention_modules()}
+    n = 0
+    for batch in data.val_dataloader():
+        for i in range(batch["src"].shape[0]):
+            one = {k: v[i : i + 1] for k, v in batch.items()}
+            gates = {name: torch.ones(a.n_heads, requires_grad=True) for name, a in module.model.attention_modules()}
+            with torch.no_grad():
+                gates["layers.0.attn"][1] = 0.0  # removed
+            module.model.set_head_mask(gates)
+            logits, targets = module._inputs(one)
+            loss = F.cross_entropy(logits[0].float(), targets[0], ignore_index=-100)
+            for name, g in zip(gates, torch.autograd.grad(loss, list(gates.values()))):
+                sums[name] += g.abs().double()
+            n += 1
+    module.model.set_head_mask(None)
+    for name, total in sums.items():
+        mean = total / n
+        for h, v in enumerate(mean / mean.norm()):
+            assert got[(name, h)] == pytest.approx(float(v), rel=1e-4, abs=1e-9)
+    assert got[("dec_layers.0.cross", 2)] == 0.0
+    assert min(got, key=got.get) in {("dec_layers.0.cross", 2), ("layers.0.attn", 1)}

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from models.config import ConfigError
-from models.lightning import TrainingConfig, lr_factor, teacher_forcing_p
+from models.training import TrainingConfig, lr_factor, teacher_forcing_p
 
 
 def test_noam_schedule_is_vaswani_formula():
@@ -277,3 +277,92 @@ def test_a_compiled_model_trains_like_the_eager_one():
         names = set(module.model.state_dict())
         assert not any(n.startswith("_orig_mod") for n in names)
     torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
+
+
+def test_decoding_options_are_checked_and_leave_existing_configurations_unchanged():
+    """beam_size and length_penalty (how targets are decoded for exact match) stay out of the configuration's
+    dictionary at their defaults: every run declared before they existed keeps its config hash."""
+    plain = TrainingConfig()
+    assert "beam_size" not in plain.to_dict() and "length_penalty" not in plain.to_dict()
+    beam = TrainingConfig(beam_size=5, length_penalty=1.0)
+    assert beam.to_dict()["beam_size"] == 5 and TrainingConfig.from_dict(beam.to_dict()) == beam
+    assert "length_penalty" not in TrainingConfig(length_penalty=0).to_dict()
+    with pytest.raises(ConfigError, match="beam_size=0 must be >= 1"):
+        TrainingConfig(beam_size=0)
+    with pytest.raises(ConfigError, match="length_penalty=-1 must be >= 0"):
+        TrainingConfig(length_penalty=-1)
+
+
+@pytest.mark.parametrize("beam_size,length_penalty", [(1, 0.0), (3, 0.0), (3, 1.0)])
+def test_exact_match_and_the_error_by_position_decode_as_configured(beam_size, length_penalty):
+    """Exact match decodes with the configured beam search (Britz et al. 2017 compare widths and length
+    penalties), and error_at_k is the share of sequences whose k-th decoded token differs from the target's:
+    both recomputed here from Transformer.beam_search / greedy called directly."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.config import ModelConfig
+    from models.lightning import LitTransformer
+    from models.tasks import BOS, EOS, PAD, TaskDataModule, make_task
+
+    torch.manual_seed(0)
+    task = make_task({"name": "reverse", "train_size": 50, "test_size": 40, "max_len": 5})
+    data = TaskDataModule(task, 8, 0, eval_batch_size=16)
+    data.setup()
+    cfg = ModelConfig(arch="encoder_decoder", vocab_size=task.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    module = LitTransformer(cfg, TrainingConfig(beam_size=beam_size, length_penalty=length_penalty), "seq2seq")
+    module.eval()
+    for p in module.parameters():  # a model with opinions, so that decoders disagree
+        p.data.normal_(0, 0.5)
+    got = module.evaluate(data.loader("test"), "test", positions=task.target_positions("test"))
+
+    exact, wrong, seen = 0, torch.zeros(6), torch.zeros(6)
+    with torch.no_grad():
+        for batch in data.loader("test"):
+            src, tgt = batch["src"], batch["tgt_out"]
+            kw = dict(source=src, source_padding=src == PAD, max_new_tokens=tgt.shape[1], bos_id=BOS, eos_id=EOS)
+            if beam_size > 1:
+                out = module.model.beam_search(beam_size=beam_size, length_penalty=length_penalty, **kw)
+            else:
+                out = module.model.greedy(**kw)
+            out = F.pad(out, (0, tgt.shape[1] - out.shape[1]), value=PAD)[:, : tgt.shape[1]]
+            exact += int((out == tgt).all(1).sum())
+            for k in range(tgt.shape[1]):
+                has = tgt[:, k] != PAD
+                seen[k] += has.sum()
+                wrong[k] += (has & (out[:, k] != tgt[:, k])).sum()
+    assert got["test/exact_match"] == pytest.approx(exact / 40)
+    for k in range(6):
+        assert got[f"test/error_at_{k + 1}"] == pytest.approx(float(wrong[k] / seen[k]))
+    assert "test/error_at_7" not in got
+
+
+def test_test_long_of_a_language_model_scores_only_positions_beyond_training():
+    """The length-generalisation split of the text task: its loss is the mean negative log-likelihood of the tokens
+    predicted from positions block_size and beyond, computed here from the model's logits."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.config import ModelConfig
+    from models.lightning import LitTransformer
+    from models.tasks import TaskDataModule, make_task
+
+    torch.manual_seed(0)
+    task = make_task({"name": "text", "block_size": 16, "long_block_size": 48, "max_chars": 20_000})
+    data = TaskDataModule(task, 4, 0)
+    data.setup()
+    cfg = ModelConfig(arch="decoder", vocab_size=task.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    module = LitTransformer(cfg, TrainingConfig(), "lm")
+    got = module.evaluate(data.loader("test_long"), "test_long")
+    assert "test_long/exact_match" not in got  # positions scored, not answers
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for batch in data.loader("test_long"):
+            logits = module.model(batch["tokens"][:, :-1])[:, 16:]
+            nll += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), batch["tokens"][:, 17:].reshape(-1), reduction="sum"
+                )
+            )
+            n += logits.shape[0] * logits.shape[1]
+    assert got["test_long/loss"] == pytest.approx(nll / n, rel=1e-5)

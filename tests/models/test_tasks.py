@@ -145,11 +145,49 @@ def test_batches_are_padded_and_shifted():
         ({"name": "listops", "operator_p": 1.5}, r"operator_p=1.5 must be in \(0, 1\)"),
         ({"name": "text", "source": "/no/such/file"}, r"source='/no/such/file' is neither 'pydoc'"),
         ({"name": "text", "level": "word"}, r"level='word' is not a valid choice"),
+        ({"name": "copy", "heldout": 1.5}, r"heldout=1.5 must be in \(0, 1\)"),
+        ({"name": "text", "block_size": 64, "long_block_size": 32}, r"long_block_size=32 must exceed block_size=64"),
     ],
 )
 def test_task_parameters_are_checked(spec, message):
     with pytest.raises(ConfigError, match=message):
         make_task(spec)
+
+
+def test_seq2seq_splits_are_disjoint_at_every_length():
+    """No validation or test sequence appears in training (a test score then measures the rule, not memory), and
+    each split still holds every length that has more than a few sequences (length 1 has ten: a split's share of
+    them may be empty); without ``disjoint``, short sequences leak (the old behaviour)."""
+    spec = {"name": "reverse", "symbols": 10, "min_len": 1, "max_len": 6, "train_size": 4000}
+    train = {tuple(r["src"]) for r in rows(spec)}
+    for split in ("validation", "test"):
+        held = [tuple(r["src"]) for r in rows(spec, split)]
+        assert not set(held) & train
+        assert {len(s) for s in held} >= set(range(2, 7))
+    assert not {tuple(r["src"]) for r in rows(spec, "validation")} & {tuple(r["src"]) for r in rows(spec, "test")}
+    leaky = {**spec, "disjoint": False}
+    train = {tuple(r["src"]) for r in rows(leaky)}
+    assert sum(tuple(r["src"]) in train for r in rows(leaky, "test")) > 50  # a tenth of the test set at least
+
+
+def test_a_split_with_no_possible_sequence_is_refused():
+    with pytest.raises(ConfigError, match="no sequence of lengths 1..1 over 2 symbols falls in the validation"):
+        make_task({"name": "copy", "symbols": 2, "min_len": 1, "max_len": 1, "heldout": 0.01})
+    make_task({"name": "copy", "symbols": 2, "min_len": 1, "max_len": 1, "disjoint": False})
+
+
+def test_text_long_blocks_score_only_the_positions_training_never_saw():
+    """test_long (length generalisation of a language model): the test text in blocks of long_block_size, whose
+    score_mask marks only the predictions made from positions block_size and beyond."""
+    task = make_task({"name": "text", "block_size": 32, "long_block_size": 96, "max_chars": 20_000})
+    assert task.splits[-1] == "test_long" and task.max_length == 96
+    ids = task.split_ids("test")
+    long = task.build("test_long").to_list()
+    assert len(long) == (len(ids) - 1) // 96
+    for i, r in enumerate(long):
+        assert r["tokens"] == ids[i * 96 : i * 96 + 97]
+        assert r["score_mask"] == [j >= 32 for j in range(96)]
+    assert "test_long" not in make_task({"name": "text", "max_chars": 20_000}).splits
 
 
 def test_registry_lists_every_task():

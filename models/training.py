@@ -1,0 +1,176 @@
+"""How a run trains: the training configuration (optimiser, schedules, scheduled sampling, decoding for exact match,
+the divergence guard's settings) and the schedules themselves. Plain Python: declaring or checking a run (the
+study loader, every ``ablate`` command before it trains) imports neither Lightning nor the model's kernels;
+``models.lightning`` trains with it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from models.config import ConfigError
+
+SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
+SAMPLING = ("teacher_forcing", "scheduled")
+SAMPLING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")
+SPEED_OPTIONS = ("compile", "fused_adamw")  # fields that change how fast a run trains, not what it learns
+# Fields left out of a configuration's dictionary at these defaults, so that a configuration written before they
+# existed keeps its dictionary, hence its config hash (its run's identity): the speed options, and how
+# sequences are decoded for exact match (beam width and length penalty, Britz et al. 2017 Table 7).
+OMITTED_AT_DEFAULT = {"compile": False, "fused_adamw": False, "beam_size": 1, "length_penalty": 0.0}
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How a run trains. ``lr`` is the peak rate, except for ``noam`` where it is the factor in front of
+    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. used 1)."""
+
+    max_steps: int = 1000
+    max_time: float | None = None  # seconds of training at most (a budget), None: no limit
+    batch_size: int = 32
+    eval_batch_size: int | None = None
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0  # applied to matrices only, not to norms, biases or embeddings
+    schedule: str = "warmup_cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.0  # warmup_cosine decays to lr * min_lr_ratio
+    grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
+    label_smoothing: float = 0.0
+    length_loss_weight: float = 0.1  # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
+    precision: str = "32-true"  # Lightning's precision (bf16-mixed, 16-mixed on GPUs)
+    val_every: int = 100  # steps between validations
+    val_batches: int | None = None  # cap on validation batches, None: the whole split
+    decode_batches: int | None = 4  # validation batches decoded for exact match (seq2seq)
+    # How seq2seq targets are decoded for exact match (validation and test): beam search of this width (1:
+    # greedy) scoring a hypothesis of n tokens with log-probability s as s / n**length_penalty.
+    beam_size: int = 1
+    length_penalty: float = 0.0
+    sampling: str = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
+    sampling_schedule: str = "inverse_sigmoid"
+    sampling_k: float = 500.0  # linear: steps to reach sampling_min; exponential: 1/e time; inverse_sigmoid: k
+    sampling_min: float = 0.0  # lowest probability of feeding the gold token
+    diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
+    diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)
+    deterministic: bool = True
+    # Speed only (the same training, other kernels): torch.compile the model's forward; AdamW's fused
+    # implementation (one kernel for every parameter; CUDA, and CPU from torch 2.4).
+    compile: bool = False
+    fused_adamw: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        self._validate()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown training key(s) {unknown}; valid keys: {sorted(names)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, except those of ``OMITTED_AT_DEFAULT`` left at their defaults: a configuration written
+        before they existed keeps its dictionary, hence its config hash (its run's identity)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["betas"] = list(self.betas)
+        for name, default in OMITTED_AT_DEFAULT.items():
+            if out[name] == default:  # validated: booleans are booleans, numbers numbers
+                del out[name]
+        return out
+
+    def _validate(self) -> None:
+        def number(name, lo=None, hi=None, none=False, integer=False, lo_open=False):
+            v = getattr(self, name)
+            if v is None and none:
+                return
+            kinds = (int,) if integer else (int, float)
+            if isinstance(v, bool) or not isinstance(v, kinds):
+                raise ConfigError(f"{name}={v!r} must be {'an integer' if integer else 'a number'}")
+            if lo is not None and (v <= lo if lo_open else v < lo):
+                raise ConfigError(f"{name}={v!r} must be {'>' if lo_open else '>='} {lo}")
+            if hi is not None and v > hi:
+                raise ConfigError(f"{name}={v!r} must be <= {hi}")
+
+        number("max_steps", 1, integer=True)
+        number("max_time", 0, none=True, lo_open=True)
+        number("batch_size", 1, integer=True)
+        number("eval_batch_size", 1, none=True, integer=True)
+        number("lr", 0, lo_open=True)
+        number("eps", 0, lo_open=True)
+        number("weight_decay", 0)
+        number("warmup_steps", 0, integer=True)
+        number("min_lr_ratio", 0, 1)
+        number("grad_clip", 0, none=True, lo_open=True)
+        number("label_smoothing", 0, 0.99)
+        number("length_loss_weight", 0)
+        number("val_every", 1, integer=True)
+        number("val_batches", 1, none=True, integer=True)
+        number("decode_batches", 0, none=True, integer=True)
+        number("beam_size", 1, integer=True)
+        number("length_penalty", 0)
+        number("sampling_k", 0, lo_open=True)
+        number("sampling_min", 0, 1)
+        number("diverge_factor", 1, none=True, lo_open=True)
+        number("diverge_after", 0, integer=True)
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
+        for name, choices in (
+            ("schedule", SCHEDULES),
+            ("sampling", SAMPLING),
+            ("sampling_schedule", SAMPLING_SCHEDULES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {', '.join(map(repr, choices))}"
+                )
+        if self.schedule == "noam" and self.warmup_steps < 1:
+            raise ConfigError("schedule='noam' needs warmup_steps >= 1")
+        if self.sampling_schedule == "inverse_sigmoid" and self.sampling == "scheduled" and self.sampling_k < 1:
+            raise ConfigError(f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})")
+        if not isinstance(self.precision, str) or not self.precision:
+            raise ConfigError(f"precision={self.precision!r} must be a Lightning precision such as '32-true'")
+        for name in ("deterministic", *SPEED_OPTIONS):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+
+
+def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:
+    """Multiplier of ``lr`` at optimizer step ``step`` (0-based)."""
+    s = step + 1
+    w = cfg.warmup_steps
+    if cfg.schedule == "noam":
+        return d_model**-0.5 * min(s**-0.5, s * w**-1.5)
+    warm = min(1.0, s / w) if w > 0 else 1.0
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "warmup_constant" or s <= w:
+        return warm
+    progress = min(1.0, (s - w) / max(1, cfg.max_steps - w))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def teacher_forcing_p(cfg: TrainingConfig, step: int) -> float:
+    """Probability of feeding the gold previous token at ``step`` (1.0 for plain teacher forcing)."""
+    if cfg.sampling == "teacher_forcing":
+        return 1.0
+    k = cfg.sampling_k
+    if cfg.sampling_schedule == "linear":
+        p = 1.0 - step / k
+    elif cfg.sampling_schedule == "exponential":
+        p = math.exp(-step / k)
+    else:
+        p = k / (k + math.exp(min(step / k, 700.0)))
+    return max(cfg.sampling_min, p)
+
+
+def metric_names(kind: str, *, exact: bool, length: bool) -> list[str]:
+    """The names ``LitTransformer.metrics_from_sums`` gives a split's metrics (without the split's prefix): for a
+    task of ``kind``, with exact match scored (``exact``) and the target length predicted (``length``, NAT)."""
+    if kind == "classify":
+        return ["loss", "accuracy"]
+    return ["loss", "ppl", "token_acc"] + (["exact_match"] if exact else []) + (["length_acc"] if length else [])
