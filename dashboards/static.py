@@ -61,7 +61,55 @@ def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "va
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
+    path = _error_by_position(runs, out_dir, plt)
+    if path is not None:
+        written.append(path)
     return written
+
+
+def error_by_position(runs: StudyRuns) -> dict[str, dict[str, list[tuple[int, float, int]]]]:
+    """split -> variant -> [(target position k, mean decoded error over the variant's finished cells, cells)] of
+    the ``<split>/error_at_<k>`` metrics (seq2seq tasks); empty when the runs log none."""
+    cells = runs.cells[runs.cells["state"] == "finished"] if len(runs.cells) else runs.cells
+    out: dict[str, dict[str, list[tuple[int, float, int]]]] = {}
+    for split in sorted({c.split("/")[0] for c in cells.columns if "/error_at_" in c}):
+        ks = sorted(int(c.rsplit("_", 1)[1]) for c in cells.columns if c.startswith(f"{split}/error_at_"))
+        for variant in (v for v in runs.variants if v in set(cells["variant"])):
+            mine = cells[cells["variant"] == variant]
+            points = [
+                (k, float(col.mean()), int(col.notna().sum())) for k in ks for col in [mine[f"{split}/error_at_{k}"]]
+            ]
+            out.setdefault(split, {})[variant] = [p for p in points if p[2] > 0]
+    return out
+
+
+def _error_by_position(runs: StudyRuns, out_dir: Path, plt) -> Path | None:
+    """error_by_position.png: ``error_by_position`` drawn, one panel per test split. Exposure bias (Bengio et al.
+    2015) shows as an error that grows along the sequence."""
+    data = error_by_position(runs)
+    if not data:
+        return None
+    fig, axes = plt.subplots(1, len(data), figsize=(5 * len(data), 3.6), dpi=120, squeeze=False)
+    for ax, (split, variants) in zip(axes[0], data.items()):
+        for i, (variant, points) in enumerate(variants.items()):
+            ax.plot(
+                [k for k, _, _ in points],
+                [m for _, m, _ in points],
+                "o-",
+                ms=3,
+                color=PALETTE[i % len(PALETTE)],
+                label=variant,
+            )
+        ax.set_xlabel("target position (1 = first token; the last: end of sequence)")
+        ax.set_ylabel("decoded error rate")
+        ax.set_title(f"{runs.name}: {split}, error by position (mean over seeds)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "error_by_position.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def pruning_png(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:

@@ -1,27 +1,26 @@
 #!/bin/sh
 # Runs the catalogue's paper studies on this machine and writes each report under docs/results/STUDY/.
-#   sh docs/results/run.sh [STUDY ...]      (default: all of them; from the repository root)
+#   sh docs/results/run.sh [STUDY ...]      (default: all of them, in the order below; from the repository root)
+# Each study's seeds and contrasts are declared in its file before it runs (ablations/studies/STUDY.yaml).
 # The MLflow store is docs/results/.store (not committed): `ablate ui --tracking-uri sqlite:///$PWD/docs/results/.store/mlflow.db`;
-# the tuned study's Optuna searches are in docs/results/.store/optuna.db (`ablate ui --optuna --storage ...`).
+# the tuned studies' Optuna searches are in docs/results/.store/optuna.db (`ablate ui --optuna --storage ...`).
+# Wall time per study is appended to docs/results/.store/timings.txt.
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
 export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
+ALL="heads positions norm_placement locality michel_heads decoding scheduled_sampling nat norm_placement_tuned attention_score similarity_text similarity_recall"
 mkdir -p docs/results/.store
-for study in ${@:-heads heads_text positions norm_placement norm_placement_tuned attention_score locality locality_text}; do
+for study in ${@:-$ALL}; do
   start=$(date +%s)
   .venv/bin/ablate sweep "ablations/studies/$study.yaml" --tracking-uri "$STORE"
   .venv/bin/ablate report "$study" --tracking-uri "$STORE" --out "docs/results/$study"
-  rm -f "docs/results/$study/report.html"   # 4.7 MB of plotly each: the tables and PNGs are committed
+  case "$study" in
+    positions)  # length generalisation: the predictions from positions training never saw
+      .venv/bin/ablate report positions --metric test_long/loss --tracking-uri "$STORE" --out docs/results/positions_long --no-log ;;
+    michel_heads)  # each head removed alone, one head per module, and pruning curves (Michel et al. 2019)
+      .venv/bin/ablate heads michel_heads --metric val/loss --prune test/loss --tracking-uri "$STORE" --out docs/results/michel_heads ;;
+  esac
+  rm -f docs/results/*/report.html   # 4.7 MB of plotly each: the tables and PNGs are committed
   echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 done
-if [ $# -eq 0 ]; then  # the companion tables, and Michel et al.'s head removal
-  .venv/bin/ablate report positions --metric test/exact_match --baseline "positions=sinusoidal max_steps=1200" \
-    --tracking-uri "$STORE" --out docs/results/positions_in_distribution --no-log
-  .venv/bin/ablate report heads --metric final/val_loss --tracking-uri "$STORE" --out docs/results/heads_val_loss --no-log
-  rm -f docs/results/*/report.html
-  start=$(date +%s)
-  .venv/bin/ablate sweep ablations/studies/michel_heads.yaml --tracking-uri "$STORE"
-  .venv/bin/ablate heads michel_heads --tracking-uri "$STORE" --metric val/loss --out docs/results/michel_heads
-  echo "michel_heads: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
-fi
 .venv/bin/python docs/results/papers.py   # the papers' numbers beside ours: STUDY/paper_vs_ours.png

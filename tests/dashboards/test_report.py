@@ -366,3 +366,23 @@ def test_cells_take_the_latest_designs_names(store):
     assert set(runs.cells["variant"]) == {"baseline lr=0.003", "better lr=0.003", "same lr=0.003"}
     assert set(runs.cells["axis.training.lr"]) == {"0.003"}  # the new axis, at the base's value, filled in
     assert [r.variant for r in build(runs).rows] == ["baseline lr=0.003", "better lr=0.003", "same lr=0.003"]
+
+
+def test_the_report_draws_the_decoded_error_by_target_position(store, tmp_path):
+    """Scheduled sampling (Bengio et al. 2015) is judged by where decoding goes wrong: the report averages each
+    variant's error_at_k over its finished cells and draws error_by_position.png."""
+    from dashboards.static import error_by_position
+
+    errors = {("tf", s): {f"test/error_at_{k}": 0.1 * k + 0.01 * s for k in (1, 2, 3)} for s in SEEDS}
+    errors |= {("ss", s): {f"test/error_at_{k}": 0.05 * k for k in (1, 2, 3)} for s in SEEDS}
+    fill(store, "pos", {"tf": dict.fromkeys(SEEDS, 0.5), "ss": dict.fromkeys(SEEDS, 0.6)}, extra=errors)
+    runs = load_study(store, "pos")
+    data = error_by_position(runs)
+    assert list(data) == ["test"] and list(data["test"]) == ["tf", "ss"]
+    mean_seed = np.mean(SEEDS)
+    assert data["test"]["tf"] == [(k, pytest.approx(0.1 * k + 0.01 * mean_seed), len(SEEDS)) for k in (1, 2, 3)]
+    assert data["test"]["ss"] == [(k, pytest.approx(0.05 * k), len(SEEDS)) for k in (1, 2, 3)]
+    report = make_report(store, "pos", out_dir=tmp_path / "out", log=False)
+    assert (tmp_path / "out" / "error_by_position.png").stat().st_size > 1000 and "error_by_position" in report.files
+    three_variants(store)  # a study whose runs log no error by position: no figure
+    assert error_by_position(load_study(store, "abl")) == {}
