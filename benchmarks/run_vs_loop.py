@@ -143,8 +143,14 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float]:
     model = Transformer(run.model).to(device)
     if t.compile:
         model.compile()
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay, fused=t.fused_adamw or None
+    opt = torch.optim.AdamW(  # the implementation the LightningModule uses (fused, or foreach: models/lightning.py)
+        model.parameters(),
+        lr=t.lr,
+        betas=t.betas,
+        eps=t.eps,
+        weight_decay=t.weight_decay,
+        fused=t.fused_adamw or None,
+        foreach=None if t.fused_adamw else True,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(t, run.model.d_model, s))
     autocast = t.precision.startswith(("bf16", "16")) and t.precision.endswith("mixed")
