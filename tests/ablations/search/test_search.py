@@ -321,7 +321,7 @@ def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) ->
 @pytest.mark.slow
 def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
+    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 200})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         os.kill(proc.pid, signal.SIGKILL)
@@ -342,7 +342,7 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 400})
+    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 200})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         proc.send_signal(signal.SIGINT)
@@ -363,7 +363,7 @@ def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_p
 @pytest.mark.slow
 def test_two_search_processes_share_one_study(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=6, concurrency=1, pruner="none", sampler="tpe")
+    spec_path = write_spec(tmp_path, n_trials=4, concurrency=1, pruner="none", sampler="tpe")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     optuna.create_study(study_name="srch", storage=open_storage(storage))  # both processes then load it
     procs = [
@@ -381,7 +381,7 @@ def test_two_search_processes_share_one_study(tmp_path, store):
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(outs)
     study = optuna.load_study(study_name="srch", storage=storage)
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert 6 <= len(complete) <= 7, [t.state for t in study.trials]  # both may ask the last trial at once
+    assert 4 <= len(complete) <= 5, [t.state for t in study.trials]  # both may ask the last trial at once
     drivers = {t.user_attrs["ablate:pid"] for t in study.trials}
     assert drivers == {p.pid for p in procs}  # both processes worked on it
     assert len(runs_of_kind(store, "srch", KIND_SEARCH)) == 2
