@@ -86,30 +86,34 @@ def finish(fig, study: str, title: str) -> None:
 
 
 def heads() -> None:
-    text, rev = table("heads_text"), table("heads")
+    ours = table("heads")
+    if not ours:
+        return
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ax = axes[0]
     hs = sorted(VASWANI_HEADS)
     ax.plot(range(len(hs)), [VASWANI_HEADS[h][1] for h in hs], "o-", color=PAPER)
     ax.set_xticks(range(len(hs)), [f"{h}\n(d_k {512 // h})" for h in hs])
     ax.set(title="Vaswani et al. Table 3 (A): dev BLEU ↑", xlabel="heads (d_model 512)")
-    for ax, recs, metric in ((axes[1], text, "final/val_loss ↓"), (axes[2], rev, "test/exact_match ↑")):
-        hs = sorted(int(v.split("=")[1]) for v in recs)
-        for i, h in enumerate(hs):
-            point(ax, i, recs[f"n_heads={h}"], color=OURS)
-        ax.set_xticks(range(len(hs)), [f"{h}\n(d_k {64 // h})" for h in hs])
-        ax.set(xlabel="heads (d_model 64)")
-        ax.set_title(("ours, byte-level LM: " if recs is text else "ours, reversal: ") + metric)
+    for ax, names, title in (
+        (axes[1], ["h1 dk64", "h2 dk32", "h4 dk16"], "ours, fixed width (d_model 64)"),
+        (axes[2], ["h1 dk32", "h2 dk32", "h4 dk32"], "ours, fixed head size (d_k 32)"),
+    ):
+        for i, name in enumerate(names):
+            if name in ours:
+                point(ax, i, ours[name], color=OURS)
+        ax.set_xticks(range(len(names)), [n.replace(" ", "\n") for n in names])
+        ax.set_title(f"{title}: final/val_loss ↓", fontsize=9)
     finish(
-        fig,
-        "heads_text",
-        f"Number of heads at fixed width: the paper (translation) and ours ({seeds(text, rev)} seeds, 95% CI)",
+        fig, "heads", f"Number of heads: the paper (translation) and ours, byte-level LM ({seeds(ours)} seeds, 95% CI)"
     )
 
 
 def positions() -> None:
-    ours = table("positions_in_distribution")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 2.2]})
+    ours, long = table("positions"), table("positions_long")
+    if not ours:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), gridspec_kw={"width_ratios": [1, 1.6, 1.6]})
     ax = axes[0]
     names = list(VASWANI_POSITIONS)
     ax.bar(range(2), [VASWANI_POSITIONS[n][1] for n in names], color=PAPER)
@@ -118,17 +122,18 @@ def positions() -> None:
                 ha="center", fontsize=8)  # fmt: skip
     ax.set_xticks(range(2), names)
     ax.set(ylim=(24, 26.5), title="Vaswani et al. Table 3 (E): dev BLEU ↑")
-    ax = axes[1]
     kinds = ["sinusoidal", "learned", "rotary", "alibi", "none"]
-    for j, steps in enumerate((400, 1200)):
+    for ax, recs, title in (
+        (axes[1], ours, "ours, byte-level LM, blocks of 64: final/val_loss ↓"),
+        (axes[2], long, "ours, positions 64-255 (never trained): test_long/loss ↓"),
+    ):
         for i, k in enumerate(kinds):
-            rec = ours.get(f"positions={k} max_steps={steps}")
-            if rec:
-                point(ax, i + (j - 0.5) * 0.3, rec, color=OURS if steps == 1200 else "#aec7e8",
-                      label=f"{steps} steps" if i == 0 else None)  # fmt: skip
-    ax.set_xticks(range(len(kinds)), kinds)
-    ax.set(title="ours, reversal (lengths seen in training): test/exact_match ↑", ylim=(0, 1.05))
-    ax.legend(loc="lower left", fontsize=8)
+            if f"positions={k}" in recs:
+                point(ax, i, recs[f"positions={k}"], color=OURS)
+        ax.set_xticks(range(len(kinds)), kinds)
+        ax.set_title(title, fontsize=9)
+        if recs is long:
+            ax.set_yscale("log")
     finish(fig, "positions", f"Learned against sinusoidal positions: the paper and ours ({seeds(ours)} seeds, 95% CI)")
 
 
