@@ -187,17 +187,23 @@ def model_heads(
     return ModelHeads(variant, seed, run_id, full, sequences, heads)
 
 
-def head_ablation(
-    uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
-) -> tuple[list[ModelHeads], dict[str, Any]]:
-    """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
+def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str]:
+    """([(variant, seed, run_id)] of every finished cell, by variant in the study's order then seed; the study's
+    analysis.test)."""
     runs = load_study(uri, study)
-    test = from_design(runs.design).test
     done = runs.cells[runs.cells["state"] == "finished"]
     if not len(done):
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
     order = {v: i for i, v in enumerate(runs.variants)}
     cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
+    return [(v, int(seed), run_id) for v, seed, run_id in cells], from_design(runs.design).test
+
+
+def head_ablation(
+    uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
+) -> tuple[list[ModelHeads], dict[str, Any]]:
+    """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
+    cells, test = trained_cells(uri, study)
     models = [
         model_heads(run_id, int(seed), uri, metric, variant, test=test, alpha=alpha) for variant, seed, run_id in cells
     ]

@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations.heads import load_trained
+from ablations.heads import load_trained, trained_cells
 from dashboards import stats
-from dashboards.analysis import from_design
 from dashboards.load import load_study
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
@@ -182,14 +181,8 @@ def _lower_is_better(metric: str) -> bool:
 
 def study_pruning(uri: str, study: str, metric: str = "test/loss") -> tuple[list[ModelPruning], dict[str, Any]]:
     """Every finished cell's model of ``study``, by variant then seed."""
-    runs = load_study(uri, study)
-    test = from_design(runs.design).test
-    done = runs.cells[runs.cells["state"] == "finished"]
-    if not len(done):
-        raise LookupError(f"study {study!r} has no finished cell to prune")
-    order = {v: i for i, v in enumerate(runs.variants)}
-    cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
-    models = [prune_model(run_id, int(seed), uri, metric, variant) for variant, seed, run_id in cells]
+    cells, test = trained_cells(uri, study)
+    models = [prune_model(run_id, seed, uri, metric, variant) for variant, seed, run_id in cells]
     return models, {"study": study, "metric": metric, "test": test, "orders": RANDOM_ORDERS}
 
 

@@ -13,6 +13,23 @@ from dashboards.plots import PALETTE, curves, forest_label
 from dashboards.table import Table
 
 
+def _finish(ax, xlabel: str, ylabel: str, title: str, title_size: float | None = None) -> None:
+    """Labels, title, legend and grid of one panel: every figure here dresses its axes alike."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, path: Path, plt) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "val/loss") -> list[Path]:
     import matplotlib
 
@@ -32,16 +49,8 @@ def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "va
             ax.plot(steps, np.nanmean(grid, 0), color=colour, label=f"{variant} (n={len(seeds)})")
             if len(seeds) > 1:
                 ax.fill_between(steps, np.nanmin(grid, 0), np.nanmax(grid, 0), color=colour, alpha=0.15)
-        ax.set_xlabel("step")
-        ax.set_ylabel(curve_key)
-        ax.set_title(f"{runs.name}: {curve_key} (mean over seeds, band min-max)")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / "curves.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        _finish(ax, "step", curve_key, f"{runs.name}: {curve_key} (mean over seeds, band min-max)")
+        written.append(_save(fig, out_dir / "curves.png", plt))
     rows = [r for r in table.rows if r.contrast is not None and r.contrast.n > 0]
     if rows:
         fig, ax = plt.subplots(figsize=(7, 0.8 + 0.45 * len(rows)), dpi=120)
@@ -56,11 +65,7 @@ def save_pngs(runs: StudyRuns, table: Table, out_dir: Path, curve_key: str = "va
         pct = f"{table.analysis.confidence:.0%}"
         ax.set_xlabel(f"Δ {table.metric} vs {table.baseline} ({pct} t interval; better to the {better})")
         ax.grid(alpha=0.3, axis="x")
-        fig.tight_layout()
-        path = out_dir / "differences.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / "differences.png", plt))
     path = _error_by_position(runs, out_dir, plt)
     if path is not None:
         written.append(path)
@@ -100,16 +105,9 @@ def _error_by_position(runs: StudyRuns, out_dir: Path, plt) -> Path | None:
                 color=PALETTE[i % len(PALETTE)],
                 label=variant,
             )
-        ax.set_xlabel("target position (1 = first token; the last: end of sequence)")
-        ax.set_ylabel("decoded error rate")
-        ax.set_title(f"{runs.name}: {split}, error by position (mean over seeds)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "error_by_position.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        title = f"{runs.name}: {split}, error by position (mean over seeds)"
+        _finish(ax, "target position (1 = first token; the last: end of sequence)", "decoded error rate", title, 9)
+    return _save(fig, out_dir / "error_by_position.png", plt)
 
 
 def pruning_png(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:
@@ -128,13 +126,5 @@ def pruning_png(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:
         name = f"{variant}: " if variant else ""
         ax.plot(x, [r["importance"] for r in rows], "o-", color=colour, label=f"{name}by importance")
         ax.plot(x, [r["random"] for r in rows], "s--", color=colour, alpha=0.6, label=f"{name}random order")
-    ax.set_xlabel("attention heads removed (%)")
-    ax.set_ylabel(metric)
-    ax.set_title(f"pruning heads: {metric} (mean over seeds)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _finish(ax, "attention heads removed (%)", metric, f"pruning heads: {metric} (mean over seeds)")
+    return _save(fig, path, plt)

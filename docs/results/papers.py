@@ -139,6 +139,8 @@ def positions() -> None:
 
 def attention_score() -> None:
     ours = table("attention_score")
+    if not ours:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     ax = axes[0]
     for name, style in (("multiplicative", "s--"), ("additive", "o-")):
@@ -172,6 +174,8 @@ def attention_score() -> None:
 
 def norm_placement() -> None:
     grid, tuned = table("norm_placement"), table("norm_placement_tuned")
+    if not grid:
+        return
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), gridspec_kw={"width_ratios": [1.3, 1.3, 1]})
     ax = axes[0]
     bars = ax.bar(range(len(XIONG)), [v for _, v, _ in XIONG], color=PAPER)
@@ -210,9 +214,11 @@ def norm_placement() -> None:
 
 
 def locality() -> None:
-    retrieval, text = table("locality"), table("locality_text")
+    ours = table("locality")
+    if not ours:
+        return
     bench = json.loads((ROOT / "benchmarks" / "results" / "model.json").read_text())["local_vs_full"]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     ax = axes[0]
     tasks = ["ListOps", "Text", "Retrieval"]
     for j, (model, color) in enumerate((("Transformer", PAPER), ("Local Attention", "#c7c7c7"))):
@@ -220,26 +226,21 @@ def locality() -> None:
     ax.set_xticks(range(3), tasks)
     ax.set(title="Long Range Arena, Table 1: accuracy ↑")
     ax.legend(fontsize=8)
-    for ax, recs, title in (
-        (axes[1], retrieval, "ours, retrieval at distance 48: test/exact_match ↑"),
-        (axes[2], text, "ours, byte-level text: final/val_loss ↓"),
-    ):
-        for i, rec in enumerate(recs.values()):
-            point(ax, i, rec, color=OURS)
-        ax.set_xticks(range(len(recs)), list(recs), rotation=30, ha="right", fontsize=7)
-        ax.set_title(title, fontsize=9)
-    ax = axes[3]
+    ax = axes[1]
+    for i, rec in enumerate(ours.values()):
+        point(ax, i, rec, color=OURS)
+    ax.set_xticks(range(len(ours)), list(ours), rotation=20, ha="right", fontsize=7)
+    ax.set_title("ours, ListOps (60-160 tokens): test/accuracy ↑", fontsize=9)
+    ax = axes[2]
     ns = sorted(LRA_SPEEDUP)
     ax.plot(ns, [LRA_SPEEDUP[n] for n in ns], "s--", color=PAPER, label="LRA Table 2 (TPU, steps/s)")
-    ours = sorted((r["n"], r["speedup"]) for r in bench if r["causal"])
-    ax.plot([n for n, _ in ours], [s for _, s in ours], "o-", color=OURS, label="ours (CPU, fwd+bwd, causal, w=128)")
+    speed = sorted((r["n"], r["speedup"]) for r in bench if r["causal"])
+    ax.plot([n for n, _ in speed], [x for _, x in speed], "o-", color=OURS, label="ours (CPU, fwd+bwd, causal, w=128)")
     ax.set_xscale("log", base=2)
     ax.set(title="local over full attention: speed-up ↑", xlabel="sequence length")
     ax.legend(fontsize=7)
     finish(
-        fig,
-        "locality",
-        f"Local and dilated against full attention: the papers and ours ({seeds(retrieval, text)} seeds, 95% CI)",
+        fig, "locality", f"Local and dilated against full attention: the papers and ours ({seeds(ours)} seeds, 95% CI)"
     )
 
 
@@ -262,15 +263,16 @@ def michel() -> None:
     for i, module in enumerate(modules):
         for k, m in enumerate(models):
             changes = [h["change"] for h in m["heads"] if h["module"] == module]
-            x = i + (k - (len(models) - 1) / 2) * 0.12
+            x = i + (k - (len(models) - 1) / 2) * 0.04
             label = m["variant"] if i == 0 and m is next(n for n in models if n["variant"] == m["variant"]) else None
-            ax.plot([x, x], [min(changes), max(changes)], "-", color=colors[m["variant"]], lw=3, solid_capstyle="butt",
+            ax.plot([x, x], [min(changes), max(changes)], "-", color=colors[m["variant"]], lw=2, solid_capstyle="butt",
                     label=label)  # fmt: skip
     ax.axhline(0, color="black", lw=0.5)
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xticks(range(len(modules)), modules, rotation=30, ha="right", fontsize=7)
     ax.set_title("ours: Δ val/loss per head removed\n(range per module, one bar per seed; ↑ = harm)")
-    ax.legend(fontsize=8, title="variant (3 seeds each)", title_fontsize=8)
+    n = len({m["seed"] for m in models})
+    ax.legend(fontsize=8, title=f"variant ({n} seeds each)", title_fontsize=8)
     finish(fig, "michel_heads", "Removing single heads at evaluation time: the paper and ours")
 
 
