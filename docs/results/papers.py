@@ -176,7 +176,8 @@ def norm_placement() -> None:
     grid, tuned = table("norm_placement"), table("norm_placement_tuned")
     if not grid:
         return
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), gridspec_kw={"width_ratios": [1.3, 1.3, 1]})
+    ratios = [1.3, 1.3, 1] if tuned else [1.3, 1.3]  # the tuned panel once norm_placement_tuned has run
+    fig, axes = plt.subplots(1, len(ratios), figsize=(4.7 * len(ratios), 3.8), gridspec_kw={"width_ratios": ratios})
     ax = axes[0]
     bars = ax.bar(range(len(XIONG)), [v for _, v, _ in XIONG], color=PAPER)
     for b, (_, v, approx) in zip(bars, XIONG):
@@ -197,6 +198,9 @@ def norm_placement() -> None:
     ax.set_xticks(range(4), labels, fontsize=8)
     ax.set(title="ours, reversal, lr 1e-2: final/val_loss ↓ (log)")
     ax.legend(fontsize=8)
+    if not tuned:
+        finish(fig, "norm_placement", f"Pre-LN against Post-LN: the paper and ours ({seeds(grid)} seeds, 95% CI)")
+        return
     ax = axes[2]
     labels = []
     for i, warm in enumerate((0, 100)):

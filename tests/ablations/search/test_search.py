@@ -321,7 +321,7 @@ def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) ->
 @pytest.mark.slow
 def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 200})
+    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         os.kill(proc.pid, signal.SIGKILL)
@@ -341,8 +341,9 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
 
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
+    # 400 steps: the trial must still be training when the signal lands (at 200 it could end first, under load)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 200})
+    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 400})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         proc.send_signal(signal.SIGINT)
