@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -32,6 +34,8 @@ from ablations.spec import resolve_run
 from dashboards import stats
 from dashboards.analysis import from_design
 from dashboards.load import load_study
+
+T = TypeVar("T")
 
 ALPHA = 0.01  # Michel et al.'s significance level
 
@@ -199,14 +203,25 @@ def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str
     return [(v, int(seed), run_id) for v, seed, run_id in cells], from_design(runs.design).test
 
 
+def each_model(cells: list[tuple[str, int, str]], what: str, work: Callable[[str, int, str], T]) -> list[T]:
+    """``work(variant, seed, run_id)`` for every trained cell, with a progress line per model (minutes each)."""
+    out, start = [], time.monotonic()
+    for i, (variant, seed, run_id) in enumerate(cells, 1):
+        out.append(work(variant, int(seed), run_id))
+        print(
+            f"  [{time.monotonic() - start:.0f}s] {what}: {i}/{len(cells)} models ({variant}, seed {seed})", flush=True
+        )
+    return out
+
+
 def head_ablation(
     uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
 ) -> tuple[list[ModelHeads], dict[str, Any]]:
     """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
     cells, test = trained_cells(uri, study)
-    models = [
-        model_heads(run_id, int(seed), uri, metric, variant, test=test, alpha=alpha) for variant, seed, run_id in cells
-    ]
+    models = each_model(
+        cells, "heads removed one at a time", lambda v, s, r: model_heads(r, s, uri, metric, v, test=test, alpha=alpha)
+    )
     return models, {
         "study": study,
         "metric": metric,

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations.heads import load_trained, trained_cells
+from ablations.heads import each_model, load_trained, trained_cells
 from dashboards import stats
 from dashboards.load import load_study
 
@@ -182,7 +182,7 @@ def _lower_is_better(metric: str) -> bool:
 def study_pruning(uri: str, study: str, metric: str = "test/loss") -> tuple[list[ModelPruning], dict[str, Any]]:
     """Every finished cell's model of ``study``, by variant then seed."""
     cells, test = trained_cells(uri, study)
-    models = [prune_model(run_id, seed, uri, metric, variant) for variant, seed, run_id in cells]
+    models = each_model(cells, "pruned", lambda v, s, r: prune_model(r, s, uri, metric, v))
     return models, {"study": study, "metric": metric, "test": test, "orders": RANDOM_ORDERS}
 
 
