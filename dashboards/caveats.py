@@ -245,22 +245,36 @@ def few_seeds(intervals: Iterable[tuple[str, tuple[str, ...], int]], warn: Warn,
 
 
 def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
-    """A caveat when no contrast of the family can come out different whatever the data: every testable one's
-    smallest attainable p (the exact test's 2/2^n) is above Holm's first step, alpha / (family size)."""
+    """A caveat when contrasts of the family cannot come out different whatever the data: their smallest
+    attainable p (the exact test's 2/2^n) is above Holm's first step, alpha / (family size). Every testable one
+    (nothing can be resolved), or some of them (the paired ones, where the family's factorial effects, tested by
+    OLS, can reach any p): those are named."""
     testable = [c for c in family if c.testable]
     if test == "t" or not testable:
         return None
     level = alpha / len(family)
-    if not all(math.isfinite(c.min_p) and c.min_p > level for c in testable):
+    stuck = [c for c in testable if math.isfinite(c.min_p) and c.min_p > level]
+    if not stuck:
         return None
-    n = max(c.n for c in testable)
+    n = max(c.n for c in stuck)
     need = stats.smallest_exact_n(level)
-    text = (
-        f"too few seeds to resolve anything: with {n} seeds the exact test's smallest p is {stats.min_p(n):.3g}, "
-        f"above Holm's first step {alpha:g}/{len(family)}, so no contrast of the family can come out different "
-        f"whatever the data ({need} seeds can); its 'not resolved' says nothing about the size of a difference"
+    why = (
+        f"with {n} seeds the exact test's smallest p is {stats.min_p(n):.3g}, above Holm's first step "
+        f"{alpha:g}/{len(family)}"
     )
-    return Caveat("resolution", text)
+    if len(stuck) == len(testable):
+        text = (
+            f"too few seeds to resolve anything: {why}, so no contrast of the family can come out different "
+            f"whatever the data ({need} seeds can); its 'not resolved' says nothing about the size of a difference"
+        )
+        return Caveat("resolution", text)
+    labels = tuple(c.label for c in stuck)
+    text = (
+        f"too few seeds for the paired contrasts: {why}, so {', '.join(labels)} cannot come out different whatever "
+        f"the data ({need} seeds can, or a smaller family); their 'not resolved' says nothing about the size of a "
+        "difference"
+    )
+    return Caveat("resolution", text, contrasts=labels)
 
 
 # --- best ----------------------------------------------------------------------------------------------------

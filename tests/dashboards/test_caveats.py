@@ -8,6 +8,7 @@ of a piecewise-linear or straight curve in closed form, the exact test's smalles
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 
@@ -288,6 +289,19 @@ def test_a_family_its_seeds_cannot_resolve():
     assert c is not None and "(7 seeds can)" in c.text and f"{flips(np.arange(1, 7)):.3g}" in c.text
     assert caveats.unresolvable([contrast(7), contrast(7, seed=1)], 0.05, "permutation") is None
     assert caveats.unresolvable([contrast(3)], 0.05, "t") is None
+
+
+def test_paired_contrasts_their_seeds_cannot_resolve_beside_effects_that_can():
+    """A family of paired contrasts and factorial effects (OLS: any p is attainable): with 8 seeds the exact
+    test's smallest p 2/2^8 = 0.0078 is above 0.05/8, so the four pairs can never be 'different' while the
+    effects can; the caveat names the pairs only (the attention_score study of the catalogue, 8 seeds)."""
+    pairs = [dataclasses.replace(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
+    effects = [dataclasses.replace(contrast(8, seed=9), label=f"effect {k}", min_p=0.0) for k in range(4)]
+    c = caveats.unresolvable(pairs + effects, 0.05, "permutation")
+    assert c is not None and c.contrasts == tuple(p.label for p in pairs)
+    assert f"{2 / 2**8:.3g}" in c.text and "(9 seeds can" in c.text
+    assert not c.concerns("effect 0") and c.concerns(pairs[0].label)
+    assert caveats.unresolvable([contrast(9, seed=s) for s in range(4)] + effects, 0.05, "permutation") is None
 
 
 # --- best ---------------------------------------------------------------------------------------------------
