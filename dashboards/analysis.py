@@ -173,6 +173,36 @@ class Analysis(BaseModel):
             return [(a, b) for i, a in enumerate(axes) for b in axes[i + 1 :]]
         return [tuple(p) for p in c.interactions]
 
+    def family_size(self, n_pairs: int, levels: dict[str, int], is_grid: bool) -> int:
+        """How many contrasts Holm corrects over: the declared pairs, each main effect's levels - 1 and each
+        interaction's (levels - 1) x (levels - 1) terms (factorial effects only on a grid; ``levels``: each
+        axis's number of levels)."""
+        size = n_pairs
+        if is_grid:
+            axes = list(levels)
+            size += sum(levels[a] - 1 for a in self.main_effect_axes(axes))
+            size += sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interaction_pairs(axes))
+        return max(1, size)
+
+    def unresolvable_pairs(self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int) -> str | None:
+        """Before any run: why the declared paired contrasts cannot come out different whatever the data (the
+        exact test's smallest p with ``seeds`` seeds is above Holm's first step), or None when they can."""
+        from dashboards import stats
+
+        if self.test == "t" or n_pairs == 0 or seeds < 1:
+            return None
+        size = self.family_size(n_pairs, levels, is_grid)
+        level = self.alpha / size
+        if stats.min_p(seeds) <= level:
+            return None
+        need = stats.smallest_exact_n(level)
+        return (
+            f"with {seeds} seeds the exact paired test's smallest p is {stats.min_p(seeds):.3g}, above Holm's first "
+            f"step {self.alpha:g}/{size} for the declared family of {size}: none of the {n_pairs} paired contrast(s) "
+            f"can come out different whatever the data; use at least {need} seeds (seeds: {need})"
+            + (" or declare fewer contrasts (analysis.contrasts)" if size > 1 else "")
+        )
+
     def describe_rule(self, metric: str, worst: float | None = None) -> str:
         """The failure rule in words, for a table's caption."""
         if self.failure_rule == "exclude":

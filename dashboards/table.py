@@ -326,8 +326,7 @@ def build(
         notes.append("analysis.contrasts declares factorial effects, but this study is not a grid: none computed")
     ordered = cells.assign(_order=cells["variant"].map({v: i for i, v in enumerate(variants)})).sort_values("_order")
     levels = {a: list(dict.fromkeys(str(x) for x in ordered[f"axis.{a}"])) for a in axes}
-    family_size = len(pairs) + sum(len(levels[a]) - 1 for a in main_axes)
-    family_size += sum((len(levels[a]) - 1) * (len(levels[b]) - 1) for a, b in inter)
+    family_size = analysis.family_size(len(pairs), {a: len(v) for a, v in levels.items()}, is_grid)
     margin = analysis.margins.get(metric)
     common = dict(
         test=analysis.test,
@@ -335,7 +334,7 @@ def build(
         margin=margin,
         power=analysis.power,
         detect=analysis.detect.get(metric),
-        family_size=max(1, family_size),
+        family_size=family_size,
         n_boot=n_boot,
     )
     outcomes = {
@@ -376,7 +375,7 @@ def build(
             declared_interactions=inter,
             margin=margin,
             power=analysis.power,
-            family_size=max(1, family_size),
+            family_size=family_size,
         )
     contrasts = stats.correct(contrasts, analysis.alpha, direction)
     if is_grid:

@@ -6,7 +6,17 @@ trial, ``driver`` runs a submission.
 """
 
 from ablations.sweep.driver import StudyResult, run_study
-from ablations.sweep.plan import Plan, describe_plan, format_rows, plan, summarize
+from ablations.sweep.plan import Plan, describe_plan, format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import live_notes
 
-__all__ = ["Plan", "StudyResult", "describe_plan", "format_rows", "live_notes", "plan", "run_study", "summarize"]
+__all__ = [
+    "Plan",
+    "StudyResult",
+    "describe_plan",
+    "format_rows",
+    "live_notes",
+    "plan",
+    "run_study",
+    "summarize",
+    "unresolvable_warning",
+]

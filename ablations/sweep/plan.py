@@ -37,6 +37,19 @@ def plan(study: Study, uri: str, code: str | None = None) -> Plan:
     return Plan(todo, done, stale)
 
 
+def unresolvable_warning(study: Study) -> str | None:
+    """Before any run: a warning when the study's seeds cannot resolve its declared paired contrasts (the exact
+    test's smallest p, 2/2^seeds, above Holm's first step for the declared family), or None."""
+    from dashboards.analysis import parse_analysis
+
+    analysis = parse_analysis(study.analysis)
+    levels = {a: len({repr(c.settings.get(a)) for c in study.cells}) for a in study.axes}
+    n_pairs = len(analysis.pairs(study.variants, study.variants[0]))
+    seeds = min(sum(c.variant == v for c in study.cells) for v in study.variants)
+    why = analysis.unresolvable_pairs(n_pairs, levels, study.design == "grid", seeds)
+    return f"warning: {study.source}: {why}" if why else None
+
+
 def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> None:
     width = max(len(c.variant) for c in study.cells)
     out(
@@ -55,6 +68,8 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> 
         out(f"{s.variant:<{width}}  {s.seed:>4}  {'-' * 16}  skipped: {s.reason}")
     if p.stale:
         out(f"{len(p.stale)} run(s) left RUNNING by an earlier submission will be marked KILLED")
+    if warning := unresolvable_warning(study):
+        out(warning)
 
 
 def summarize(study: Study, uri: str, code: str | None = None) -> tuple[dict[str, int], list[dict[str, Any]]]:

@@ -228,6 +228,37 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
     assert "4 cells" in out.stdout and "to train" in out.stdout
     assert "Ray:" not in out.stdout  # nothing was started
     assert not (tmp_path / "m.db").exists() and not (tmp_path / ".ablate").exists()  # nothing was written
+    # 2 seeds: the exact test's smallest p is 2/2^2 = 0.5, so the plan says so before anything runs
+    assert f"warning: {path}: with 2 seeds the exact paired test's smallest p is 0.5" in out.stdout
+    assert "use at least 6 seeds (seeds: 6)" in out.stdout
+
+
+def test_a_family_its_seeds_cannot_resolve_is_named_before_the_runs(tmp_path):
+    """The exact sign-flip test's smallest p is 2/2^n (independent: enumerate the 2^n sign flips of n equal
+    differences), against Holm's first step alpha / (family size): pairs plus each interaction's
+    (levels - 1)(levels - 1) terms. 3 x 2 grid, 2 pairs + 2 interaction terms = 4: 0.05/4 = 0.0125 needs 8 seeds."""
+    from itertools import product
+
+    from ablations.sweep import unresolvable_warning
+
+    def smallest_p(n: int) -> float:  # every sign flip of n equal positive differences: |sum| >= n only at 2 of them
+        return sum(abs(sum(signs)) >= n for signs in product((1, -1), repeat=n)) / 2**n
+
+    grid = {"model.norm": ["pre", "post"], "model.n_heads": [1, 2, 4]}
+    pairs = [["n_heads=1 norm=post", "n_heads=1 norm=pre"], ["n_heads=4 norm=post", "n_heads=4 norm=pre"]]
+    analysis = {"contrasts": {"pairs": pairs, "interactions": [["model.norm", "model.n_heads"]]}}
+    for seeds in (7, 8):
+        study = load_study(write(tmp_path, design={"grid": grid}, seeds=seeds, analysis=analysis))
+        warning = unresolvable_warning(study)
+        if smallest_p(seeds) > 0.05 / 4:
+            assert warning is not None and "0.05/4 for the declared family of 4" in warning
+            assert f"smallest p is {smallest_p(seeds):.3g}" in warning and "(seeds: 8)" in warning
+            assert "declare fewer contrasts" in warning
+        else:
+            assert warning is None
+    assert smallest_p(7) > 0.0125 >= smallest_p(8)  # so both branches ran
+    t_test = {**analysis, "test": "t"}  # the t-test can reach any p
+    assert unresolvable_warning(load_study(write(tmp_path, design={"grid": grid}, seeds=3, analysis=t_test))) is None
 
 
 def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
