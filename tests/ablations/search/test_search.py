@@ -341,9 +341,10 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
 
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
-    # 400 steps: the trial must still be training when the signal lands (at 200 it could end first, under load)
+    # 1,500 steps (about 20 s of training): trial 0 must still be training when the signal lands; at 200 and at
+    # 400 steps (5 s) it could finish first while the suite loaded both cores
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 400})
+    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 1500})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         proc.send_signal(signal.SIGINT)
