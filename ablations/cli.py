@@ -105,8 +105,6 @@ def _sweep(args: argparse.Namespace) -> int:
         if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
             print(pilot)
         return EXIT_OK
-    if warning := sweep.unresolvable_warning(study):
-        print(warning, file=sys.stderr)
     try:
         result = sweep.run_study(
             study,

@@ -31,7 +31,7 @@ from ablations.claims import Claim, Claims
 from ablations.secrets import redact_url
 from ablations.spec import Cell, Study
 from ablations.sweep.placement import check_placement, describe_cluster, trial_slots
-from ablations.sweep.plan import format_rows, plan, summarize
+from ablations.sweep.plan import format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, open_submission
 from ablations.sweep.trial import TrialContext, trainable
 
@@ -144,6 +144,8 @@ def run_study(
             f"the Ray cluster at {address} cannot write to the local store {redact_url(uri)}; start an MLflow "
             "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
         )
+    if warning := unresolvable_warning(study):  # said before anything runs: the seeds cannot resolve the pairs
+        out(warning)
     fingerprint = tracking.code_fingerprint()
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint
