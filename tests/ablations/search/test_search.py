@@ -285,7 +285,9 @@ def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
 
 
 def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, store: str):
-    """``ablate search`` in its own process group; returns it and its first trial once that trial is training."""
+    """``ablate search`` in its own process group; returns it and its first trial once that trial is training: it has
+    reported a validation to Optuna. (Waiting for the trial's MLflow run instead missed whole trials while the suite
+    loaded both cores: the run can appear seconds after training started.)"""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(
@@ -296,17 +298,20 @@ def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, st
             cwd=tmp_path,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 240
+    deadline, last = time.monotonic() + 240, None
     while time.monotonic() < deadline:
         time.sleep(0.5)
         assert proc.poll() is None, (tmp_path / "first.log").read_text()
-        with contextlib.suppress(Exception):
+        try:  # KeyError until the study exists; SQLite may be busy
             study = optuna.load_study(study_name="srch", storage=storage)
-            running = [t for t in study.trials if t.state == TrialState.RUNNING]
-            if running and runs_of_kind(store, "srch", KIND_TRIAL):
-                return proc, running[0]
+        except Exception as err:
+            last = err
+            continue
+        training = [t for t in study.trials if t.state == TrialState.RUNNING and t.intermediate_values]
+        if training:
+            return proc, training[0]
     os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError("no trial started:\n" + (tmp_path / "first.log").read_text())
+    raise AssertionError(f"no trial started (last error: {last!r}):\n" + (tmp_path / "first.log").read_text())
 
 
 def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) -> subprocess.CompletedProcess:
@@ -341,10 +346,9 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
 
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
-    # 1,500 steps (about 20 s of training): trial 0 must still be training when the signal lands; at 200 and at
-    # 400 steps (5 s) it could finish first while the suite loaded both cores
+    # 1,000 steps: trial 0 must still be training when the signal lands (the first validation is at step 10)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 1500})
+    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 1000})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         proc.send_signal(signal.SIGINT)
