@@ -84,9 +84,9 @@ def _grad_w(q, k, g):  # -> (H, E)
 _PIECES = {"scores": _scores, "grad_q": _grad_q, "grad_k": _grad_k, "grad_w": _grad_w}
 
 
-def _piece(name: str, device: torch.device) -> Callable:
+def _piece(name: str, device: torch.device, eager: bool) -> Callable:
     fn = _PIECES[name]
-    if current_mode() == "eager" or torch.compiler.is_compiling():
+    if eager or torch.compiler.is_compiling():
         return fn
     key = (name, device.type)
     if key not in _compiled:
@@ -122,7 +122,8 @@ class _AdditiveAttention(torch.autograd.Function):
         A, H, T, _ = q.shape
         S = k.shape[2]
         n = _chunk(A, H, T, S, budget)
-        scores = _piece("scores", q.device)
+        eager = current_mode() == "eager"  # the backward keeps the forward's mode (it may run outside mode(...))
+        scores = _piece("scores", q.device, eager)
         out = v.new_empty(A, H, T, v.shape[-1])
         lse = q.new_empty(A, H, T, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
         for a in range(0, T, n):
@@ -134,7 +135,7 @@ class _AdditiveAttention(torch.autograd.Function):
             out[:, :, a:z] = p.to(v.dtype) @ v
             del s, p
         ctx.save_for_backward(q, k, v, w, out, lse, extra)
-        ctx.n = n
+        ctx.n, ctx.eager = n, eager
         return out
 
     @staticmethod
@@ -142,7 +143,7 @@ class _AdditiveAttention(torch.autograd.Function):
         q, k, v, w, out, lse, extra = ctx.saved_tensors
         n = ctx.n
         T = q.shape[2]
-        scores, grad_q, grad_k, grad_w = (_piece(p, q.device) for p in ("scores", "grad_q", "grad_k", "grad_w"))
+        scores, grad_q, grad_k, grad_w = (_piece(p, q.device, ctx.eager) for p in ("scores", "grad_q", "grad_k", "grad_w"))
         grad = grad.contiguous()
         delta = (grad.float() * out.float()).sum(-1) if q.dtype != torch.float64 else (grad * out).sum(-1)
         dq = torch.empty_like(q)

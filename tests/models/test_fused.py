@@ -111,6 +111,20 @@ def test_what_stays_on_the_blockwise_kernels():
         pass
 
 
+def test_the_backward_keeps_the_mode_of_its_forward():
+    """A training step's backward runs after ``mode(...)`` has closed (and in another thread): it must use the
+    pieces its forward chose. Eager here: nothing is compiled for it."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    w = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    fused._compiled.clear()
+    with fused.mode("eager"):
+        out = fused.additive_attention(q, k, v, w)
+    out.sum().backward()  # outside the block: the mode is "auto" again
+    assert fused._compiled == {}
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in (q, k, v, w))
+
+
 def test_a_model_with_additive_scores_is_unchanged_by_the_fused_path():
     torch.manual_seed(2)
     cfg = ModelConfig(
