@@ -143,7 +143,9 @@ class _AdditiveAttention(torch.autograd.Function):
         q, k, v, w, out, lse, extra = ctx.saved_tensors
         n = ctx.n
         T = q.shape[2]
-        scores, grad_q, grad_k, grad_w = (_piece(p, q.device, ctx.eager) for p in ("scores", "grad_q", "grad_k", "grad_w"))
+        scores, grad_q, grad_k, grad_w = (
+            _piece(p, q.device, ctx.eager) for p in ("scores", "grad_q", "grad_k", "grad_w")
+        )
         grad = grad.contiguous()
         delta = (grad.float() * out.float()).sum(-1) if q.dtype != torch.float64 else (grad * out).sum(-1)
         dq = torch.empty_like(q)
