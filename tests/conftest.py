@@ -96,6 +96,25 @@ def pytest_unconfigure(config) -> None:
     kill_session_processes()
 
 
+def _sigint_state() -> tuple:
+    """This thread's Ctrl-C handler, and whether SIGINT is blocked: what the subprocesses a test starts inherit
+    (an ignored or blocked SIGINT stays so across exec: such a child would never see the test's Ctrl-C)."""
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found():
+    """A test that leaves Ctrl-C handled differently (Ray Tune's handler, Lightning's SIG_IGN) fails, and the
+    handler is put back: the next test's subprocesses and the session's own Ctrl-C depend on it."""
+    before = _sigint_state()
+    yield
+    after = _sigint_state()
+    if after != before:
+        signal.signal(signal.SIGINT, before[0])
+        signal.pthread_sigmask(signal.SIG_BLOCK if before[1] else signal.SIG_UNBLOCK, [signal.SIGINT])
+        pytest.fail(f"the test left SIGINT as {after} (it was {before})", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     import torch

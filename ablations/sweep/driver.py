@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -347,4 +348,11 @@ def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: 
             callbacks=[_tune_callback(progress, labels)],
         ),
     )
-    tuner.fit()
+    # Ray Tune installs its own Ctrl-C handler and leaves it installed after fit(): a later Ctrl-C in this process
+    # (a notebook, a test session, the next sweep) would only set the event of a run that has ended
+    sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    try:
+        tuner.fit()
+    finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)

@@ -351,8 +351,9 @@ def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_p
     spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 1000})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
+        masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()
+        assert proc.wait(timeout=120) == 130, "\n".join([(tmp_path / "first.log").read_text(), *masks])
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
