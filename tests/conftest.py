@@ -77,9 +77,9 @@ def _on_sigterm(signum, frame) -> None:
 
 def pytest_configure(config) -> None:
     global _own
-    # A session started where Ctrl-C is ignored (a background job of a non-interactive shell: `make test &`, some CI
-    # runners) would pass that on to every subprocess: an ignored signal stays ignored across exec, so the tests that
-    # send Ctrl-C to an `ablate` command would see it ignored. Tests emulate a terminal: Ctrl-C is handled again.
+    # A session started where Ctrl-C is ignored (a background job of a non-interactive shell: `make test &`) would
+    # pass that on to every subprocess: an ignored signal stays ignored across exec, so the tests that send Ctrl-C
+    # to an `ablate` command would see it ignored. Tests emulate a terminal: Ctrl-C is handled again.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])

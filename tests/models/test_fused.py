@@ -112,8 +112,8 @@ def test_what_stays_on_the_blockwise_kernels():
 
 
 def test_the_backward_keeps_the_mode_of_its_forward():
-    """A training step's backward runs after ``mode(...)`` has closed (and in another thread): it must use the
-    pieces its forward chose. Eager here: nothing is compiled for it."""
+    """A training step's backward may run after ``mode(...)`` has closed (or in autograd's device thread): it must
+    use the pieces its forward chose. Eager here: nothing is compiled for it."""
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     w = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
