@@ -82,11 +82,13 @@ def chance_share(value: float, kind: str, classes: int) -> float:
     return (1 - value) / (1 - 1 / classes)
 
 
-def _chance_words(value: float, kind: str, classes: int) -> str:
+def _chance_words(value: float, kind: str, classes: int, metric: str) -> str:
     if kind == "loss":
         return f"{value:.3g}, {chance_share(value, kind, classes):.0%} of ln {classes} = {math.log(classes):.3g}"
     if kind == "ppl":
         return f"{value:.3g}, against {classes} for a uniform guess"
+    if metric.endswith("exact_match"):  # every token of a sequence right: a uniform guess gets 1/C^length
+        return f"{value:.3g}, where a uniform guess gets at most 1/{classes} = {1 / classes:.2g}"
     return f"{value:.3g}, against 1/{classes} = {1 / classes:.2g} for a uniform guess"
 
 
@@ -106,7 +108,7 @@ def near_chance(
             continue
         judged.append(variant)
         if chance_share(value, kind, c) >= warn.chance_fraction:
-            near.append(f"{variant} {_chance_words(value, kind, c)}")
+            near.append(f"{variant} {_chance_words(value, kind, c, metric)}")
             names.append(variant)
     if not near:
         return None

@@ -167,6 +167,10 @@ def test_near_chance_by_its_definition():
     # an accuracy within 10% of the way from 1/C to 1: 0.1 + 0.1 * 0.9 = 0.19
     assert caveats.near_chance({"a": (0.19, 3)}, classes, "test/accuracy", warn) is not None
     assert caveats.near_chance({"a": (0.2, 3)}, classes, "test/accuracy", warn) is None
+    # an exact match (every token of a sequence right): 1/C is what a uniform guess gets at most, and said so
+    c = caveats.near_chance({"a": (0.19, 3)}, classes, "test/exact_match", warn)
+    assert c is not None and "a uniform guess gets at most 1/10 = 0.1" in c.text
+    assert "at most" not in caveats.near_chance({"a": (0.19, 3)}, classes, "test/accuracy", warn).text
     # metrics without a chance level, variants without a value or without a known class count
     assert caveats.near_chance({"a": (5.0, 3)}, classes, "cost/wall_time_s", warn) is None
     assert caveats.near_chance({"a": (ln10, 0)}, classes, "final/val_loss", warn) is None
