@@ -192,14 +192,13 @@ class Analysis(BaseModel):
         if self.test == "t" or n_pairs == 0 or seeds < 1:
             return None
         size = self.family_size(n_pairs, levels, is_grid)
-        level = self.alpha / size
-        if stats.min_p(seeds) <= level:
+        why = stats.holm_floor(seeds, self.alpha, size)
+        if why is None:
             return None
-        need = stats.smallest_exact_n(level)
+        need = stats.smallest_exact_n(self.alpha / size)
         return (
-            f"with {seeds} seeds the exact paired test's smallest p is {stats.min_p(seeds):.3g}, above Holm's first "
-            f"step {self.alpha:g}/{size} for the declared family of {size}: none of the {n_pairs} paired contrast(s) "
-            f"can come out different whatever the data; use at least {need} seeds (seeds: {need})"
+            f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
+            f"different whatever the data; use at least {need} seeds (seeds: {need})"
             + (" or declare fewer contrasts (analysis.contrasts)" if size > 1 else "")
         )
 

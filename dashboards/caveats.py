@@ -260,10 +260,7 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
         return None
     n = max(c.n for c in stuck)
     need = stats.smallest_exact_n(level)
-    why = (
-        f"with {n} seeds the exact test's smallest p is {stats.min_p(n):.3g}, above Holm's first step "
-        f"{alpha:g}/{len(family)}"
-    )
+    why = stats.holm_floor(n, alpha, len(family), smallest=max(c.min_p for c in stuck if c.n == n))
     if len(stuck) == len(testable):
         text = (
             f"too few seeds to resolve anything: {why}, so no contrast of the family can come out different "

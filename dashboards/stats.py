@@ -340,6 +340,18 @@ def detectable(sd: float, n: int, level: float, power: float = 0.8, test: str = 
     return float(brentq(lambda es: _t_power(es, n, level) - power, 1e-9, hi) * sd)
 
 
+def holm_floor(n: int, alpha: float, family_size: int, smallest: float | None = None) -> str | None:
+    """Why a paired contrast over ``n`` seeds cannot come out different in a Holm family of ``family_size``
+    whatever the data (the test's smallest p, ``smallest`` or the exact test's 2/2^n, above Holm's first step),
+    or None when it can."""
+    smallest = min_p(n) if smallest is None else smallest
+    if smallest <= alpha / family_size:
+        return None
+    return (
+        f"with {n} seeds the exact test's smallest p is {smallest:.3g}, above Holm's first step {alpha:g}/{family_size}"
+    )
+
+
 def smallest_exact_n(level: float, test: str = "permutation") -> int:
     """The fewest seeds at which the test can reach ``level`` at all (2 / 2^n <= level for the sign-flip test)."""
     if test == "t":

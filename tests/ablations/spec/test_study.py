@@ -229,7 +229,7 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
     assert "Ray:" not in out.stdout  # nothing was started
     assert not (tmp_path / "m.db").exists() and not (tmp_path / ".ablate").exists()  # nothing was written
     # 2 seeds: the exact test's smallest p is 2/2^2 = 0.5, so the plan says so before anything runs
-    assert f"warning: {path}: with 2 seeds the exact paired test's smallest p is 0.5" in out.stdout
+    assert f"warning: {path}: with 2 seeds the exact test's smallest p is 0.5" in out.stdout
     assert "use at least 6 seeds (seeds: 6)" in out.stdout
 
 
