@@ -249,15 +249,17 @@ class Claims:
                 .values(state="open", lease_until=_now(self.engine))
             )
 
-    def reopen_lost(self, study: str, cell_id: str, code: str, run_id: str | None) -> bool:
-        """A done cell whose run (``run_id``) never reached MLflow as a result, after its write window: open it."""
+    def reopen_lost(self, study: str, cell_id: str, code: str, run_id: str | None, *, at_once: bool = False) -> bool:
+        """A done cell whose run (``run_id``) never reached MLflow as a result, after its write window: open it.
+        ``at_once``: the run is not in the MLflow store at all (another store beside the same claims, or a store
+        deleted and started again), so no holder is still writing it there: open it without waiting."""
         with self.engine.begin() as conn:
-            result = conn.execute(
-                CLAIMS.update()
-                .where(self._key(study, cell_id, code), CLAIMS.c.state == "done", CLAIMS.c.run_id == run_id)
-                .where(CLAIMS.c.lease_until < _now(self.engine))
-                .values(state="open")
+            update = CLAIMS.update().where(
+                self._key(study, cell_id, code), CLAIMS.c.state == "done", CLAIMS.c.run_id == run_id
             )
+            if not at_once:
+                update = update.where(CLAIMS.c.lease_until < _now(self.engine))
+            result = conn.execute(update.values(state="open"))
         return result.rowcount == 1
 
     def expire_dead_local_owners(self, study: str) -> int:

@@ -172,6 +172,22 @@ def result_run(runs: Iterable, code: str | None = None):
     return next((r for r in runs if cell_state(r) in RESULT_STATES and same_code(r, code)), None)
 
 
+def run_exists(uri: str, run_id: str | None) -> bool:
+    """Whether the store at ``uri`` holds the run ``run_id`` (in any state, deleted included)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    if not run_id:
+        return False
+    try:
+        client(uri).get_run(run_id)
+    except MlflowException as err:
+        if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return False
+        raise
+    return True
+
+
 def end_run(uri: str, run_id: str, status: str, detail: str = "") -> None:
     """Tag a run's state and terminate it with the matching MLflow status."""
     from mlflow.entities import RunTag

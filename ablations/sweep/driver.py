@@ -267,15 +267,22 @@ def _still_pending(study, uri, code, pending, tried, claims: Claims, fingerprint
     done = {cell_id for cell_id, runs in records.cell_runs(uri, study.name).items() if records.result_run(runs, code)}
     left = [c for c in pending if c.cell_id not in done and c.cell_id not in tried]
     if left:
-        owners = set()
+        owners, writing = set(), 0
         for cell in left:
             row = claims.state(study.name, cell.cell_id, fingerprint)
-            if row is not None and row["state"] == "done":  # claimed done, but its run never reached MLflow
-                claims.reopen_lost(study.name, cell.cell_id, fingerprint, row["run_id"])
+            if row is not None and row["state"] == "done":  # claimed done, but its run is not a result in MLflow
+                elsewhere = not records.run_exists(uri, row["run_id"])  # another store shares these claims
+                if not claims.reopen_lost(study.name, cell.cell_id, fingerprint, row["run_id"], at_once=elsewhere):
+                    writing += 1
             elif row is not None:
                 owners.add(row["owner"].rsplit(":", 1)[0])
         if owners:
             out(f"waiting for {len(left)} cell(s) another submission is training ({', '.join(sorted(owners))})")
+        elif writing:
+            out(
+                f"waiting for {writing} cell(s) whose result another submission is writing to MLflow "
+                f"(reopened if it is not there within {cl.WRITE_WINDOW_S:.0f} s of their end)"
+            )
     return left
 
 

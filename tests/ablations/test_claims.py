@@ -112,3 +112,44 @@ def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
     assert sorted(int(number) for number, _ in written) == list(range(3, 11))  # eight numbers, none shared
     granted = [int(x) for _, cells in written for x in cells.split(",") if x]
     assert sorted(granted) == list(range(40))  # every cell once, none twice
+
+
+def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_written_is_waited_for(tmp_path):
+    """Two MLflow stores in one folder share its claims.db (and .ablate/claims.db serves every server store of a
+    machine): a cell done for store A, or for a store deleted and started again, is not a result in store B. Its
+    run is not in B at all, so nobody is writing it there: B trains it now instead of waiting out the write
+    window (600 s, silently, before). A done cell whose run B holds but has not ended keeps its window."""
+    import yaml
+    from mlflow import MlflowClient
+
+    from ablations import tracking
+    from ablations.claims import claims_url
+    from ablations.spec import load_study
+    from ablations.sweep.driver import _still_pending
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {"name": "s", "seeds": 2, "base": {"task": {"name": "reverse"}}, "design": {"variants": [{"name": "a"}]}}
+        )
+    )
+    study = load_study(spec)
+    store = f"sqlite:///{tmp_path / 'b.db'}"
+    claims = Claims(claims_url(store), "host:1:a")
+    assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # beside the store: any store of this folder
+    fingerprint = tracking.code_fingerprint()
+    other, writing = study.cells[:2]
+    c = MlflowClient(store)
+    exp = c.create_experiment("s")
+    running = c.create_run(exp, tags={"kind": "cell", "cell_id": writing.cell_id}).info.run_id  # not yet ended
+    for cell, run_id in ((other, "0" * 32), (writing, running)):  # "0" * 32: a run of store A
+        assert claims.finish(claims.claim("s", cell.cell_id, fingerprint), run_id)
+    said = []
+    left = _still_pending(study, store, fingerprint, [other, writing], set(), claims, fingerprint, said.append)
+    assert left == [other, writing]  # neither is a result in this store
+    assert claims.state("s", other.cell_id, fingerprint)["state"] == "open"  # free now: this store trains it
+    assert claims.state("s", writing.cell_id, fingerprint)["state"] == "done"  # its holder may still be writing
+    assert said == [
+        "waiting for 1 cell(s) whose result another submission is writing to MLflow "
+        "(reopened if it is not there within 600 s of their end)"
+    ]
