@@ -326,7 +326,9 @@ def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) ->
 @pytest.mark.slow
 def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=3, concurrency=1, pruner="none", budget={"steps": 400})
+    # one trial: the second command must ask exactly the lost one again (a failed trial does not count towards
+    # n_trials, and no new one is asked instead)
+    spec_path = write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 400})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         os.kill(proc.pid, signal.SIGKILL)
@@ -341,14 +343,15 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     assert study.trials[lost.number].state == TrialState.FAIL
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
     assert len(retried) == 1 and retried[0].params == lost.params and retried[0].state == TrialState.COMPLETE
-    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 3
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
 
 
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
-    # 1,000 steps: trial 0 must still be training when the signal lands (the first validation is at step 10)
+    # 1,000 steps: trial 0 must still be training when the signal lands (the first validation is at step 10).
+    # One trial: the same command again must ask exactly the interrupted one again, and nothing more.
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=2, concurrency=1, pruner="none", budget={"steps": 1000})
+    spec_path = write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 1000})
     proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
     try:
         masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
@@ -363,7 +366,7 @@ def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_p
     assert runs_of_kind(store, "srch", KIND_SEARCH)[0].info.status == "KILLED"
     run_cli_search(tmp_path, spec_path, storage, store)
     study = optuna.load_study(study_name="srch", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]  # 2 trials
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]  # n_trials: 1 counted
     assert study.trials[1].params == lost.params  # the interrupted trial, asked again
 
 
