@@ -172,20 +172,19 @@ def result_run(runs: Iterable, code: str | None = None):
     return next((r for r in runs if cell_state(r) in RESULT_STATES and same_code(r, code)), None)
 
 
-def run_exists(uri: str, run_id: str | None) -> bool:
-    """Whether the store at ``uri`` holds the run ``run_id`` (in any state, deleted included)."""
+def run_missing(uri: str, run_id: str | None) -> bool:
+    """Whether the store at ``uri`` says it has no run ``run_id``. Any other answer (the run, a refusal: an MLflow
+    server with authentication refuses runs it does not know with 403, an unreachable store) is not "missing"."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
     if not run_id:
-        return False
+        return True
     try:
         client(uri).get_run(run_id)
     except MlflowException as err:
-        if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-            return False
-        raise
-    return True
+        return err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST)
+    return False
 
 
 def end_run(uri: str, run_id: str, status: str, detail: str = "") -> None:

@@ -271,7 +271,7 @@ def _still_pending(study, uri, code, pending, tried, claims: Claims, fingerprint
         for cell in left:
             row = claims.state(study.name, cell.cell_id, fingerprint)
             if row is not None and row["state"] == "done":  # claimed done, but its run is not a result in MLflow
-                elsewhere = not records.run_exists(uri, row["run_id"])  # another store shares these claims
+                elsewhere = records.run_missing(uri, row["run_id"])  # another store shares these claims
                 if not claims.reopen_lost(study.name, cell.cell_id, fingerprint, row["run_id"], at_once=elsewhere):
                     writing += 1
             elif row is not None:

@@ -153,3 +153,6 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
         "waiting for 1 cell(s) whose result another submission is writing to MLflow "
         "(reopened if it is not there within 600 s of their end)"
     ]
+    from ablations.records import run_missing
+
+    assert run_missing(store, "0" * 32) and not run_missing(store, running)  # SQLite says "no such run"

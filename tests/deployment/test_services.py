@@ -435,6 +435,7 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
     import optuna
     from mlflow import MlflowClient
 
+    from ablations import records
     from ablations.search import run_search
     from ablations.spec import load_search, load_study
     from ablations.sweep import run_study
@@ -444,6 +445,7 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
     ray_env = compose_env(services["ablate"])  # what the CLI container gets
     storage = local_database_url(ray_env["ABLATE_OPTUNA_STORAGE"], prefix)  # the optuna role
     url = compose_mlflow
+    monkeypatch.chdir(tmp_path)  # the driver's .ablate/ (claims of a server store, Ray Tune's results): this test's
     # the cluster's nodes do not know the credentials: the driver forwards them to the trials
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(k, raising=False)
@@ -463,6 +465,9 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
         )
         result = run_study(load_study(study_path), address=cluster.address, tracking_uri=url, out=lambda _: None)
         assert result.complete and result.counts["finished"] == 4
+        # this server refuses (403) a run it does not know instead of saying it has none: a claim done for such a
+        # run keeps its write window (ablations.sweep.driver._still_pending); only "no such run" reopens it at once
+        assert not records.run_missing(url, "0" * 32) and not records.run_missing(url, result.rows[0]["run_id"])
         search_path = tmp_path / "deployed_search.yaml"
         search_path.write_text(
             yaml.safe_dump(
