@@ -192,12 +192,13 @@ class Claims:
             row = conn.execute(stmt).first()
         return Claim(study, cell_id, code, row[0]) if row else None
 
-    def next_number(self, study: str, at_least: int = 1) -> int:
+    def next_number(self, study: str, at_least: int = 1, store: str = "") -> int:
         """The next submission number of ``study``, atomically (ten submissions at once get ten numbers), and at
-        least ``at_least`` (the numbers MLflow already holds from before)."""
+        least ``at_least`` (the numbers MLflow already holds from before). ``store`` names the MLflow experiment
+        the submissions go to: each store beside the same claims counts its own submissions from 1."""
         stmt = _insert(self.engine).values(
-            study=study, cell_id="#submissions", code="counter", owner="-", token=at_least, lease_until=0.0,
-            state="done", run_id=None,
+            study=study, cell_id="#submissions", code=f"counter {store}".strip()[:64], owner="-", token=at_least,
+            lease_until=0.0, state="done", run_id=None,
         )  # fmt: skip
         stmt = stmt.on_conflict_do_update(
             index_elements=[CLAIMS.c.study, CLAIMS.c.cell_id, CLAIMS.c.code],

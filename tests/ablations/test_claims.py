@@ -154,5 +154,12 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
         "(reopened if it is not there within 600 s of their end)"
     ]
     from ablations.records import run_missing
+    from ablations.sweep.submission import open_submission
 
     assert run_missing(store, "0" * 32) and not run_missing(store, running)  # SQLite says "no such run"
+    # and the submissions of this store are numbered from 1, whatever another store beside it counted
+    assert claims.next_number("s", store="elsewhere@1") == 1 and claims.next_number("s", store="elsewhere@1") == 2
+    from ablations.sweep.plan import plan
+
+    parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint)
+    assert parent.submission == 1 and c.get_run(parent.run_id).data.tags["submission"] == "1"
