@@ -152,8 +152,8 @@ def open_submission(study: Study, uri: str, p: Plan, claims: Claims, fingerprint
         if run.info.status == "RUNNING" and not alive(claims, study.name, run.info.run_id):
             records.mark_killed(uri, run, "the driver stopped before the submission ended")
     # numbered by the claims store: several submissions at once never share a number (their RUNNING runs are
-    # told apart by it when one of them ends)
-    # (per experiment: its id and creation time tell apart two stores beside one claims.db, or a store started again)
+    # told apart by it when one of them ends); counted per experiment, whose id and creation time tell apart two
+    # stores beside one claims.db, or a store started again
     number = claims.next_number(
         study.name,
         1 + max([int(r.data.tags.get(records.TAG_SUBMISSION, 0)) for r in previous] or [0]),

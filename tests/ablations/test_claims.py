@@ -114,18 +114,10 @@ def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
     assert sorted(granted) == list(range(40))  # every cell once, none twice
 
 
-def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_written_is_waited_for(tmp_path):
-    """Two MLflow stores in one folder share its claims.db (and .ablate/claims.db serves every server store of a
-    machine): a cell done for store A, or for a store deleted and started again, is not a result in store B. Its
-    run is not in B at all, so nobody is writing it there: B trains it now instead of waiting out the write
-    window (600 s, silently, before). A done cell whose run B holds but has not ended keeps its window."""
+def _one_study(tmp_path: Path):
     import yaml
-    from mlflow import MlflowClient
 
-    from ablations import tracking
-    from ablations.claims import claims_url
     from ablations.spec import load_study
-    from ablations.sweep.driver import _still_pending
 
     spec = tmp_path / "s.yaml"
     spec.write_text(
@@ -133,7 +125,22 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
             {"name": "s", "seeds": 2, "base": {"task": {"name": "reverse"}}, "design": {"variants": [{"name": "a"}]}}
         )
     )
-    study = load_study(spec)
+    return load_study(spec)
+
+
+def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_written_is_waited_for(tmp_path):
+    """Two MLflow stores in one folder share its claims.db (and .ablate/claims.db serves every server store of a
+    machine): a cell done for store A, or for a store deleted and started again, is not a result in store B. Its
+    run is not in B at all, so nobody is writing it there: B trains it now instead of waiting out the write
+    window (600 s, silently, before). A done cell whose run B holds but has not ended keeps its window."""
+    from mlflow import MlflowClient
+
+    from ablations import tracking
+    from ablations.claims import claims_url
+    from ablations.records import run_missing
+    from ablations.sweep.driver import _still_pending
+
+    study = _one_study(tmp_path)
     store = f"sqlite:///{tmp_path / 'b.db'}"
     claims = Claims(claims_url(store), "host:1:a")
     assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # beside the store: any store of this folder
@@ -142,6 +149,7 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
     c = MlflowClient(store)
     exp = c.create_experiment("s")
     running = c.create_run(exp, tags={"kind": "cell", "cell_id": writing.cell_id}).info.run_id  # not yet ended
+    assert run_missing(store, "0" * 32) and not run_missing(store, running)  # SQLite says "no such run"
     for cell, run_id in ((other, "0" * 32), (writing, running)):  # "0" * 32: a run of store A
         assert claims.finish(claims.claim("s", cell.cell_id, fingerprint), run_id)
     said = []
@@ -153,13 +161,24 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
         "waiting for 1 cell(s) whose result another submission is writing to MLflow "
         "(reopened if it is not there within 600 s of their end)"
     ]
-    from ablations.records import run_missing
+
+
+def test_each_store_beside_one_claims_db_numbers_its_submissions_from_1(tmp_path):
+    from mlflow import MlflowClient
+
+    from ablations import tracking
+    from ablations.claims import claims_url
+    from ablations.sweep.plan import plan
     from ablations.sweep.submission import open_submission
 
-    assert run_missing(store, "0" * 32) and not run_missing(store, running)  # SQLite says "no such run"
-    # and the submissions of this store are numbered from 1, whatever another store beside it counted
-    assert claims.next_number("s", store="elsewhere@1") == 1 and claims.next_number("s", store="elsewhere@1") == 2
-    from ablations.sweep.plan import plan
-
-    parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint)
-    assert parent.submission == 1 and c.get_run(parent.run_id).data.tags["submission"] == "1"
+    study = _one_study(tmp_path)
+    fingerprint = tracking.code_fingerprint()
+    numbers = []
+    for name in ("a.db", "a.db", "b.db"):  # two submissions to store a, then the first to store b
+        store = f"sqlite:///{tmp_path / name}"
+        claims = Claims(claims_url(store))
+        parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint)
+        assert MlflowClient(store).get_run(parent.run_id).data.tags["submission"] == str(parent.submission)
+        numbers.append(parent.submission)
+    assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # one claims store for both
+    assert numbers == [1, 2, 1]
