@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,12 +81,13 @@ class StudyRuns:
 def _design(uri: str, parents: list) -> dict[str, Any]:
     c = client(uri)
     for parent in reversed(parents):
-        try:
-            path = c.download_artifacts(parent.info.run_id, DESIGN_ARTIFACT)
-        except Exception:  # an older submission without it
-            continue
-        with open(path) as f:
-            return json.load(f)
+        with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:  # MLflow's own default folder is never removed
+            try:
+                path = c.download_artifacts(parent.info.run_id, DESIGN_ARTIFACT, tmp)
+            except Exception:  # an older submission without it
+                continue
+            with open(path) as f:
+                return json.load(f)
     if parents:  # the parent's params at least
         p = parents[-1].data.params
         return {

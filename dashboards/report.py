@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,10 +225,11 @@ def _study_text(runs: StudyRuns) -> str:
     parent = runs.latest_parent
     if parent is None:
         return ""
-    try:
-        return Path(client(runs.uri).download_artifacts(parent.info.run_id, "study.yaml")).read_text()
-    except Exception:
-        return ""
+    with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:  # MLflow's own default folder is never removed
+        try:
+            return Path(client(runs.uri).download_artifacts(parent.info.run_id, "study.yaml", tmp)).read_text()
+        except Exception:
+            return ""
 
 
 def make_report(

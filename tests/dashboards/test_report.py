@@ -11,6 +11,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -259,9 +260,13 @@ def test_factorial_effects_in_the_report(store, tmp_path):
     assert "| model.norm x training.warmup | post x 0 vs pre x 100 | +0.1 |" in md
 
 
-def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path):
+def test_report_is_written_and_logged_to_the_parent_run(store, tmp_path, monkeypatch):
     three_variants(store)
+    scratch = tmp_path / "system-tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the system temp folder, as every library reads it
     report = make_report(store, "abl", out_dir=tmp_path / "out")
+    assert list(scratch.iterdir()) == []  # nothing left behind (MLflow's downloads default to a folder never removed)
     for path in report.files.values():
         assert path.exists() and path.stat().st_size > 0
     assert report.files["curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # static figures for documents
