@@ -17,7 +17,8 @@ the same rules hold everywhere. docs/statistics.md explains every number.
 - Verdicts: the words "different (better|worse)", "equivalent within ±m", "not resolved" and "untestable"
   come from the tests only.
 
-statsmodels is imported inside the functions that need it (its import costs about a second).
+statsmodels and scipy.stats are imported inside the functions that need them (about a second and 0.8 s): a driver
+that only plans its cells (holm_floor, smallest_exact_n) does not pay for them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 
 import numpy as np
 from scipy import special
-from scipy import stats as sps
 
 NAN = math.nan
 NAN2 = (NAN, NAN)
@@ -71,6 +71,8 @@ class Summary:
 
 def t_interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
     """Student-t interval of the mean; nan with fewer than two values or no spread."""
+    from scipy import stats as sps
+
     if len(x) < 2 or not _spread(x):
         return NAN2
     lo, hi = sps.t.interval(confidence, len(x) - 1, loc=float(x.mean()), scale=float(sps.sem(x)))
@@ -81,6 +83,8 @@ def bca_interval(
     x: np.ndarray, confidence: float = 0.95, n_resamples: int = BOOT_RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
     """BCa bootstrap interval of the mean (scipy.stats.bootstrap); nan below three values or without spread."""
+    from scipy import stats as sps
+
     if len(x) < 3 or not _spread(x):
         return NAN2
     with warnings.catch_warnings():
@@ -132,6 +136,8 @@ class Successes:
 
 def success_interval(successes: int, cells: int, confidence: float = 0.95) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a success rate."""
+    from scipy import stats as sps
+
     if cells == 0:
         return NAN2
     ci = sps.binomtest(successes, cells).proportion_ci(confidence_level=confidence, method="exact")
@@ -155,6 +161,8 @@ def successes(outcomes: Iterable[str], confidence: float = 0.95, *, pending: int
 
 def rate_test(a: Successes, b: Successes) -> float:
     """Fisher's exact test (two-sided) of two success rates; 1 when either has no cell."""
+    from scipy import stats as sps
+
     if a.cells == 0 or b.cells == 0:
         return 1.0
     table = [[a.successes, a.failures], [b.successes, b.failures]]
@@ -183,6 +191,8 @@ def sign_flip_p(
     """The paired sign-flip permutation test of mean(d) = 0 (scipy.stats.permutation_test, one sample,
     permutation_type='samples'): exact (all 2^n flips) for n <= EXACT_MAX_N, Monte Carlo beyond. ``d`` may be
     2-D (one row per contrast, the same flips for every row). No difference: nan."""
+    from scipy import stats as sps
+
     d = np.asarray(d, dtype=float)
     n = d.shape[-1]
     if n == 0:
@@ -228,6 +238,8 @@ def min_p(n: int, test: str = "permutation", n_resamples: int = MC_RESAMPLES) ->
 def paired_p(d: np.ndarray, test: str = "permutation", *, n_resamples: int = MC_RESAMPLES) -> tuple[float, str]:
     """(two-sided p, how it was computed) for mean(d) = 0. The t-test is undefined without spread (a constant
     difference, a ceiling): there the exact sign-flip p is used, and the label says so."""
+    from scipy import stats as sps
+
     n = len(d)
     if n == 0:
         return 1.0, "untestable: no paired seed"
@@ -306,6 +318,7 @@ def t_power_integral(effect_size: float, n: int, level: float) -> float:
 def noncentral_power_integral(nc: float, df: float, level: float) -> float:
     """P(|T| > t_{1-level/2, df}) for T = (Z + nc) / sqrt(V / df), V ~ chi2(df): a two-sided t-test's power at
     noncentrality ``nc``, integrated over the chi-distributed spread with scipy's quad."""
+    from scipy import stats as sps
     from scipy.integrate import quad
 
     c = float(sps.t.ppf(1 - level / 2, df))
@@ -455,6 +468,8 @@ def paired_contrast(
 ) -> Contrast:
     """variant − comparator over the seeds where both have a finite value. ``level``: where the detectable
     difference is stated (default (1 - confidence) / family_size, Holm's strictest step)."""
+    from scipy import stats as sps
+
     alpha = 1 - confidence
     level = alpha / max(1, family_size) if level is None else level
     seeds = tuple(
@@ -741,6 +756,8 @@ def _effect_contrast(
     margin: float | None,
     in_family: bool,
 ) -> Contrast:
+    from scipy import stats as sps
+
     margin = NAN if margin is None else float(margin)
     base = dict(label=label, kind=kind, a=a, b=b, in_family=in_family, margin=margin)
     if combos == 0:

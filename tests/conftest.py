@@ -90,6 +90,26 @@ def pytest_configure(config) -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+# --- the order: the longest tests first ------------------------------------------------------------------------
+#
+# The suite is CPU-bound on two cores, and its cost is concentrated: about 40 tests (real clusters, servers,
+# killed drivers) take most of it. xdist hands tests out in collection order, so a long test collected last
+# would run alone at the end while the other worker idles. Starting the longest first (the seconds each took
+# here, tests/durations.json; `python -m tests.durations` measures them again) leaves only short tests for the
+# end. Tests not in the table keep their order, after those in it, slow before the rest.
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    import json
+
+    try:
+        cost = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: (-cost.get(item.nodeid, 0), item.get_closest_marker("slow") is None))
+
+
 def pytest_unconfigure(config) -> None:
     # Disconnect from the shared local Ray first: a driver whose Ray was killed under it waits 60 s for its GCS at
     # exit ("Failed to connect to GCS within 60 seconds"), in every test process that used one.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, RESULT_STATES, STATUS_FAILED, cell_state
+from ablations.records import KIND_CELL, RESULT_STATES, STATUS_FAILED, cell_state, client
 
 
 def count(store: str, study: str, cell_ids: list[str]) -> dict[str, int]:
@@ -51,7 +51,7 @@ def kill_while_training(
     killed: list[int] = []
 
     def kill() -> None:
-        c = MlflowClient(store)
+        c = client(store)  # as the commands open it (a new SQLite store's schema under their lock)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and len(killed) < times:
             exp = c.get_experiment_by_name(experiment)

@@ -19,7 +19,7 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from ablations.records import KIND_SEARCH, KIND_TRIAL
+from ablations.records import KIND_SEARCH, KIND_TRIAL, client
 from ablations.search import open_storage, run_search
 from ablations.spec import load_search
 from tests import reliability
@@ -176,10 +176,15 @@ def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store, local_ray
 
 @pytest.mark.slow
 def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_pruned(tmp_path, store):
-    """Two DDP workers per trial: one MLflow run per trial, each validation reported to Optuna once, a pruned
-    trial ends on every rank at the same validation, and the final evaluation (step 25, after training, rank 0
-    alone) is logged without waiting for the other rank. A rank left behind would hang: the CLI runs with a
-    time limit, so that fails the test instead."""
+    """Two DDP workers per trial: one MLflow run per trial, each validation reported to Optuna once, and a trial
+    the pruner stops at its second validation ends on every rank there (rank 1 went on past the first one, and
+    must not train on alone or wait at a collective forever: the CLI runs with a time limit, so a hang fails the
+    test). The median pruner judges against a trial recorded before the search (worse than any trial at step 10,
+    better at step 20): one trial trains instead of two. A finished DDP trial's final evaluation on rank 0 alone
+    is tested in tests/ablations/sweep/test_sweep.py (the same trial code)."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     spec_path = write_spec(
         tmp_path,
@@ -191,25 +196,26 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
         budget={"steps": 25},
     )
     study = optuna.create_study(study_name="srch", storage=open_storage(storage))
-    for lr in (3.0e-3, 1.0e-5):  # a sound trial, then one the median pruner stops at once
-        study.enqueue_trial({"training.lr": lr})
+    lr = {"training.lr": FloatDistribution(SPACE["training.lr"]["low"], SPACE["training.lr"]["high"], log=True)}
+    study.add_trial(  # trial 0: finished before this search started
+        create_trial(params={"training.lr": 1e-3}, distributions=lr, value=0.0, intermediate_values={10: 1e6, 20: 0.0})
+    )
+    study.enqueue_trial({"training.lr": 3.0e-3})
     out = run_cli_search(tmp_path, spec_path, storage, store)  # the CLI, with a time limit
     study = optuna.load_study(study_name="srch", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED], out.stdout
-    assert sorted(study.trials[0].intermediate_values) == [10, 20]  # while training only
-    assert sorted(study.trials[1].intermediate_values) == [10]  # pruned at its first validation
+    reported = study.trials[1].intermediate_values
+    assert sorted(reported) == [10, 20]  # each validation once, the second one pruned it
 
     c = MlflowClient(store)
     runs = {int(r.data.tags["trial"]): r for r in runs_of_kind(store, "srch", KIND_TRIAL)}
-    assert sorted(runs) == [0, 1]  # one run per trial: rank 1 logged nothing
-    assert {r.data.tags["workers"] for r in runs.values()} == {"2"}
-    assert runs[0].data.metrics["final/val_loss"] == pytest.approx(study.trials[0].value)
-    history = c.get_metric_history(runs[0].info.run_id, "val/loss")
-    assert [m.step for m in history] == [10, 20, 25]  # each point once, the final evaluation last
-    reported = study.trials[0].intermediate_values  # rank 0 reported what MLflow holds
-    assert [reported[m.step] for m in history[:2]] == pytest.approx([m.value for m in history[:2]])
-    pruned = runs[1]
-    assert pruned.data.tags["status_detail"].startswith("pruned") and pruned.data.metrics["stopped_step"] == 10
+    assert sorted(runs) == [1]  # one run for the trial trained: rank 1 logged nothing
+    run = runs[1]
+    assert run.data.tags["workers"] == "2"
+    assert run.data.tags["status_detail"].startswith("pruned") and run.data.metrics["stopped_step"] == 20
+    history = c.get_metric_history(run.info.run_id, "val/loss")
+    assert [m.step for m in history] == [10, 20]  # each point once: no other rank logged, no step after 20
+    assert [reported[m.step] for m in history] == pytest.approx([m.value for m in history])  # rank 0 reported them
 
 
 @pytest.mark.slow
@@ -262,7 +268,7 @@ def dominates(a: list[float], b: list[float]) -> bool:
 
 
 def runs_of_kind(uri: str, experiment: str, kind: str) -> list:
-    c = MlflowClient(uri)
+    c = client(uri)  # polled beside an `ablate` process creating the store: under its lock
     exp = c.get_experiment_by_name(experiment)
     return c.search_runs([exp.experiment_id], f"tags.kind = '{kind}'") if exp else []
 

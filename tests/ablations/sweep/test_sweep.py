@@ -19,7 +19,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, KIND_STUDY, cell_state
+from ablations.records import KIND_CELL, KIND_STUDY, cell_state, client
 from ablations.spec import load_study
 from ablations.sweep import run_study
 from tests import reliability
@@ -52,7 +52,9 @@ def write_study(tmp_path: Path, name: str = "s", **study) -> Path:
 
 
 def runs_of(uri: str, study: str, kind: str = KIND_CELL) -> list:
-    c = MlflowClient(uri)
+    # polled while an `ablate` process may be creating the store: opened as the commands open it, under their
+    # lock (two processes creating one new SQLite store's schema at once leave it half-migrated)
+    c = client(uri)
     exp = c.get_experiment_by_name(study)
     return c.search_runs([exp.experiment_id], f"tags.kind = '{kind}'", max_results=1000) if exp else []
 
@@ -306,7 +308,7 @@ def test_two_nodes_and_one_of_them_stops_during_the_study(tmp_path, store, own_r
     with ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False) as cluster:
 
         def stop_second_node() -> None:  # once each node has finished a cell
-            c = MlflowClient(store)
+            c = client(store)  # beside the driver creating the store: under its lock
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 exp = c.get_experiment_by_name("nodes")
