@@ -35,10 +35,6 @@ RUNTIME_EXCLUDES = [
 ]
 
 
-# the credentials a trial needs to write to an MLflow server with authentication, and nothing else
-FORWARDED_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -122,12 +118,11 @@ def connect(
     if ray.is_initialized():
         return Connection(address, False, not is_loopback_address(address), None, owned=False)
     remote = not is_loopback_address(address)
-    if address:  # a cluster started elsewhere: this working directory travels to its workers
+    if address:  # a cluster started elsewhere: this working directory travels to its workers (the MLflow
+        # credentials do not: runtime_env's env_vars are printed in every node's log; the trials get them in their
+        # arguments, ablations.secrets.Credentials)
         _quiet_packaging()
         runtime_env: dict = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}
-        secrets = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
-        if secrets:  # the trials write to MLflow as this user
-            runtime_env["env_vars"] = secrets
         ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="warning")
         return Connection(address, False, remote, getattr(ctx, "dashboard_url", None))
     port = free_port() if dashboard else None

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ablations.secrets import Credentials
 from ablations.spec import Resources, RunConfig
 from ablations.train import Hook, RunResult, Tracking
 
@@ -27,6 +28,7 @@ class ParallelJob:
     rank0_hooks: Callable[[], list[Hook]] | None = None  # built on rank 0, in its process (picklable)
     report_validation: bool = False  # every rank reports each validation to Ray (Tune reads them)
     fence: Callable[[str], bool] | None = None  # rank 0 asks it before writing a result (ablations.claims.Fence)
+    credentials: Credentials = dataclasses.field(default_factory=Credentials)  # set by run_data_parallel
 
 
 def _worker(config: dict) -> None:
@@ -38,6 +40,7 @@ def _worker(config: dict) -> None:
     from ablations.train import train
 
     job: ParallelJob = config["job"]
+    job.credentials.apply()
     torch.set_num_threads(max(1, int(job.resources.per_worker_cpus)))
     rank = ray.train.get_context().get_world_rank()
     hooks: list[Hook] = []
@@ -81,7 +84,11 @@ def run_data_parallel(
     from ray.train.torch import TorchTrainer
 
     key = f"{name}-{uuid.uuid4().hex[:8]}"
-    job = dataclasses.replace(job, where=dataclasses.replace(job.where, tags={**job.where.tags, "ray_train_run": key}))
+    job = dataclasses.replace(
+        job,
+        where=dataclasses.replace(job.where, tags={**job.where.tags, "ray_train_run": key}),
+        credentials=Credentials.from_environ(),  # the trial's, which has them from its driver
+    )
     r = job.resources
     per_worker = {"CPU": r.per_worker_cpus}
     if r.gpus:

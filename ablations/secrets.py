@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
@@ -217,3 +218,28 @@ def redact_mapping(mapping: Mapping[str, object]) -> dict[str, object]:
         return value
 
     return {k: clean(str(k), v) for k, v in mapping.items()}
+
+
+# the credentials a trial needs to write to an MLflow server with authentication, and nothing else
+FORWARDED_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The driver's MLflow credentials (``FORWARDED_ENV``), carried to its trials inside their own arguments
+    (Ray pickles them and prints none) and set in the trial's process by ``apply``. Not through Ray's
+    runtime_env: every node's runtime_env_agent.log prints a runtime env's ``env_vars`` in full, and the job
+    table keeps them. The nodes themselves need no credentials."""
+
+    values: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_environ(cls) -> Credentials:
+        return cls(tuple((k, os.environ[k]) for k in FORWARDED_ENV if os.environ.get(k)))
+
+    def apply(self) -> None:
+        """This process writes to MLflow as the driver's user (over what the node's environment says)."""
+        os.environ.update(dict(self.values))
+
+    def __repr__(self) -> str:  # a trial's arguments may be printed (a traceback, Ray's task repr)
+        return f"Credentials({', '.join(k for k, _ in self.values)})"

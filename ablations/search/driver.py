@@ -25,7 +25,7 @@ from ablations import records, tracking
 from ablations.search.results import best_trials, counts, finish_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_url
 from ablations.search.trial import TrialTask, run_trial
-from ablations.secrets import redact_url
+from ablations.secrets import Credentials, redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
 
 HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
@@ -217,6 +217,7 @@ def run_search(
         max_retries=SYSTEM_RETRIES,
         retry_exceptions=False,
     )
+    credentials = Credentials.from_environ()  # the trials write to MLflow as this user
     running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
     t0, status = time.monotonic(), records.STATUS_FAILED
 
@@ -262,6 +263,7 @@ def run_search(
                     code=code,
                     resources=spec.resources,
                     ray_storage=tracking.ray_storage(),
+                    credentials=credentials,
                 )
                 running[remote.remote(task)] = (trial.number, time.monotonic())
             if not running:

@@ -11,11 +11,12 @@ import math
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablations import records
 from ablations.search.setup import make_pruner, open_storage, trial_id
+from ablations.secrets import Credentials
 from ablations.spec import Resources, resolve_run
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class TrialTask:
     code: dict[str, str]
     resources: Resources
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
+    credentials: Credentials = field(default_factory=Credentials)  # the driver's MLflow credentials
 
 
 def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -> list[Hook]:
@@ -104,6 +106,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
     With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
     from ablations.train import Tracking, train
 
+    task.credentials.apply()
     lost_attempts(task)
     storage = open_storage(task.storage)
     stop = threading.Event()

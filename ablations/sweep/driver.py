@@ -29,7 +29,7 @@ from typing import Any
 from ablations import claims as cl
 from ablations import records, tracking
 from ablations.claims import Claim, Claims
-from ablations.secrets import redact_url
+from ablations.secrets import Credentials, redact_url
 from ablations.spec import Cell, Study
 from ablations.sweep.placement import check_placement, describe_cluster, trial_slots
 from ablations.sweep.plan import format_rows, plan, summarize, unresolvable_warning
@@ -185,6 +185,7 @@ def run_study(
         reuse_any_code=reuse_any_code,
         claims_url=claims.url,
         owner=claims.owner,
+        credentials=Credentials.from_environ(),
     )
     out(
         f"submission {parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} already done "

@@ -18,6 +18,7 @@ from typing import Any
 
 from ablations import records, tracking
 from ablations.claims import Claim, Fence
+from ablations.secrets import Credentials
 from ablations.spec import Cell, Resources
 
 
@@ -38,6 +39,7 @@ class TrialContext:
     claims_url: str = ""
     owner: str = ""
     tokens: dict[str, int] = field(default_factory=dict)  # cell_id -> the fencing token of its claim
+    credentials: Credentials = field(default_factory=Credentials)  # the driver's MLflow credentials
 
 
 def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
@@ -89,6 +91,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
 
     from ablations.train import Tracking, train
 
+    ctx.credentials.apply()
     torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     done = records.result_run(runs, None if ctx.reuse_any_code else ctx.fingerprint)

@@ -204,3 +204,22 @@ def test_split_credentials_takes_them_out_of_the_uri(password):
     assert redact(f"later, a driver error: {password}") == f"later, a driver error: {MASK}"  # registered
     assert split_credentials("http://mlflow:5000") == ("http://mlflow:5000", None, None)
     assert split_credentials("sqlite:///x.db") == ("sqlite:///x.db", None, None)
+
+
+def test_credentials_reach_a_trial_in_its_arguments_and_show_only_their_names(monkeypatch):
+    """The driver's MLflow credentials travel pickled inside a trial's arguments (never Ray's runtime_env, whose
+    variables every node's log prints: tests/deployment/test_services.py) and are set in the trial's process."""
+    import pickle
+
+    from ablations.secrets import Credentials
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "you")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-Pa55")
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    sent = pickle.loads(pickle.dumps(Credentials.from_environ()))
+    assert "s3cret-Pa55" not in repr(sent) and "MLFLOW_TRACKING_PASSWORD" in repr(sent)
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "the node's own")
+    sent.apply()  # the trial writes as the driver's user, whatever the node says
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "you" and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret-Pa55"
+    assert "MLFLOW_TRACKING_TOKEN" not in os.environ

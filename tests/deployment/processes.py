@@ -1,7 +1,7 @@
-"""Starting the deployment's programs as processes on 127.0.0.1 (tests/deployment/test_services.py and
-tests/test_no_secrets_e2e.py): platform/postgres/init.sh on this machine's PostgreSQL under a throwaway prefix,
-MLflow through platform/mlflow/entrypoint.sh with a container's environment translated to this machine, and
-HTTP requests with an explicit Host header (as the other containers address a service)."""
+"""Starting the deployment's programs as processes on 127.0.0.1 (tests/deployment/test_services.py):
+platform/postgres/init.sh on this machine's PostgreSQL under a throwaway prefix, MLflow through
+platform/mlflow/entrypoint.sh with a container's environment translated to this machine, and HTTP requests with
+an explicit Host header (as the other containers address a service)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ arguments and environment the files give them (tests/deployment/resolve.py; no D
 runs here): PostgreSQL's roles from platform/postgres/init.sh on the machine's PostgreSQL, MLflow through
 platform/mlflow/entrypoint.sh addressed as the other containers address it (``Host: mlflow:5000``),
 optuna-dashboard behind MLflow's credentials, a Ray head that requires its token, and a study and a search run
-through the whole topology with the roles' credentials."""
+through the whole topology with the roles' credentials, after which no output or record holds a password."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -427,74 +429,165 @@ def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_pa
 
 
 # --- the whole topology ----------------------------------------------------------------------------------------
+#
+# One sweep and one search through the compose topology, as a user on the cluster runs them (the ``ablate`` CLI
+# with ``--address``), with the roles' credentials; then every output and record is searched for the passwords
+# (issue 19, item 3): the commands' stdout and stderr (their error paths too: stores that cannot be reached), every
+# file they, Ray's nodes and Ray Tune wrote (.ablate/, the nodes' session logs, Ray Tune's results, MLflow's
+# artifacts) and a dump of the MLflow and Optuna databases (params, tags, run names, Optuna attributes). The nodes
+# do not know the credentials: the driver forwards them to the trials through Ray's runtime environment, the
+# likeliest place for a leak. The masking (ablations/secrets.py) is applied where ablations/ prints or records.
+
+BASE = {
+    "task": {"name": "reverse", "train_size": 200, "max_len": 5},
+    "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+    "training": {"max_steps": 20, "val_every": 10, "batch_size": 16},
+}
 
 
-def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials(
-    deployment, compose_mlflow, tmp_path, monkeypatch, own_ray
+def where_found(needles: dict[str, str], texts: dict[str, str], folder: Path) -> list[str]:
+    """Every place (an output's name, a file's path) holding any of the needles, raw or URL-encoded, with the
+    line it is in (the needle itself replaced by its name, so that the report does not repeat it)."""
+    forms = {f"<{name}>": value for name, secret in needles.items() for value in {secret, quote(secret, safe="")}}
+
+    def lines(where: str, text: str) -> list[str]:
+        hits = []
+        for line in text.splitlines():
+            if any(v in line for v in forms.values()):
+                for label, v in forms.items():
+                    line = line.replace(v, label)
+                hits.append(f"{where}: {line.strip()[:300]}")
+        return hits
+
+    found = [hit for where, text in texts.items() for hit in lines(where, text)]
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        found += lines(f"{folder.name}/{path.relative_to(folder)}", text)
+    return found
+
+
+def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials_print_and_record_no_password(
+    deployment, compose_mlflow, tmp_path, own_ray
 ):
     import optuna
     from mlflow import MlflowClient
 
     from ablations import records
-    from ablations.search import run_search
-    from ablations.spec import load_search, load_study
-    from ablations.sweep import run_study
     from tests.ray_nodes import ray_cluster
 
     values, services, prefix = deployment
-    ray_env = compose_env(services["ablate"])  # what the CLI container gets
-    storage = local_database_url(ray_env["ABLATE_OPTUNA_STORAGE"], prefix)  # the optuna role
+    cli_env = compose_env(services["ablate"])  # what the CLI container gets
+    user, password = cli_env["MLFLOW_TRACKING_USERNAME"], cli_env["MLFLOW_TRACKING_PASSWORD"]
+    storage = local_database_url(cli_env["ABLATE_OPTUNA_STORAGE"], prefix)  # postgresql://optuna...:PW@ (the role)
+    assert values["OPTUNA_DB_PASSWORD"] in storage
+    needles = {
+        "MLflow password": password,
+        "PostgreSQL password of optuna": values["OPTUNA_DB_PASSWORD"],
+        "MLflow admin password": values["MLFLOW_ADMIN_PASSWORD"],
+    }
     url = compose_mlflow
-    monkeypatch.chdir(tmp_path)  # the driver's .ablate/ (claims of a server store, Ray Tune's results): this test's
-    # the cluster's nodes do not know the credentials: the driver forwards them to the trials
-    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-        monkeypatch.delenv(k, raising=False)
-    with ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False) as cluster:
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ray_env["MLFLOW_TRACKING_USERNAME"])
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ray_env["MLFLOW_TRACKING_PASSWORD"])
-        base = {
-            "task": {"name": "reverse", "train_size": 200, "max_len": 5},
-            "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
-            "training": {"max_steps": 20, "val_every": 10, "batch_size": 16},
-        }
-        study_path = tmp_path / "deployed.yaml"
-        study_path.write_text(
-            yaml.safe_dump(
-                {"name": "deployed", "base": base, "seeds": 2, "design": {"grid": {"model.norm": ["pre", "post"]}}}
+    host = url.removeprefix("http://")
+    work, short_tmp = tmp_path / "work", Path(tempfile.mkdtemp(prefix="abl-top-", dir="/tmp"))  # Ray: short paths
+    work.mkdir()
+    study = {"name": "deployed", "base": BASE, "seeds": 2, "design": {"grid": {"model.norm": ["pre", "post"]}}}
+    (work / "study.yaml").write_text(yaml.safe_dump(study))
+    search = {
+        "name": "deployed_search",
+        "base": BASE,
+        "n_trials": 2,
+        "concurrency": 2,
+        "pruner": "none",
+        "sampler": "random",
+        "space": {"training.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+    }
+    (work / "search.yaml").write_text(yaml.safe_dump(search))
+    # the cluster's nodes, and the sweep, know no credentials (the sweep's are in its tracking URI)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ABLATE_OPTUNA", "RAY_ADDRESS"))}
+    env.update(TMPDIR=str(short_tmp), MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="30")
+    with_mlflow_env = {**env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+    outputs: dict[str, str] = {}
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_environment(env))
+            cluster = stack.enter_context(ray_cluster(tmp_path, nodes=2, cpus_per_node=1, dashboard=False))
+            on = ["--address", cluster.address]
+            runs = {
+                # the tracking URI carries the password (no MLFLOW_TRACKING_* in the environment)
+                "sweep": (["sweep", "study.yaml", "--tracking-uri", f"http://{user}:{password}@{host}", *on], env),
+                # the storage URL carries the PostgreSQL password; MLflow's comes from the environment
+                "search": (
+                    ["search", "search.yaml", "--storage", storage, "--tracking-uri", url, *on],
+                    with_mlflow_env,
+                ),
+                # error paths: stores that cannot be reached, named with their passwords
+                "sweep, unreachable tracking": (
+                    ["sweep", "study.yaml", "--tracking-uri", f"http://{user}:{password}@127.0.0.1:9", *on],
+                    env,
+                ),
+                "search, unreachable storage": (
+                    ["search", "search.yaml", "--storage", storage.replace("127.0.0.1:5432", "127.0.0.1:9"), *on]
+                    + ["--tracking-uri", url],
+                    with_mlflow_env,
+                ),
+            }
+            for name, (args, run_env) in runs.items():
+                out = subprocess.run(
+                    [sys.executable, "-m", "ablations.cli", *args],
+                    cwd=work, env=run_env, capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                outputs[f"{name}: stdout"], outputs[f"{name}: stderr"] = out.stdout, out.stderr
+                if "unreachable" in name:
+                    assert out.returncode != 0, f"{name} should fail:\n{out.stdout[-2000:]}"
+                else:
+                    assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+            # the nodes' session logs, before the cluster's temp folder goes
+            found = where_found(needles, {}, Path(cluster.temp_dir))
+        # the records, as the workers' user reads them
+        with _environment({"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}):
+            # this server refuses (403) a run it does not know instead of saying it has none: a claim done for such
+            # a run keeps its write window (ablations.sweep.driver._still_pending); only "no such run" reopens it
+            c = MlflowClient(url)
+            cells = c.search_runs([c.get_experiment_by_name("deployed").experiment_id], "tags.kind = 'cell'")
+            assert len(cells) == 4 and all(r.info.status == "FINISHED" for r in cells)
+            assert not records.run_missing(url, "0" * 32) and not records.run_missing(url, cells[0].info.run_id)
+            assert "config.yaml" in {a.path for a in c.list_artifacts(cells[0].info.run_id)}  # served artifacts
+        wrong = {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": "wrong-password-123"}
+        with _environment(wrong), pytest.raises(Exception, match="401|Unauthorized|credentials"):
+            MlflowClient(url).search_experiments()
+        trials = optuna.load_study(study_name="deployed_search", storage=storage).trials
+        assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+        # everything MLflow and Optuna stored, as PostgreSQL holds it
+        for db in ("mlflow", "mlflow_auth", "optuna"):
+            dump = subprocess.run(
+                ["pg_dump", "--data-only", "-h", "127.0.0.1", "-U", "postgres", f"{prefix}{db}"],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
-        )
-        result = run_study(load_study(study_path), address=cluster.address, tracking_uri=url, out=lambda _: None)
-        assert result.complete and result.counts["finished"] == 4
-        # this server refuses (403) a run it does not know instead of saying it has none: a claim done for such a
-        # run keeps its write window (ablations.sweep.driver._still_pending); only "no such run" reopens it at once
-        assert not records.run_missing(url, "0" * 32) and not records.run_missing(url, result.rows[0]["run_id"])
-        search_path = tmp_path / "deployed_search.yaml"
-        search_path.write_text(
-            yaml.safe_dump(
-                {
-                    "name": "deployed_search",
-                    "base": base,
-                    "n_trials": 2,
-                    "concurrency": 2,
-                    "pruner": "none",
-                    "sampler": "random",
-                    "space": {"training.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
-                }
-            )
-        )
-        found = run_search(
-            load_search(search_path), address=cluster.address, tracking_uri=url, storage=storage, out=lambda _: None
-        )
-        assert found.best
-    c = MlflowClient(url)  # as the workers' user, from the environment
-    exp = c.get_experiment_by_name("deployed")
-    cells = c.search_runs([exp.experiment_id], "tags.kind = 'cell'")
-    assert len(cells) == 4 and all(r.info.status == "FINISHED" for r in cells)
-    assert "config.yaml" in {a.path for a in c.list_artifacts(cells[0].info.run_id)}  # served artifacts
-    trials = optuna.load_study(study_name="deployed_search", storage=storage).trials
-    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-password-123")
-    with pytest.raises(Exception, match="401|Unauthorized|credentials"):
-        MlflowClient(url).search_experiments()
-    with contextlib.suppress(Exception):
-        optuna.delete_study(study_name="deployed_search", storage=storage)
+            assert dump.returncode == 0, dump.stderr
+            outputs[f"database {db}"] = dump.stdout
+        assert "deployed" in outputs["database mlflow"] and "deployed_search" in outputs["database optuna"]
+        found += where_found(needles, outputs, tmp_path) + where_found(needles, {}, short_tmp)
+        assert not found, "secrets printed or recorded:\n" + "\n".join(found)
+    finally:
+        shutil.rmtree(short_tmp, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            optuna.delete_study(study_name="deployed_search", storage=storage)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """This process's environment replaced by ``values`` for MLFLOW_* and ABLATE_OPTUNA* (the nodes Ray starts
+    from here inherit it), then given back."""
+    saved = dict(os.environ)
+    for k in [k for k in os.environ if k.startswith(("MLFLOW_", "ABLATE_OPTUNA"))]:
+        del os.environ[k]
+    os.environ.update({k: v for k, v in values.items() if k.startswith(("MLFLOW_", "ABLATE_OPTUNA"))})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
