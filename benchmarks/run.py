@@ -26,6 +26,7 @@ def main() -> int:
         ["logging_overhead.py", *(["--repeats", "1", "--steps", "100"] if args.quick else []), *out],
         ["sweep.py", "overhead", *(["--cells", "2", "--steps", "300"] if args.quick else []), *out],
         ["sweep.py", "scale", *(["--cells", "20"] if args.quick else []), *out],
+        ["startup.py", *(["--repeats", "2"] if args.quick else []), *out],
     ]
     for job in jobs:
         print(f"== {' '.join(job)}", flush=True)

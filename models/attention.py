@@ -44,18 +44,18 @@ from models.kernels import (  # noqa: F401  (re-exported: the kernels are part o
 from models.patterns import FullPattern
 from models.positions import AttentionPositions
 from models.registry import SCORES
+from models.traits import AdditiveTraits, ScoreTraits
 
 # ---------------------------------------------------------------------------------------------------
 # Score functions
 
 
-class Score(nn.Module):
+class Score(ScoreTraits, nn.Module):
     """A score function. ``prepare_query`` / ``prepare_key`` transform q and k (B, H, T, D) before rotary
     positions (so that rotated scores stay relative); then either ``dot_like`` (the score is
     ``scale * q.k`` of the prepared q and k, computed by torch's fused attention) or ``scores(q, k, heads)``
     -> (..., T, S), where ``heads`` indexes the per-head parameters for the heads q and k hold."""
 
-    dot_like = True
     scale = 1.0
 
     def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
@@ -134,10 +134,8 @@ class CosineScore(Score):
 
 
 @SCORES.register("additive")
-class AdditiveScore(Score):
+class AdditiveScore(AdditiveTraits, Score):
     """Bahdanau's v_h . tanh(q + k), computed by ``additive_scores`` in bounded memory."""
-
-    dot_like = False
 
     def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models.errors import ConfigError
 from models.registry import ALL as REGISTRIES
 from models.registry import PATTERNS
 
@@ -25,10 +26,6 @@ NORM_PLACEMENTS = ("pre", "post")
 CLASSIFIERS = ("mean", "first", "token")
 SCHEDULES = ("fixed", "increasing", "decreasing")
 DECODINGS = ("autoregressive", "non_autoregressive")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be built. The message names the field, the value and the fix."""
 
 
 def _choice(name: str, value: Any, choices) -> None:
@@ -203,6 +200,11 @@ class ModelConfig:
         return self.decoding == "non_autoregressive"
 
     @property
+    def dot_like_score(self) -> bool:
+        """Whether the score is ``scale * q.k`` (its traits' ``dot_like``), known without importing it."""
+        return REGISTRIES["score"].traits(self.score).dot_like
+
+    @property
     def n_dilated_heads(self) -> int:
         return self.dilated_heads if self.dilated_heads is not None else max(1, self.n_heads // 4)
 
@@ -215,8 +217,8 @@ class ModelConfig:
         n_layers = self.n_layers if n_layers is None else n_layers
         patterns = self.patterns_for(n_layers)
         H = self.n_heads
-        windowed = [i for i, p in enumerate(patterns) if PATTERNS[p].windowed]
-        dilated = [i for i, p in enumerate(patterns) if PATTERNS[p].dilated]
+        windowed = [i for i, p in enumerate(patterns) if PATTERNS.traits(p).windowed]
+        dilated = [i for i, p in enumerate(patterns) if PATTERNS.traits(p).dilated]
         windows: dict[int, int] = {}
         if self.layer_windows is not None:
             windows = {i: self.layer_windows[i] for i in windowed}
@@ -333,11 +335,11 @@ class ModelConfig:
         self._validate_patterns(registries["pattern"])
         # Each chosen component's own checks (e.g. rotary needs a dot-product score).
         for name in ("positions", "score", "norm_type", "ffn"):
-            check = getattr(registries[name][getattr(self, name)], "check", None)
+            check = getattr(registries[name].traits(getattr(self, name)), "check", None)
             if check is not None:
                 check(self)
         for p in sorted(set(self.patterns_for(self.n_layers))):
-            check = getattr(registries["pattern"][p], "check", None)
+            check = getattr(registries["pattern"].traits(p), "check", None)
             if check is not None:
                 check(self)
 
@@ -360,11 +362,12 @@ class ModelConfig:
                     f"layer_patterns has {len(self.layer_patterns)} entries but the stack has {self.n_layers} "
                     "layers; give one pattern per layer"
                 )
-        windowed_names = [n for n, cls in patterns_registry.items() if cls.windowed]
-        dilated_names = [n for n, cls in patterns_registry.items() if cls.dilated]
+        traits = patterns_registry.traits
+        windowed_names = [n for n in patterns_registry.names() if traits(n).windowed]
+        dilated_names = [n for n in patterns_registry.names() if traits(n).dilated]
         needs = " or ".join(repr(n) for n in windowed_names)
-        windowed = any(patterns_registry[p].windowed for p in patterns)
-        dilated = any(patterns_registry[p].dilated for p in patterns)
+        windowed = any(traits(p).windowed for p in patterns)
+        dilated = any(traits(p).dilated for p in patterns)
         got = f"got pattern={self.pattern!r}" if self.layer_patterns is None else f"got layer_patterns={list(patterns)}"
 
         if self.layer_windows is not None:

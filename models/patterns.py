@@ -6,7 +6,7 @@ by the caller. That alone is enough for a new pattern: the default ``attend`` ru
 that mask, cached decoding uses the same mask, and ``reach`` (the furthest distance seen, None when
 unbounded) lets a causal layer's cache keep only reach + 1 keys. A pattern with a faster exact kernel
 overrides ``attend``. Class attributes ``windowed`` (needs ``window``) and ``dilated`` (takes dilations)
-tell the config which keys apply.
+tell the config which keys apply (``models.traits``, which the built-in patterns inherit).
 
 Built in:
   full     every key (subject to causality)
@@ -25,13 +25,11 @@ from models import flex
 from models.config import LayerAttention
 from models.kernels import dilated_attention, full_attention, local_attention
 from models.registry import PATTERNS
+from models.traits import DilatedTraits, LocalTraits, PatternTraits
 
 
-class Pattern:
+class Pattern(PatternTraits):
     """Which keys each head sees; built from one layer's ``LayerAttention`` geometry."""
-
-    windowed = False
-    dilated = False
 
     def __init__(self, layer: LayerAttention) -> None:
         self.layer = layer
@@ -82,9 +80,8 @@ class FullPattern(Pattern):
 
 
 @PATTERNS.register("local")
-class LocalPattern(Pattern):
+class LocalPattern(LocalTraits, Pattern):
     name = "local"
-    windowed = True
 
     def allowed(self, dist):
         return (dist.abs() <= self.window)[None]
@@ -115,12 +112,11 @@ class LocalPattern(Pattern):
 
 
 @PATTERNS.register("dilated")
-class DilatedPattern(LocalPattern):
+class DilatedPattern(DilatedTraits, LocalPattern):
     """Per-head dilation: heads are grouped by their dilation and each group runs the residue-class kernel
     (dilation 1: the plain local kernel)."""
 
     name = "dilated"
-    dilated = True
 
     def __init__(self, layer: LayerAttention) -> None:
         super().__init__(layer)

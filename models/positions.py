@@ -30,8 +30,8 @@ import math
 import torch
 from torch import nn
 
-from models.config import ConfigError
-from models.registry import POSITIONS, SCORES
+from models.registry import POSITIONS
+from models.traits import ALiBiTraits, LearnedTraits, PositionsTraits, RotaryTraits
 
 
 class PositionError(ValueError):
@@ -71,15 +71,13 @@ class AttentionPositions(nn.Module):
         return None
 
 
-class Positions(nn.Module):
+class Positions(PositionsTraits, nn.Module):
     """A position scheme. As a module it adds absolute positions to the embeddings (the base adds none).
 
     Class attributes: ``needs_dot_product`` (the scheme acts through q.k, e.g. rotary),
     ``takes_init_std`` (``position_init_std`` applies). ``check(cfg)`` refuses what the scheme cannot do.
+    The built-in schemes inherit these from ``models.traits``, which the config reads without torch.
     """
-
-    needs_dot_product = False
-    takes_init_std = False
 
     def __init__(self, cfg) -> None:
         super().__init__()
@@ -90,20 +88,6 @@ class Positions(nn.Module):
     @classmethod
     def in_attention(cls, cfg, causal: bool) -> AttentionPositions | None:
         return None
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        if cfg.position_init_std is not None and not cls.takes_init_std:
-            raise ConfigError(
-                f"position_init_std={cfg.position_init_std} sets the initial scale of a learned table; "
-                f"positions={cfg.positions!r} has none (remove it, or use positions='learned')"
-            )
-        if cls.needs_dot_product and not SCORES[cfg.score].dot_like:
-            raise ConfigError(
-                f"positions={cfg.positions!r} encodes offsets through the dot product q.k, which score="
-                f"{cfg.score!r} does not compute; use positions sinusoidal, learned, alibi or none with "
-                f"{cfg.score} scores"
-            )
 
 
 @POSITIONS.register("sinusoidal")
@@ -128,9 +112,7 @@ class SinusoidalPositions(Positions):
 
 
 @POSITIONS.register("learned")
-class LearnedPositions(Positions):
-    takes_init_std = True
-
+class LearnedPositions(LearnedTraits, Positions):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.max_len = cfg.max_len
@@ -202,20 +184,10 @@ class Rotary(AttentionPositions):
 
 
 @POSITIONS.register("rotary")
-class RotaryPositions(Positions):
-    needs_dot_product = True
-
+class RotaryPositions(RotaryTraits, Positions):
     @classmethod
     def in_attention(cls, cfg, causal: bool) -> AttentionPositions:
         return Rotary(cfg.head_size, cfg.rotary_base)
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        super().check(cfg)
-        if cfg.head_size % 2:
-            raise ConfigError(
-                f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {cfg.head_size})"
-            )
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -256,18 +228,7 @@ class ALiBi(AttentionPositions):
 
 
 @POSITIONS.register("alibi")
-class ALiBiPositions(Positions):
+class ALiBiPositions(ALiBiTraits, Positions):
     @classmethod
     def in_attention(cls, cfg, causal: bool) -> AttentionPositions:
         return ALiBi(cfg.n_heads, causal)
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        super().check(cfg)
-        bidirectional = cfg.arch != "decoder"  # encoders, and the decoder of non-autoregressive seq2seq
-        if bidirectional and cfg.n_heads == 1:
-            raise ConfigError(
-                f"positions='alibi' in a bidirectional stack (arch={cfg.arch!r}) gives past and future keys the "
-                "slopes of two different heads; with n_heads=1 they coincide and the bias cannot tell a sequence "
-                "from its reverse. Use n_heads >= 2, or positions sinusoidal, learned or rotary"
-            )

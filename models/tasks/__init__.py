@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import ConfigError
-from models.tasks.base import BOS, EOS, PAD, SEP, Task, collate
+from models.tasks.base import BOS, EOS, PAD, SEP, Task
 from models.tasks.listops import ListOpsTask
 from models.tasks.recall import RecallTask
 from models.tasks.retrieval import RetrievalTask
@@ -27,11 +27,16 @@ def make_task(spec: dict[str, Any]) -> Task:
 
 
 def __getattr__(name: str):
-    """``TaskDataModule`` on first use: it pulls in Lightning, which declaring and checking tasks does not need."""
+    """``TaskDataModule`` and ``collate`` on first use: they pull in Lightning and torch, which declaring and
+    checking tasks (a study's driver) does not need."""
     if name == "TaskDataModule":
         from models.tasks.data import TaskDataModule
 
         return TaskDataModule
+    if name == "collate":
+        from models.tasks.batches import collate
+
+        return collate
     raise AttributeError(f"module 'models.tasks' has no attribute {name!r}")
 
 

@@ -9,7 +9,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from models.tasks.base import Task, collate
+from models.tasks.base import Task
+from models.tasks.batches import collate
 
 
 class TaskDataModule(L.LightningDataModule):

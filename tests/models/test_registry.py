@@ -4,7 +4,11 @@ score's identity start."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from models.attention import Score
 from models.patterns import Pattern
 from models.positions import Positions, sinusoid_table
 from models.registry import PATTERNS, POSITIONS, SCORES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class NegativeDistance(Score):
@@ -151,3 +157,106 @@ def test_checkpoints_that_stored_the_general_score_matrix_still_load():
         state[name.replace("delta", "weight")] = W
     model.load_state_dict(state)
     torch.testing.assert_close(model.layers[0].attn.sublayer.score.weight.detach(), W)
+
+
+# -- the built-ins are declared without torch -----------------------------------------------------------------
+
+
+def _public_flags(traits: type) -> dict:
+    return {k: getattr(traits, k) for k in dir(traits) if not k.startswith("_") and not callable(getattr(traits, k))}
+
+
+def test_every_builtin_is_declared_with_the_module_that_registers_it_and_its_own_traits():
+    """The config reads a built-in's flags and check from its declaration until its module is imported;
+    once imported, the class must answer the same (a declaration that drifted would validate one thing in
+    the driver and build another on the worker)."""
+    import models.transformer  # noqa: F401  (every component module)
+    from models.registry import ALL
+
+    for kind, registry in ALL.items():
+        assert registry.builtins, kind
+        for name, declared in registry.builtins.items():
+            component = registry[name]
+            assert component.__module__ == declared.module, (kind, name)
+            if declared.traits is None:
+                assert not hasattr(component, "check"), (kind, name)
+                continue
+            assert issubclass(component, declared.traits), (kind, name)
+            assert _public_flags(component) | _public_flags(declared.traits) == _public_flags(component), (kind, name)
+            check = getattr(component, "check", None)
+            assert getattr(check, "__func__", None) is getattr(
+                getattr(declared.traits, "check", None), "__func__", None
+            )
+        # and nothing registered by the component modules is missing from the declarations
+        assert set(registry.builtins) == {n for n in registry.names() if registry[n].__module__.startswith("models.")}
+
+
+_BAD_CONFIGS = """
+bad = [
+    dict(positions="rotary", score="additive"),
+    dict(positions="rotary", head_dim=7),
+    dict(positions="alibi", arch="encoder", n_classes=2, n_heads=1, d_model=32),
+    dict(positions="sinusoidal", position_init_std=0.1),
+    dict(pattern="local"),
+    dict(pattern="full", window=4),
+    dict(pattern="local", window=4, dilation=2),
+    dict(pattern="dilated", window=4, dilation=1),
+    dict(layer_patterns=["full", "local"], n_layers=2, window_schedule="increasing"),
+    dict(score="nope"),
+    dict(norm_type="nope"),
+    dict(ffn="nope"),
+]
+good = [
+    dict(positions="rotary", score="cosine"),
+    dict(pattern="dilated", window=4, dilation=2, n_heads=4, dilated_heads=2),
+    dict(layer_patterns=["full", "local", "dilated"], n_layers=3, window=4, dilation=2, window_schedule="increasing"),
+    dict(positions="learned", position_init_std=0.1, norm_type="rmsnorm", ffn="swiglu"),
+]
+
+
+def outcomes():
+    out = []
+    for kw in bad:
+        try:
+            ModelConfig(**kw)
+            out.append("accepted")
+        except ConfigError as e:
+            out.append(str(e))
+    out += [repr(ModelConfig(**kw).attention_layers()) for kw in good]
+    return out
+"""
+
+
+def test_configs_are_validated_without_torch_and_exactly_as_with_it():
+    """A study's driver validates every variant before anything starts; it must not pay for torch (about a
+    second per command) and must refuse and accept exactly what the built model does."""
+    script = (
+        "import json, sys\n"
+        "from models import ConfigError, ModelConfig\n" + _BAD_CONFIGS + "before = outcomes()\n"
+        "assert 'torch' not in sys.modules, 'validating a config imported torch'\n"
+        "import models.transformer\n"
+        "assert 'torch' in sys.modules\n"
+        "print(json.dumps([before, outcomes()]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before, after = json.loads(done.stdout)
+    assert before == after
+    assert before[: len(before) - 4].count("accepted") == 0, before  # every bad config was refused
+    assert "does not compute" in before[0] and "even head_dim" in before[1] and "bidirectional" in before[2]
+
+
+def test_a_study_is_planned_without_torch(tmp_path):
+    """``ablate sweep --dry-run`` (what every submission does first) over the locality study, whose variants
+    use local and dilated patterns, imports neither torch nor Lightning."""
+    script = (
+        "import sys\n"
+        "from ablations.cli import main\n"
+        f"sys.argv = ['ablate', 'sweep', {str(ROOT / 'ablations/studies/locality.yaml')!r}, '--dry-run',"
+        f" '--tracking-uri', {f'sqlite:///{tmp_path}/mlflow.db'!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('TORCH' if 'torch' in sys.modules or 'lightning' in sys.modules else 'NO TORCH')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "to train" in done.stdout and done.stdout.strip().endswith("NO TORCH"), done.stdout[-2000:]

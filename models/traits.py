@@ -1,0 +1,90 @@
+"""What the config needs to know about a component, without torch: its flags and its own checks.
+
+``ModelConfig`` validates a study's every variant in the driver (``ablate sweep``, ``ablate search``), which
+never builds a model; importing torch there cost 1 to 2.5 CPU seconds per command (benchmarks/startup.py).
+So each built-in component's flags and ``check(cfg)`` live here, in classes that import nothing heavy, and
+the component classes inherit them (``class LocalPattern(LocalTraits, Pattern)``): one definition, read by
+the config through ``REGISTRY.traits(name)`` whether or not the component's module is loaded yet.
+``models.registry`` declares each built-in name with its module and traits; a researcher's own component is
+registered as before and is its own traits (its class attributes and ``check``).
+"""
+
+from __future__ import annotations
+
+from models.errors import ConfigError
+
+
+class ScoreTraits:
+    """``dot_like``: the score is ``scale * q.k`` of the prepared q and k (torch's fused attention runs it)."""
+
+    dot_like = True
+
+
+class AdditiveTraits(ScoreTraits):
+    dot_like = False
+
+
+class PatternTraits:
+    """``windowed``: the pattern needs ``window``; ``dilated``: it takes per-head dilations."""
+
+    windowed = False
+    dilated = False
+
+
+class LocalTraits(PatternTraits):
+    windowed = True
+
+
+class DilatedTraits(LocalTraits):
+    dilated = True
+
+
+class PositionsTraits:
+    """``needs_dot_product``: the scheme acts through q.k (rotary); ``takes_init_std``: ``position_init_std``
+    applies. ``check(cfg)`` refuses what the scheme cannot do."""
+
+    needs_dot_product = False
+    takes_init_std = False
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.position_init_std is not None and not cls.takes_init_std:
+            raise ConfigError(
+                f"position_init_std={cfg.position_init_std} sets the initial scale of a learned table; "
+                f"positions={cfg.positions!r} has none (remove it, or use positions='learned')"
+            )
+        if cls.needs_dot_product and not cfg.dot_like_score:
+            raise ConfigError(
+                f"positions={cfg.positions!r} encodes offsets through the dot product q.k, which score="
+                f"{cfg.score!r} does not compute; use positions sinusoidal, learned, alibi or none with "
+                f"{cfg.score} scores"
+            )
+
+
+class LearnedTraits(PositionsTraits):
+    takes_init_std = True
+
+
+class RotaryTraits(PositionsTraits):
+    needs_dot_product = True
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        if cfg.head_size % 2:
+            raise ConfigError(
+                f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {cfg.head_size})"
+            )
+
+
+class ALiBiTraits(PositionsTraits):
+    @classmethod
+    def check(cls, cfg) -> None:
+        super().check(cfg)
+        bidirectional = cfg.arch != "decoder"  # encoders, and the decoder of non-autoregressive seq2seq
+        if bidirectional and cfg.n_heads == 1:
+            raise ConfigError(
+                f"positions='alibi' in a bidirectional stack (arch={cfg.arch!r}) gives past and future keys the "
+                "slopes of two different heads; with n_heads=1 they coincide and the bias cannot tell a sequence "
+                "from its reverse. Use n_heads >= 2, or positions sinusoidal, learned or rotary"
+            )
