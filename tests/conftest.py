@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -23,6 +25,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray: loopback only
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Ray Train's storage (data-parallel trials) defaults to .ablate/ray_results of the working folder: the checkout.
+# The session gives it a temp folder of its own instead, removed at the end (a test that sets it keeps its own).
+_RAY_STORAGE = pytest.StashKey[str]()
 
 
 # --- the session: Ctrl-C and SIGTERM stop it, and every process it started, at once ---------------------
@@ -86,18 +91,44 @@ def pytest_configure(config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller's session marker stays
         _own = WORKER_MARK
     os.environ[_own] = f"{os.getpid()}-{time.time_ns()}"
+    if not os.environ.get("ABLATE_RAY_STORAGE"):
+        config.stash[_RAY_STORAGE] = os.environ["ABLATE_RAY_STORAGE"] = tempfile.mkdtemp(prefix="tests-ray-results-")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-# --- the order: the longest tests first ------------------------------------------------------------------------
+# --- the order: the longest tests first, shared out between the test processes ------------------------------
 #
 # The suite is CPU-bound on two cores, and its cost is concentrated: about 40 tests (real clusters, servers,
-# killed drivers) take most of it. xdist hands tests out in collection order, so a long test collected last
-# would run alone at the end while the other worker idles. Starting the longest first (the seconds each took
-# here, tests/durations.json; `python -m tests.durations` measures them again) leaves only short tests for the
-# end. Tests not in the table keep their order, after those in it, slow before the rest.
+# killed drivers) take most of it. xdist's worksteal hands each process a contiguous share of the collection (the
+# first half to one, the second to the other), and a process that runs dry steals the tail of the other's queue.
+# Sorted longest-first, the first process would hold every long test and the other only short ones: at the end
+# one long test runs while the other process idles. So the measured tests (tests/durations.json: the seconds each
+# took in a whole run here; `python -m tests.durations` measures them one at a time) are dealt out longest first,
+# each to whichever share has the least so far (greedy longest-processing-time), each share sorted longest first
+# and filled up with unmeasured tests: both processes start on their own long tests, and what either steals at
+# the end is short.
 DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def deal_longest_first(items: list, cost: dict[str, float], shares: int) -> list:
+    """``items`` reordered into ``shares`` contiguous runs of (nearly) equal length and equal measured cost, each
+    longest first: the split xdist's worksteal makes between ``shares`` processes."""
+    measured = sorted((i for i in items if i.nodeid in cost), key=lambda i: -cost[i.nodeid])
+    rest = [i for i in items if i.nodeid not in cost]
+    rest.sort(key=lambda item: item.get_closest_marker("slow") is None)  # slow before the rest, stable otherwise
+    sizes = [len(items) // shares + (k < len(items) % shares) for k in range(shares)]
+    runs: list[list] = [[] for _ in range(shares)]
+    totals = [0.0] * shares
+    for item in measured:
+        open_ = [k for k in range(shares) if len(runs[k]) < sizes[k]]
+        k = min(open_, key=lambda k: totals[k])
+        runs[k].append(item)
+        totals[k] += cost[item.nodeid]
+    for k in range(shares):  # unmeasured tests fill up each share, in collection order, slow ones first
+        while len(runs[k]) < sizes[k]:
+            runs[k].append(rest.pop(0))
+    return [item for run in runs for item in run]
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -107,7 +138,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         cost = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
         return
-    items.sort(key=lambda item: (-cost.get(item.nodeid, 0), item.get_closest_marker("slow") is None))
+    # the order xdist schedules by is the workers' collection (each worker knows how many there are)
+    shares = config.workerinput["workercount"] if hasattr(config, "workerinput") else 1
+    items[:] = deal_longest_first(items, cost, shares)
 
 
 def pytest_unconfigure(config) -> None:
@@ -120,6 +153,8 @@ def pytest_unconfigure(config) -> None:
             if ray.is_initialized():
                 ray.shutdown()
     kill_session_processes()
+    if _RAY_STORAGE in config.stash:
+        shutil.rmtree(config.stash[_RAY_STORAGE], ignore_errors=True)
 
 
 def _sigint_state() -> tuple:
@@ -276,7 +311,19 @@ def fresh_postgres_database(prefix: str):
         subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
 
+@pytest.fixture(scope="session")
+def _empty_store(tmp_path_factory) -> Path:
+    """An empty SQLite MLflow store, created by MLflow once per test process: its schema migrations take about
+    1.5 CPU-seconds, paid again by every test that opened a new store."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> str:
-    """A fresh SQLite MLflow store for one test."""
+def store(tmp_path: Path, _empty_store: Path) -> str:
+    """A fresh SQLite MLflow store for one test: a copy of the empty store MLflow created for this process."""
+    shutil.copyfile(_empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -94,6 +94,7 @@ def _claim_all(url: str, owner: str, cells: int, start: float, out: str) -> None
     Path(out).write_text(f"{number};" + ",".join(map(str, got)))
 
 
+@pytest.mark.slow
 def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
     """Eight processes race to create the table, to number their submissions and for the same 40 cells, at the
     same moment."""
@@ -163,6 +164,7 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
     ]
 
 
+@pytest.mark.slow
 def test_each_store_beside_one_claims_db_numbers_its_submissions_from_1(tmp_path):
     from mlflow import MlflowClient
 

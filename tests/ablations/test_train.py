@@ -206,6 +206,7 @@ def test_bad_data_source_fails_before_anything_is_logged(store, tmp_path):
     assert MlflowClient(store).get_experiment_by_name("nothing") is None
 
 
+@pytest.mark.slow
 def test_same_configuration_and_seed_give_identical_metrics(tmp_path):
     histories = []
     for i in range(2):

@@ -1,4 +1,5 @@
-"""`ablate ui` serves the MLflow UI of the store on loopback, and stops by its PID."""
+"""`ablate ui` serves the MLflow UI of the store on loopback, and stops by its PID. It runs in the test's own
+folder: `ablate ui` writes its servers' logs to .ablate/logs of the folder it runs in."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mlflow import MlflowClient
 
 from ablations.train import Tracking, train
 from tests.ablations.test_train import short_copy
-from tests.conftest import ROOT, free_port, stop, wait_for_http
+from tests.conftest import free_port, stop, wait_for_http
 
 
 @pytest.mark.slow
@@ -25,7 +26,7 @@ def test_ablate_ui_serves_the_store_on_loopback(tmp_path, store):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", store, "--port", str(port)],
-        cwd=ROOT,
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -82,7 +83,7 @@ def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm
                 "--tracking-uri",
                 store,
             ],
-            cwd=ROOT,
+            cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "ABLATE_UI_PORT": str(busy.getsockname()[1])},
@@ -122,7 +123,7 @@ def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm
 def test_ablate_ui_without_runs_says_so(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
     )
@@ -139,7 +140,7 @@ def test_ablate_ui_optuna_serves_the_search_storage_on_loopback(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", storage, "--port", str(port)],
-        cwd=ROOT,
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -160,7 +161,7 @@ def test_ablate_ui_optuna_serves_the_search_storage_on_loopback(tmp_path):
 def test_ablate_ui_optuna_without_searches_says_so(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", f"sqlite:///{tmp_path}/none.db"],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
     )

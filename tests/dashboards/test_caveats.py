@@ -208,6 +208,7 @@ def test_the_fall_of_a_curve_over_its_last_steps_in_closed_form():
     assert caveats.trend_fall(line, 0.2) == pytest.approx(0.2 / 1.2, rel=0.05)
 
 
+@pytest.mark.slow
 def test_not_converged_fires_on_falling_curves_and_reads_the_training_loss_where_validation_is_sparse(store):
     values = {v: {s: 0.5 for s in range(5)} for v in ("flat", "falling", "sparse", "unjudged")}
     curves = {("falling", s): [(25, 2.0), (50, 1.5), (75, 1.2), (100, 0.9)] for s in range(5)}

@@ -239,6 +239,7 @@ def test_no_study_or_no_runs_is_a_clear_error(store):
         load_study(store, "empty")
 
 
+@pytest.mark.slow
 def test_factorial_effects_in_the_report(store, tmp_path):
     # y = 1 + 0.3 [norm=post] - 0.2 [warmup=0] + 0.1 [both] (+ tiny seed noise)
     values, settings = {}, {}

@@ -433,6 +433,7 @@ def test_noncentral_power_integral_equals_statsmodels_where_finite():
     assert checked > 20
 
 
+@pytest.mark.slow
 def test_effects_of_a_four_axis_grid_with_a_failed_cell():
     """The shape of norm_placement: 2 x 2 x 2 x 3, three seeds, one combination missing (its cells failed and
     were excluded); every effect gets a finite detectable difference (scipy's noncentral t gives nan for some)."""

@@ -435,8 +435,8 @@ def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_pa
 # (issue 19, item 3): the commands' stdout and stderr (their error paths too: stores that cannot be reached), every
 # file they, Ray's nodes and Ray Tune wrote (.ablate/, the nodes' session logs, Ray Tune's results, MLflow's
 # artifacts) and a dump of the MLflow and Optuna databases (params, tags, run names, Optuna attributes). The nodes
-# do not know the credentials: the driver forwards them to the trials through Ray's runtime environment, the
-# likeliest place for a leak. The masking (ablations/secrets.py) is applied where ablations/ prints or records.
+# do not know the credentials: the driver hands them to the trials in their arguments (ablations.secrets.Credentials),
+# the likeliest place for a leak. The masking (ablations/secrets.py) is applied where ablations/ prints or records.
 
 BASE = {
     "task": {"name": "reverse", "train_size": 200, "max_len": 5},
@@ -505,7 +505,11 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials_pr
     }
     (work / "search.yaml").write_text(yaml.safe_dump(search))
     # the cluster's nodes, and the sweep, know no credentials (the sweep's are in its tracking URI)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ABLATE_OPTUNA", "RAY_ADDRESS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "ABLATE_OPTUNA", "ABLATE_RAY_STORAGE", "RAY_ADDRESS"))
+    }
     env.update(TMPDIR=str(short_tmp), MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="30")
     with_mlflow_env = {**env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
     outputs: dict[str, str] = {}
