@@ -10,12 +10,15 @@ host) is the user's explicit choice; the code then travels in Ray's runtime envi
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +120,29 @@ def connect(
 
     if ray.is_initialized():
         return Connection(address, False, not is_loopback_address(address), None, owned=False)
+    with _sigterm_kept():
+        return _connect(address, num_cpus, num_gpus, dashboard)
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    """The caller's SIGTERM handler survives ray.init. Ray's driver replaces it twice: with a Python handler that
+    calls sys.exit, and with its C++ failure handler, which prints "*** SIGTERM received ***" with a stack trace
+    and aborts the process (exit 134) after our clean-up. The CLI's handler makes SIGTERM stop a command the way
+    Ctrl-C does (runs recorded as killed, exit 130): put back, it replaces both for SIGTERM only (Ray's C++
+    handler stays for crashes: SIGSEGV, SIGABRT and the rest)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before):  # only a Python handler of the caller's; SIG_DFL and SIG_IGN stay Ray's business
+            signal.signal(signal.SIGTERM, before)
+
+
+def _connect(address: str | None, num_cpus: int | None, num_gpus: int | None, dashboard: bool) -> Connection:
+    import ray
+
     remote = not is_loopback_address(address)
     if address:  # a cluster started elsewhere: this working directory travels to its workers (the MLflow
         # credentials do not: runtime_env's env_vars are printed in every node's log; the trials get them in their

@@ -294,6 +294,38 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} <= {p.info.run_id for p in parents}
 
 
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, store):
+    """SIGTERM (`kill`, a scheduler's time limit) stops `ablate sweep` the way Ctrl-C does: exit 130, the running
+    cells and the submission recorded as killed. Ray's driver replaces a SIGTERM handler twice (a Python one that
+    calls sys.exit, and its C++ failure handler, which printed "*** SIGTERM received ***" with a stack dump and
+    aborted the command with exit 134 after its clean-up): ablations.cluster.connect puts the command's back."""
+    path = write_study(
+        tmp_path, "term", base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 5000, "val_every": 500}}
+    )
+    command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as out:
+        driver = subprocess.Popen(
+            command, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    try:
+        training = lambda runs: any(r.info.status == "RUNNING" and r.data.metrics for r in runs)  # noqa: E731
+        wait_for(driver, log, store, "term", training, "a cell that trains")
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 130, log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "SIGTERM received" not in text and "logging.cc" not in text, text  # none of Ray's handlers spoke
+    assert "run the same command again" in text
+    cells = runs_of(store, "term")
+    assert len(cells) >= 1 and all(r.info.status == "KILLED" for r in cells), [r.info.status for r in cells]
+    (parent,) = runs_of(store, "term", KIND_STUDY)
+    assert parent.info.status == "KILLED"
+
+
 # --- a cluster of several nodes -----------------------------------------------------------------------
 
 
