@@ -65,6 +65,9 @@ def prepare_environment(address: str | None) -> None:
     os.environ.setdefault("RAY_enable_metrics_collection", "0")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines replace Tune's tables
+    # Tune's default result loggers (CSV, JSON and TensorBoard files per trial under .ablate/ray_results): MLflow is
+    # the record, nothing reads them, and they cost a sweep several CPU-seconds (tensorboardX, a write per result)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     if is_loopback_address(address):
         if "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
             raise RuntimeError(
