@@ -194,6 +194,8 @@ def run_search(
     check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
     study, seed = _open_study(spec, url, out)
     experiment = experiment or spec.name
+    # runs of trials a dead process left (failed and asked again by _open_study)
+    end_orphaned_trial_runs(uri, experiment, study, spec.name, "its search process stopped before the trial finished")
     parent_id = _open_parent(spec, uri, url, experiment, seed)
     code = tracking.code_version()
 
@@ -286,11 +288,32 @@ def run_search(
         raise
     finally:
         n, best = finish_parent(uri, parent_id, spec, study, status)
+        end_orphaned_trial_runs(uri, experiment, study, spec.name, "the search stopped before the trial finished")
         conn.close()
     return SearchResult(name=spec.name, storage=url, parent_run_id=parent_id, counts=n, best=best, tracking_uri=uri)
 
 
 SYSTEM_RETRIES = 2  # runs of a trial whose process or node died, before it is failed with the reason
+
+
+def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, reason: str) -> int:
+    """A trial's MLflow run is RUNNING only while its Optuna trial is: runs of this search whose trial has ended
+    (interrupted, or lost with a dead process, then failed and asked again) are marked KILLED with ``reason``. A
+    trial another live process runs is RUNNING in Optuna too, and keeps its run. Returns how many were ended."""
+    from optuna.trial import TrialState
+
+    exp = records.client(uri).get_experiment_by_name(experiment)
+    if exp is None:
+        return 0
+    query = records.kind_filter(records.KIND_TRIAL, study=spec_name) + " and attributes.status = 'RUNNING'"
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    ended = 0
+    for run in records.search_all(uri, [exp.experiment_id], query):
+        number = run.data.tags.get("trial", "")
+        if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
+            records.mark_killed(uri, run, reason)
+            ended += 1
+    return ended
 
 
 def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:

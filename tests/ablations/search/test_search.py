@@ -276,6 +276,10 @@ def runs_of_kind(uri: str, experiment: str, kind: str) -> list:
     return c.search_runs([exp.experiment_id], f"tags.kind = '{kind}'") if exp else []
 
 
+def trial_runs(store: str) -> list:
+    return runs_of_kind(store, "srch", KIND_TRIAL)
+
+
 def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
     return [
         sys.executable,
@@ -346,6 +350,8 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
+    (orphan,) = trial_runs(store)
+    assert orphan.info.status == "RUNNING"  # nobody could end it: its process died with the driver
     again = run_cli_search(tmp_path, spec_path, storage, store)
     assert f"trial {lost.number} was left running" in again.stdout
     study = optuna.load_study(study_name="srch", storage=storage)
@@ -353,6 +359,12 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
     assert len(retried) == 1 and retried[0].params == lost.params and retried[0].state == TrialState.COMPLETE
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    # a trial's MLflow run is RUNNING only while its Optuna trial is: the lost one's run is ended as killed
+    status = {int(r.data.tags["trial"]): (r.info.status, r.data.tags["status_detail"]) for r in trial_runs(store)}
+    assert status == {
+        0: ("KILLED", "killed: its search process stopped before the trial finished"),
+        1: ("FINISHED", "finished"),
+    }
 
 
 @pytest.mark.slow
@@ -373,10 +385,16 @@ def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_p
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # failed, and queued again
     assert study.trials[1].user_attrs["retry_of"] == lost.number == 0
     assert runs_of_kind(store, "srch", KIND_SEARCH)[0].info.status == "KILLED"
+    (interrupted,) = trial_runs(store)  # its MLflow run is not left RUNNING either
+    assert (interrupted.info.status, interrupted.data.tags["status_detail"]) == (
+        "KILLED",
+        "killed: the search stopped before the trial finished",
+    )
     run_cli_search(tmp_path, spec_path, storage, store)
     study = optuna.load_study(study_name="srch", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]  # n_trials: 1 counted
     assert study.trials[1].params == lost.params  # the interrupted trial, asked again
+    assert sorted(r.info.status for r in trial_runs(store)) == ["FINISHED", "KILLED"]
 
 
 @pytest.mark.slow
