@@ -147,6 +147,14 @@ def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
             return runs
 
 
+def running_runs(uri: str, experiment: str, kind: str, **tags: str) -> list:
+    """The runs of ``kind`` (with ``tags``) in ``experiment`` whose MLflow status is still RUNNING."""
+    exp = client(uri).get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return search_all(uri, [exp.experiment_id], kind_filter(kind, **tags) + " and attributes.status = 'RUNNING'")
+
+
 # --- the cell ledger -----------------------------------------------------------------------------------------
 
 

@@ -313,8 +313,8 @@ def fresh_postgres_database(prefix: str):
 
 @pytest.fixture(scope="session")
 def _empty_store(tmp_path_factory) -> Path:
-    """An empty SQLite MLflow store, created by MLflow once per test process: its schema migrations take about
-    1.5 CPU-seconds, paid again by every test that opened a new store."""
+    """An empty SQLite MLflow store, created by MLflow once per test process: its schema migrations took about
+    1.5 s here, paid again by every test that opened a new store."""
     from mlflow import MlflowClient
 
     path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"

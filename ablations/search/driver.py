@@ -302,13 +302,9 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
     trial another live process runs is RUNNING in Optuna too, and keeps its run. Returns how many were ended."""
     from optuna.trial import TrialState
 
-    exp = records.client(uri).get_experiment_by_name(experiment)
-    if exp is None:
-        return 0
-    query = records.kind_filter(records.KIND_TRIAL, study=spec_name) + " and attributes.status = 'RUNNING'"
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
     ended = 0
-    for run in records.search_all(uri, [exp.experiment_id], query):
+    for run in records.running_runs(uri, experiment, records.KIND_TRIAL, study=spec_name):
         number = run.data.tags.get("trial", "")
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
             records.mark_killed(uri, run, reason)
@@ -328,11 +324,8 @@ def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
             f"its process or node died on every attempt ({SYSTEM_RETRIES + 1}): {type(err).__name__}: "
             + str(err).strip().splitlines()[0][:300]
         )
-        exp = records.client(uri).get_experiment_by_name(experiment)
-        if exp is not None:
-            query = records.kind_filter(records.KIND_TRIAL, trial=str(number)) + " and attributes.status = 'RUNNING'"
-            for run in records.search_all(uri, [exp.experiment_id], query):
-                records.end_run(uri, run.info.run_id, records.STATUS_FAILED, reason)
+        for run in records.running_runs(uri, experiment, records.KIND_TRIAL, trial=str(number)):
+            records.end_run(uri, run.info.run_id, records.STATUS_FAILED, reason)
         return {"status": records.STATUS_FAILED, "reason": reason, "values": None, "run_id": ""}
 
 

@@ -90,11 +90,10 @@ def trial_tags(task: TrialTask) -> dict[str, str]:
 def lost_attempts(task: TrialTask) -> None:
     """Runs of this trial left RUNNING by an attempt whose process died (Ray runs the trial again): KILLED."""
     try:
-        exp = records.client(task.uri).get_experiment_by_name(task.experiment)
-        if exp is None:
-            return
-        query = records.kind_filter(records.KIND_TRIAL, trial=str(task.number), study=task.spec_name)
-        for run in records.search_all(task.uri, [exp.experiment_id], query + " and attributes.status = 'RUNNING'"):
+        running = records.running_runs(
+            task.uri, task.experiment, records.KIND_TRIAL, trial=str(task.number), study=task.spec_name
+        )
+        for run in running:
             records.mark_killed(task.uri, run, "lost: its process or node died before it finished; run again")
     except Exception:  # the store is unreachable: the trial's own run will say so
         return

@@ -39,11 +39,8 @@ def alive(claims: Claims, study: str, run_id: str) -> bool:
 
 def live_submissions(study: Study, uri: str, claims: Claims) -> list:
     """The parent runs of this study's submissions that are alive now."""
-    exp = records.client(uri).get_experiment_by_name(study.name)
-    if exp is None:
-        return []
-    query = records.kind_filter(records.KIND_STUDY) + " and attributes.status = 'RUNNING'"
-    return [r for r in records.search_all(uri, [exp.experiment_id], query) if alive(claims, study.name, r.info.run_id)]
+    running = records.running_runs(uri, study.name, records.KIND_STUDY)
+    return [r for r in running if alive(claims, study.name, r.info.run_id)]
 
 
 def live_notes(study: Study, uri: str, claims_url: str | None = None) -> list[str]:
