@@ -251,6 +251,7 @@ def entrypoint_env(tmp_path, **extra: str) -> dict[str, str]:
         ({"MLFLOW_WORKER_USERNAME": "admin", "MLFLOW_WORKER_PASSWORD": "another-long-one"}, "must not be the admin"),
         ({"MLFLOW_WORKER_USERNAME": "ray", "MLFLOW_WORKER_PASSWORD": "a-long-admin-password"}, "must differ"),
         ({"MLFLOW_ALLOWED_HOSTS": "mlflow,*"}, "must not hold '*'"),
+        ({"MLFLOW_AUTH_CACHE_TTL_SECONDS": "1m"}, "MLFLOW_AUTH_CACHE_TTL_SECONDS must be a whole number of seconds"),
     ],
 )
 def test_mlflow_entrypoint_refuses_missing_weak_and_shared_credentials(tmp_path, extra, words):

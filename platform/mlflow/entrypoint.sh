@@ -14,6 +14,11 @@
 #                              MLFLOW_EXTRA_ALLOWED_HOSTS adds more; localhost and 127.0.0.1 are always served
 #   MLFLOW_ARTIFACTS_DESTINATION     default /mlartifacts (a volume); MLFLOW_HOST (0.0.0.0), MLFLOW_PORT (5000)
 #   MLFLOW_READY_FILE          written once the users are in place (the compose health check waits for it)
+#   MLFLOW_AUTH_CACHE_TTL_SECONDS   how long a server worker remembers credentials it has checked (default 60; 0:
+#                              check every request). Checking one costs a scrypt hash, about 0.1 CPU-second, and
+#                              a trial sends hundreds of requests; a password changed or a user deleted through
+#                              MLflow's API is still accepted by the other workers for up to this long (a restart,
+#                              as rotation does, forgets every credential at once)
 set -eu
 fail() { echo "mlflow entrypoint: $*" >&2; exit 2; }
 weak() {
@@ -41,6 +46,10 @@ port="${MLFLOW_PORT:-5000}"
 hosts="${MLFLOW_ALLOWED_HOSTS:-}${MLFLOW_EXTRA_ALLOWED_HOSTS:+,$MLFLOW_EXTRA_ALLOWED_HOSTS}"
 hosts="${hosts#,}${hosts:+,}localhost,localhost:*,127.0.0.1,127.0.0.1:*"
 case ",$hosts," in *,\*,*) fail "MLFLOW_ALLOWED_HOSTS must not hold '*' (it turns off the DNS-rebinding guard): list the names";; esac
+cache_ttl="${MLFLOW_AUTH_CACHE_TTL_SECONDS:-60}"
+case "$cache_ttl" in
+  ''|*[!0-9]*) fail "MLFLOW_AUTH_CACHE_TTL_SECONDS must be a whole number of seconds (0 checks every request): got '$cache_ttl'";;
+esac
 config="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow-basic-auth.ini}"
 ready="${MLFLOW_READY_FILE:-/tmp/mlflow-ready}"
 rm -f "$ready"
@@ -51,6 +60,7 @@ default_permission = ${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}
 database_uri = ${MLFLOW_AUTH_DATABASE_URI}
 admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME}
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = ${cache_ttl}
 INI
 export MLFLOW_AUTH_CONFIG_PATH="$config"
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"

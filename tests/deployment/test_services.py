@@ -8,6 +8,7 @@ through the whole topology with the roles' credentials, after which no output or
 from __future__ import annotations
 
 import base64
+import configparser
 import contextlib
 import hashlib
 import hmac
@@ -258,6 +259,11 @@ def test_mlflow_as_the_kuberay_manifests_start_it_and_a_rotated_worker_password(
         argv = k8s_argv(mlflow)
         with started_mlflow(argv, k8s_env(mlflow, values), prefix, tmp_path / "first") as url:
             check_mlflow(url, admin, worker)
+        # each server worker remembers the credentials it checked for a minute (MLflow's auth cache; a scrypt
+        # hash per request otherwise): the key as MLflow's config reader reads it from the file the entrypoint wrote
+        ini = configparser.ConfigParser()
+        ini.read(tmp_path / "first" / "basic_auth.ini")
+        assert ini.getint("mlflow", "auth_cache_ttl_seconds", fallback=0) == 60
         # rotation: a new password in the Secret, MLflow restarted; the old one stops working
         rotated = {**values, "MLFLOW_TRACKING_PASSWORD": "rotated-" + uuid.uuid4().hex}
         with started_mlflow(argv, k8s_env(mlflow, rotated), prefix, tmp_path / "second") as url:
