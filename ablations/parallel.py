@@ -15,7 +15,7 @@ from typing import Any
 
 from ablations.secrets import Credentials
 from ablations.spec import Resources, RunConfig
-from ablations.train import Hook, RunResult, Tracking
+from ablations.tracking import Hook, RunResult, Tracking
 
 
 @dataclass(kw_only=True)
@@ -110,10 +110,9 @@ def run_data_parallel(
 def _recorded_result(job: ParallelJob, key: str, lost: str) -> RunResult:
     """Rank 0's run, found by its tag; a run still RUNNING (rank 0 is gone) is ended as failed with ``lost``."""
     from ablations import records, tracking
-    from ablations.train import experiment_name
 
     uri = tracking.resolve_uri(job.where.uri)
-    experiment = experiment_name(job.run, job.where)
+    experiment = tracking.experiment_name(job.run, job.where)
     c = records.client(uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], f"tags.ray_train_run = '{key}'") if exp else []

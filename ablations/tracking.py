@@ -20,12 +20,49 @@ import subprocess
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablations.records import MLFLOW_STATUS, STATUS_RUNNING, TAG_PARENT, TAG_STATUS, client, status_tag
 from ablations.secrets import redact
+
+if TYPE_CHECKING:
+    from ablations.spec import RunConfig
+
+# A run's hooks are called at every logging point with (step, metrics): a search's pruner, Tune's reports.
+Hook = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class Tracking:
+    """Where a run is recorded. ``uri`` None: MLFLOW_TRACKING_URI, else the embedded store in .ablate/.
+
+    Here rather than beside ``ablations.train.train``: the processes that only drive training (a data-parallel
+    trial's Tune actor and Ray Train controller, a search's trial task) describe runs without importing torch and
+    Lightning (about 6.5 CPU-seconds per process on 2 cores)."""
+
+    uri: str | None = None
+    experiment: str | None = None
+    parent_run_id: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    run_id: str
+    status: str  # finished | diverged | failed | killed
+    detail: str
+    metrics: dict[str, float]
+    tracking_uri: str
+    experiment: str
+
+
+def experiment_name(run: RunConfig, where: Tracking) -> str:
+    return where.experiment or run.tracking.experiment or run.name or "runs"
+
 
 HOME_DIR = ".ablate"  # the embedded default's folder, in the working directory
 MAX_BATCH = 1000  # metrics per log_batch call (MLflow's limit)

@@ -18,7 +18,6 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,31 +26,9 @@ import torch
 
 from ablations import records, tracking
 from ablations.spec import RunConfig
+from ablations.tracking import Hook, RunResult, Tracking, experiment_name
 from models.lightning import LitTransformer, reset_peak_memory
 from models.tasks import TaskDataModule
-
-Hook = Callable[[int, dict[str, float]], None]
-
-
-@dataclass
-class Tracking:
-    """Where a run is recorded. ``uri`` None: MLFLOW_TRACKING_URI, else the embedded store in .ablate/."""
-
-    uri: str | None = None
-    experiment: str | None = None
-    parent_run_id: str | None = None
-    run_name: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    run_id: str
-    status: str  # finished | diverged | failed | killed
-    detail: str
-    metrics: dict[str, float]
-    tracking_uri: str
-    experiment: str
 
 
 def quiet_lightning() -> None:
@@ -202,10 +179,6 @@ def typical_lengths(rows: list[dict]) -> tuple[int, int]:
         src = sum(len(r["src"]) for r in sample) / len(sample)
         return round(tgt), round(src)
     return round(sum(len(r["tokens"]) for r in sample) / len(sample)), 0
-
-
-def experiment_name(run: RunConfig, where: Tracking) -> str:
-    return where.experiment or run.tracking.experiment or run.name or "runs"
 
 
 def train(

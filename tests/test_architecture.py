@@ -2,7 +2,7 @@
 
 - No import circles, module-level or inside functions, across models/, ablations/ and dashboards/.
 - No module imports another module's private names.
-- The declarations (ablations/spec/) import no ray, mlflow or optuna.
+- The declarations (ablations/spec/) import no ray, mlflow or optuna; what only drives training imports no torch.
 - One module (ablations/records.py) defines the MLflow record vocabulary.
 - Modules of ablations/ stay small (one concern each); dataclasses with many (over 6) fields are keyword-only.
 """
@@ -100,6 +100,18 @@ def test_declarations_import_no_ray_mlflow_or_optuna():
     code = (
         "import sys, ablations.spec, ablations.spec.study, ablations.spec.search, ablations.records; "
         "print(sorted(m for m in ('ray', 'mlflow', 'optuna') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_what_only_drives_training_imports_no_torch():
+    # a data-parallel trial's Tune actor and Ray Train controller, and a search's trial task, only drive the
+    # workers that train: torch and Lightning there cost each such process about 6.5 CPU-seconds
+    code = (
+        "import sys, ablations.parallel, ablations.sweep.trial, ablations.search.trial, ablations.tracking; "
+        "print(sorted(m for m in ('torch', 'lightning', 'models.lightning') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

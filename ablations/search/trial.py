@@ -20,7 +20,7 @@ from ablations.secrets import Credentials
 from ablations.spec import Resources, resolve_run
 
 if TYPE_CHECKING:
-    from ablations.train import Hook
+    from ablations.tracking import Hook
 
 
 @dataclass(kw_only=True)
@@ -103,7 +103,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
     """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result).
 
     With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
-    from ablations.train import Tracking, train
+    from ablations.tracking import Tracking
 
     task.credentials.apply()
     lost_attempts(task)
@@ -138,7 +138,9 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
                 rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps),
             )
             result = run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
-        else:
+        else:  # a data-parallel trial's task only drives its workers: it imports no torch
+            from ablations.train import train
+
             result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}

@@ -87,12 +87,7 @@ def _record_early_failure(cell: Cell, ctx: TrialContext, tags: dict[str, str], e
 
 def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> dict[str, Any]:
     """Train one cell unless MLflow already holds its result. Raises when training fails (Tune retries)."""
-    import torch
-
-    from ablations.train import Tracking, train
-
     ctx.credentials.apply()
-    torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     done = records.result_run(runs, None if ctx.reuse_any_code else ctx.fingerprint)
     if done is not None:  # trained by an earlier attempt or submission: never twice
@@ -109,7 +104,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
         claim = Claim(ctx.study, cell.cell_id, ctx.fingerprint, ctx.tokens[cell.cell_id])
         fence = Fence(ctx.claims_url, ctx.owner, claim)
         tags[records.TAG_CLAIM] = str(claim.token)
-    where = Tracking(
+    where = tracking.Tracking(
         uri=ctx.uri, experiment=ctx.study, parent_run_id=ctx.parent_run_id, run_name=run_name(cell), tags=tags
     )
 
@@ -118,10 +113,10 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
             report({**metrics, "step": step})
 
     try:
-        if ctx.resources.workers > 1:
+        if ctx.resources.workers > 1:  # this actor only drives the workers: no torch here
             result = _run_data_parallel(cell, ctx, where, fence)
         else:
-            result = train(cell.run, where, hooks=[hook], fence=fence)
+            result = _train_here(cell, ctx, where, hook, fence)
     except Exception as err:
         recorded = any(
             r.data.tags.get(records.TAG_ATTEMPT) == str(attempt)
@@ -135,6 +130,15 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
         out[ctx.metric] = result.metrics[ctx.metric]
     report(out)
     return out
+
+
+def _train_here(cell: Cell, ctx: TrialContext, where, hook, fence):
+    import torch
+
+    from ablations.train import train
+
+    torch.set_num_threads(max(1, int(ctx.resources.per_worker_cpus)))
+    return train(cell.run, where, hooks=[hook], fence=fence)
 
 
 def _run_data_parallel(cell: Cell, ctx: TrialContext, where, fence):
