@@ -468,7 +468,8 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     )
     study = load_study(path)
     lines: list[str] = []
-    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    # the cells one at a time (one Tune actor imports torch and Lightning once); the searches two trials at once
+    result = run_study(study, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append)
     assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
     best = {}
     for variant in ("norm=pre", "norm=post"):  # one search per variant, with the same budget

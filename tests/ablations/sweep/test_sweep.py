@@ -85,7 +85,9 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
     path = write_study(tmp_path, seeds=2)
     study = load_study(path)
     lines: list[str] = []
-    result = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
+    # one trial at a time: Tune runs the cells in one actor, which imports torch and Lightning once (two trials at
+    # once on one Ray: test_failures_are_results)
+    result = run_study(study, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append)
     assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
     assert any("4/4 cells done" in line for line in lines)  # progress on the terminal
 
@@ -117,7 +119,7 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
 
     # one more seed: only its two cells are trained, in a second submission
     bigger = load_study(path, seeds=[0, 1, 2])
-    run_study(bigger, tracking_uri=store, num_cpus=2, out=lines.append)
+    run_study(bigger, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append)
     runs = runs_of(store, "s")
     assert len(runs) == 6 and first_ids < {r.info.run_id for r in runs}
     assert Counter(r.data.tags["submission"] for r in runs) == {"1": 4, "2": 2}
