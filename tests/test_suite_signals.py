@@ -34,7 +34,13 @@ def test_trains_for_a_long_time(tmp_path):
         "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
         "training": {"max_steps": 1_000_000, "val_every": 1_000_000, "batch_size": 8},
     })
-    train(run, Tracking(f"sqlite:///{tmp_path}/m.db", "long"), log=False)
+    training = Path(os.environ["MARK_FILE"] + ".training")
+
+    def inside_the_loop(step, metrics):  # called with the metrics of every 10th step, from Lightning's loop
+        if step >= 20 and not training.exists():
+            training.write_text(str(step))
+
+    train(run, Tracking(f"sqlite:///{tmp_path}/m.db", "long"), log=False, hooks=[inside_the_loop])
 
 
 def test_never_reached():
@@ -72,7 +78,10 @@ def test_an_interrupted_session_stops_at_once_and_leaves_no_process(tmp_path, si
         assert mark_file.exists(), "the inner test never started"
         mark = mark_file.read_text()
         assert len(session_processes(mark)) >= 1  # its sleeper carries the session's marker
-        time.sleep(3)  # well inside Lightning's training loop
+        while not (tmp_path / "mark.training").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.1)
+        assert (tmp_path / "mark.training").exists(), "the inner test never reached step 20"  # inside the loop
         sent = time.monotonic()
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # the terminal's Ctrl-C
