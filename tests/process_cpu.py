@@ -81,8 +81,7 @@ def kind(entry: Seen) -> str:
     for name in ("pytest", "postgres", "chrom", "cc1plus"):
         if name in text:
             return name
-    first = entry.commands[0].split() if entry.commands else ["?"]
-    return os.path.basename(first[0])
+    return os.path.basename(next((c.split()[0] for c in entry.commands if c.split()), "?"))
 
 
 def run(command: list[str], interval: float = 0.3) -> tuple[int, float, list[Seen]]:
