@@ -138,7 +138,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
                 rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps),
             )
             result = run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
-        else:  # a data-parallel trial's task only drives its workers: it imports no torch
+        else:  # trained here: torch is imported only now (a data-parallel trial's task drives its workers, above)
             from ablations.train import train
 
             result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
