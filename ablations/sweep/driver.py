@@ -227,6 +227,8 @@ def run_study(
         raise
     finally:
         keeper.stop()
+        if conn is not None:  # Ray first: a trial still starting (Tune's stop does not wait for its actors to die)
+            conn.close()  # would otherwise open its MLflow run after the RUNNING runs below are marked killed
         for claim in held.values():
             claims.release(claim)
         for run in [
@@ -248,8 +250,6 @@ def run_study(
         parent.finish(status, counts, rows, format_rows(study, rows))
         if alive_claim is not None:
             claims.release(alive_claim)
-        if conn is not None:
-            conn.close()
     return StudyResult(study=study.name, parent_run_id=parent.run_id, counts=counts, rows=rows, tracking_uri=uri)
 
 
