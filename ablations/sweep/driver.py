@@ -228,7 +228,10 @@ def run_study(
     finally:
         keeper.stop()
         if conn is not None:  # Ray first: a trial still starting (Tune's stop does not wait for its actors to die)
-            conn.close()  # would otherwise open its MLflow run after the RUNNING runs below are marked killed
+            try:  # would otherwise open its MLflow run after the RUNNING runs below are marked killed
+                conn.close()
+            except Exception as err:  # the records below matter more than a clean disconnect
+                out(f"Ray did not shut down cleanly ({type(err).__name__}: {err}); recording the submission anyway")
         for claim in held.values():
             claims.release(claim)
         for run in [
