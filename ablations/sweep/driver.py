@@ -234,12 +234,8 @@ def run_study(
                 out(f"Ray did not shut down cleanly ({type(err).__name__}: {err}); recording the submission anyway")
         for claim in held.values():
             claims.release(claim)
-        for run in [
-            r
-            for runs in records.cell_runs(uri, study.name).values()
-            for r in runs
-            if r.info.status == "RUNNING" and r.data.tags.get(records.TAG_SUBMISSION) == str(parent.submission)
-        ]:
+        this_submission = {records.TAG_SUBMISSION: str(parent.submission)}
+        for run in records.running_runs(uri, study.name, records.KIND_CELL, **this_submission):
             records.mark_killed(uri, run, "the submission stopped before the trial finished")
         if status == records.STATUS_FINISHED:
             _failed_on_every_attempt(study, uri, code, parent.submission, study.retries)
