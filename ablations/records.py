@@ -104,28 +104,46 @@ def kind_filter(kind: str, **tags: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def client(uri: str):
-    """An MlflowClient on ``uri``; a new SQLite store's tables are created under a file lock."""
+    """An MlflowClient on ``uri``; a new database store's tables are created under a lock (``first_use``)."""
     import logging
 
     from mlflow import MlflowClient
 
     for name in ("mlflow.store.db.utils", "alembic"):  # a new store's schema migration is not news to a user
         logging.getLogger(name).setLevel(logging.WARNING)
-    if not uri.startswith("sqlite:///"):
+    if not uri.startswith(LOCKED_SCHEMES):
         return MlflowClient(tracking_uri=uri)
-    with sqlite_first_use(uri):  # the client creates the store's tables as it is built
+    with first_use(uri):  # the client creates the store's tables as it is built
         c = MlflowClient(tracking_uri=uri)
         c.search_experiments(max_results=1)
     return c
 
 
+LOCKED_SCHEMES = ("sqlite:///", "postgresql")
+SCHEMA_LOCK = 0x61626C73  # "abls": the PostgreSQL advisory lock under which a new store's schema is created
+
+
 @contextlib.contextmanager
-def sqlite_first_use(uri: str):
-    """Two processes opening a new SQLite store at once both create its schema and one fails ("table
-    _alembic_tmp_experiments already exists"): the first use of a store goes through a file lock."""
+def first_use(uri: str):
+    """MLflow and Optuna create a new database's schema on first use, without a lock: several processes opening one
+    new store at once (ten submissions of a study, the searches of a study on several machines) collide, and all
+    but one fail ("table ... already exists", a duplicate key in PostgreSQL's catalogue: 5 of 6 processes here).
+    So the first use goes through a lock: SQLite, a file lock beside the database; PostgreSQL, an advisory lock in
+    the database. Other stores (an MLflow server, which made its schema when it started) as they are."""
+    if uri.startswith("sqlite:///"):
+        with _file_lock(Path(uri.removeprefix("sqlite:///"))):
+            yield
+    elif uri.startswith("postgresql"):
+        with _advisory_lock(uri):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(db: Path):
     import fcntl
 
-    db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -133,6 +151,30 @@ def sqlite_first_use(uri: str):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str):
+    """PostgreSQL's session advisory lock SCHEMA_LOCK, held on a connection of its own for the block. A database
+    that cannot be reached is left to the store's own client, which says so in its words."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    eng = sqlalchemy.create_engine(url, poolclass=NullPool)
+    conn = None
+    try:
+        conn = eng.connect()
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")
+    except sqlalchemy.exc.DBAPIError:
+        if conn is not None:
+            conn.close()
+        conn = None
+    try:
+        yield
+    finally:
+        if conn is not None:
+            conn.close()  # ends the session, and with it the lock
+        eng.dispose()
 
 
 def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:

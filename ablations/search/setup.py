@@ -5,7 +5,6 @@ The storage keeps no sampler or pruner: the driver and every trial process build
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time
@@ -37,18 +36,40 @@ def open_storage(url: str):
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    with (
-        warnings.catch_warnings(),
-        records.sqlite_first_use(url) if url.startswith("sqlite:///") else contextlib.nullcontext(),
-    ):
-        warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=10,
-            grace_period=60,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-        )
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with (
+                warnings.catch_warnings(),
+                records.first_use(url),
+            ):
+                warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
+                return optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=10,
+                    grace_period=60,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+                    engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+                )
+        except Exception as err:
+            if attempt == SCHEMA_ATTEMPTS - 1 or not _lost_the_schema_race(err):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+# Optuna creates a new storage's schema (its tables, then Alembic's version row) on first use. Our processes take
+# records.first_use's lock for it; a process that does not (optuna-dashboard, a script of the user's) can still
+# collide with ours, and the loser fails on a table or row the winner has just made. The schema is there once the
+# winner is done: the loser opens it again.
+SCHEMA_ATTEMPTS = 6
+
+
+def _lost_the_schema_race(err: Exception) -> bool:
+    from sqlalchemy import exc
+
+    if isinstance(err, exc.IntegrityError):  # the version row, or PostgreSQL's catalogue entry of a new table
+        return True
+    return isinstance(err, exc.DBAPIError) and "already exists" in str(err)  # a table (PostgreSQL, SQLite)
 
 
 def make_sampler(spec: SearchSpec, seed: int | None = None):
