@@ -156,16 +156,17 @@ def _file_lock(db: Path):
 @contextlib.contextmanager
 def _advisory_lock(url: str):
     """PostgreSQL's session advisory lock SCHEMA_LOCK, held on a connection of its own for the block. A database
-    that cannot be reached is left to the store's own client, which says so in its words."""
+    that cannot be reached (or a URL SQLAlchemy cannot use) is left to the store's own client, which says so in
+    its words."""
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
-    eng = sqlalchemy.create_engine(url, poolclass=NullPool)
-    conn = None
+    eng = conn = None
     try:
+        eng = sqlalchemy.create_engine(url, poolclass=NullPool)
         conn = eng.connect()
         conn.exec_driver_sql(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")
-    except sqlalchemy.exc.DBAPIError:
+    except Exception:  # unreachable, refused, no driver: the store's client says so when it opens the store
         if conn is not None:
             conn.close()
         conn = None
@@ -174,7 +175,8 @@ def _advisory_lock(url: str):
     finally:
         if conn is not None:
             conn.close()  # ends the session, and with it the lock
-        eng.dispose()
+        if eng is not None:
+            eng.dispose()
 
 
 def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
