@@ -38,10 +38,7 @@ def open_storage(url: str):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            with (
-                warnings.catch_warnings(),
-                records.first_use(url),
-            ):
+            with warnings.catch_warnings(), records.first_use(url):
                 warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
                 return optuna.storages.RDBStorage(
                     url,
