@@ -57,7 +57,7 @@ def _open_mlflow(url: str, start, outcomes) -> None:
 
 def test_a_new_mlflow_store_opened_by_several_processes_at_once(new_database):
     """Processes (forked from this one, each before its first client of the store): threads of one process did not
-    collide here, processes did (without the lock: 5 of 6 failed on PostgreSQL, and SQLite failed too)."""
+    collide here, processes did (without the lock, most failed on PostgreSQL, and some on SQLite)."""
     from mlflow import MlflowClient
 
     fork = multiprocessing.get_context("fork")
