@@ -129,15 +129,18 @@ def first_use(uri: str):
     new store at once (ten submissions of a study, the searches of a study on several machines) collide, and all
     but one fail ("table ... already exists", a duplicate key in PostgreSQL's catalogue: 5 of 6 processes here).
     So the first use goes through a lock: SQLite, a file lock beside the database; PostgreSQL, an advisory lock in
-    the database. Other stores (an MLflow server, which made its schema when it started) as they are."""
-    if uri.startswith("sqlite:///"):
-        with _file_lock(Path(uri.removeprefix("sqlite:///"))):
-            yield
-    elif uri.startswith("postgresql"):
-        with _advisory_lock(uri):
-            yield
-    else:
+    the database. Other stores (an MLflow server, which made its schema when it started) as they are. A store this
+    process has already opened is not locked again (a search's trial worker opens its storage for every trial)."""
+    if uri in _OPENED or not uri.startswith(LOCKED_SCHEMES):
         yield
+        return
+    lock = _file_lock(Path(uri.removeprefix("sqlite:///"))) if uri.startswith("sqlite:///") else _advisory_lock(uri)
+    with lock:
+        yield
+    _OPENED.add(uri)  # only when the block succeeded: its schema is there
+
+
+_OPENED: set[str] = set()
 
 
 @contextlib.contextmanager

@@ -311,6 +311,17 @@ def fresh_postgres_database(prefix: str):
         subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_database(request, tmp_path):
+    """A new, empty database, once on SQLite (a file in the test's tmp dir) and once on PostgreSQL (skipped when
+    none is reachable): its URL for SQLAlchemy, MLflow, Optuna and the claims store."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'new.db'}"
+        return
+    with fresh_postgres_database("ablate_new") as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def _empty_store(tmp_path_factory) -> Path:
     """An empty SQLite MLflow store, created by MLflow once per test process: its schema migrations took about

@@ -34,10 +34,9 @@ def open_storage(url: str):
         path = Path(url.removeprefix("journal:")).expanduser().resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(SCHEMA_ATTEMPTS):
-        try:
+    attempt = 0
+    while True:
+        try:  # records.first_use makes an SQLite database's folder
             with warnings.catch_warnings(), records.first_use(url):
                 warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
                 return optuna.storages.RDBStorage(
@@ -48,10 +47,10 @@ def open_storage(url: str):
                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 )
         except Exception as err:
-            if attempt == SCHEMA_ATTEMPTS - 1 or not _lost_the_schema_race(err):
+            attempt += 1
+            if attempt == SCHEMA_ATTEMPTS or not _lost_the_schema_race(err):
                 raise
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+            time.sleep(0.2 * attempt)
 
 
 # Optuna creates a new storage's schema (its tables, then Alembic's version row) on first use. Our processes take

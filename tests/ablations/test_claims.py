@@ -14,18 +14,13 @@ from pathlib import Path
 import pytest
 
 from ablations.claims import Claims, Fence
-from tests.conftest import fresh_postgres_database
 
 STUDY, CODE = "s", "abc123"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'claims.db'}"
-        return
-    with fresh_postgres_database("ablate_claims") as url:
-        yield url
+@pytest.fixture
+def url(new_database):
+    return new_database
 
 
 def test_one_holder_leases_expire_and_stale_tokens_are_fenced_out(url):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-import pytest
-
 from ablations import records
 from ablations.search.setup import open_storage
-from tests.conftest import fresh_postgres_database
 
 OPENERS = 6
+
+
+def said(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
 
 
 def at_once(*openers) -> list[str]:
@@ -27,7 +28,7 @@ def at_once(*openers) -> list[str]:
             opener()
             outcomes[i] = "ok"
         except Exception as err:
-            outcomes[i] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            outcomes[i] = said(err)
 
     threads = [threading.Thread(target=go, args=(i, f)) for i, f in enumerate(openers)]
     for t in threads:
@@ -37,22 +38,13 @@ def at_once(*openers) -> list[str]:
     return outcomes
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def new_database(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'new.db'}"
-        return
-    with fresh_postgres_database("ablate_schema") as url:
-        yield url
-
-
 def _open_mlflow(url: str, start, outcomes) -> None:
     start.wait()
     try:
         records.client(url)
         outcomes.put("ok")
     except Exception as err:
-        outcomes.put(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        outcomes.put(said(err))
 
 
 def test_a_new_mlflow_store_opened_by_several_processes_at_once(new_database):
