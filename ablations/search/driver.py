@@ -345,10 +345,13 @@ def worst_values(study, spec: SearchSpec) -> list[float] | None:
 
 def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = None) -> str:
     """Tell Optuna how a trial ended. A diverged trial is told as the worst value any completed trial reached (the
-    sampler learns where not to go; ``diverged: fail`` in the spec, or no completed trial yet: FAIL)."""
+    sampler learns where not to go; ``diverged: fail`` in the spec, or no completed trial yet: FAIL). A trial that
+    another process has already ended (it took it for lost, and asks it again) is left as that process left it."""
     from optuna.trial import TrialState
 
     status, values = result["status"], result.get("values")
+    if number not in {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}:
+        return "ended by another process"  # a search started again took it for lost; its retry is the result
     if status == records.STATUS_PRUNED:
         study.tell(number, state=TrialState.PRUNED)
         return "PRUNED"

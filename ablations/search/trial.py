@@ -44,11 +44,27 @@ class TrialTask:
     credentials: Credentials = field(default_factory=Credentials)  # the driver's MLflow credentials
 
 
+# A trial whose Optuna trial another process has ended: a search started again took it for lost (its driver was
+# killed, or its heartbeat went stale), failed it and asked it again. Its retry is the trial's result; this one
+# stops, and its MLflow run ends as killed instead of failed (or finished beside its retry).
+TAKEN_OVER = "its trial was ended by another search process, which took it for lost and asks it again"
+
+
+def trial_ended_elsewhere(storage, task: TrialTask) -> bool:
+    """Whether the trial is no longer RUNNING in the storage (``False`` when the storage cannot say)."""
+    try:
+        return storage.get_trial(trial_id(storage, task.spec_name, task.number)).state.is_finished()
+    except Exception:
+        return False
+
+
 def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -> list[Hook]:
     """Report ``prune_on`` to the trial at every validation and stop training when the pruner says so, except at
     ``last_step`` (pruning there saves nothing and loses a finished result). Optuna takes intermediate values
-    from single-objective studies only: a multi-objective trial reports nothing."""
+    from single-objective studies only: a multi-objective trial reports nothing. A trial that another process
+    has ended stops as killed (``TAKEN_OVER``)."""
     import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
 
     from ablations.train import StopTraining
 
@@ -65,7 +81,10 @@ def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -
         value = metrics.get(task.prune_on)
         if value is None or not math.isfinite(value):
             return
-        trial.report(value, step)
+        try:
+            trial.report(value, step)
+        except UpdateFinishedTrialError:
+            raise StopTraining(records.STATUS_KILLED, TAKEN_OVER) from None
         if task.pruner != "none" and (last_step is None or step < last_step) and trial.should_prune():
             raise StopTraining(
                 records.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
@@ -146,6 +165,12 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
+    if result.status != records.STATUS_KILLED and trial_ended_elsewhere(storage, task):
+        # ended while it trained its last steps (or reported nothing: several objectives): not a result either
+        if result.run_id:
+            with contextlib.suppress(Exception):
+                records.end_run(task.uri, result.run_id, records.STATUS_KILLED, TAKEN_OVER)
+        return {"status": records.STATUS_KILLED, "reason": TAKEN_OVER, "values": None, "run_id": result.run_id}
     values = [result.metrics.get(m) for m, _ in task.objectives]
     return {
         "status": result.status,
