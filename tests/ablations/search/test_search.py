@@ -339,8 +339,8 @@ def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) ->
 @pytest.mark.parametrize("objectives", [1, 2])
 def test_a_trial_that_another_process_ended_stops_as_killed_and_is_not_told(tmp_path, store, objectives):
     """A search started again takes a trial whose driver died for lost: it fails it and asks it again. The lost
-    trial's process may still be training (the dead driver's Ray outlives it for a while; a node of a cluster keeps
-    it): it must record neither a failure nor a result beside its retry. It stops at its next report (one
+    trial's process may still be training (it can outlive its killed driver; on a node of a cluster, for longer):
+    it must record neither a failure nor a result beside its retry. It stops at its next report (one
     objective) or after training (several objectives report nothing), and its MLflow run ends killed; its driver,
     if alive, leaves the trial as the other process left it. (The suite found it on a fast machine: such a process
     wrote "failed: UpdateFinishedTrialError" over the run the second command had ended as killed.)"""
