@@ -121,6 +121,7 @@ def client(uri: str):
 
 LOCKED_SCHEMES = ("sqlite:///", "postgresql")
 SCHEMA_LOCK = 0x61626C73  # "abls": the PostgreSQL advisory lock under which a new store's schema is created
+_OPENED: set[str] = set()  # stores whose first use (schema) this process has been through
 
 
 @contextlib.contextmanager
@@ -138,9 +139,6 @@ def first_use(uri: str):
     with lock:
         yield
     _OPENED.add(uri)  # only when the block succeeded: its schema is there
-
-
-_OPENED: set[str] = set()
 
 
 @contextlib.contextmanager

@@ -50,10 +50,10 @@ class TrialTask:
 TAKEN_OVER = "its trial was ended by another search process, which took it for lost and asks it again"
 
 
-def trial_ended_elsewhere(storage, task: TrialTask) -> bool:
+def trial_ended_elsewhere(storage, tid: int) -> bool:
     """Whether the trial is no longer RUNNING in the storage (``False`` when the storage cannot say)."""
     try:
-        return storage.get_trial(trial_id(storage, task.spec_name, task.number)).state.is_finished()
+        return storage.get_trial(tid).state.is_finished()
     except Exception:
         return False
 
@@ -134,8 +134,9 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 storage.record_heartbeat(tid)
 
+    tid = trial_id(storage, task.spec_name, task.number)
     if hasattr(storage, "record_heartbeat"):
-        threading.Thread(target=beat, args=(trial_id(storage, task.spec_name, task.number),), daemon=True).start()
+        threading.Thread(target=beat, args=(tid,), daemon=True).start()
     try:
         run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
         where = Tracking(
@@ -165,7 +166,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
-    if result.status != records.STATUS_KILLED and trial_ended_elsewhere(storage, task):
+    if result.status != records.STATUS_KILLED and trial_ended_elsewhere(storage, tid):
         # ended while it trained its last steps (or reported nothing: several objectives): not a result either
         if result.run_id:
             with contextlib.suppress(Exception):
