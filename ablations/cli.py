@@ -17,8 +17,9 @@ from pathlib import Path
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def error(message: str, code: int = EXIT_BAD_INPUT) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def error(message, code: int = EXIT_BAD_INPUT) -> int:
+    for line in getattr(message, "every", lambda: [message])():  # a SpecError: every mistake found with it
+        print(f"error: {line}", file=sys.stderr)
     return code
 
 
@@ -35,7 +36,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         run = load_run(args.config, args.set)
     except SpecError as err:
-        return error(str(err))
+        return error(err)
     from ablations.train import Tracking, train
     from models.tasks import DataUnavailable
 
@@ -82,7 +83,7 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         study = load_study(args.study, seeds=_seeds(args.seeds))
     except SpecError as err:
-        return error(str(err))
+        return error(err)
     from ablations import sweep
 
     if args.dry_run:
@@ -120,9 +121,8 @@ def _sweep(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to train the missing cells", file=sys.stderr)
         return 130
-    _, rows = result.counts, result.rows
     print()
-    print(sweep.format_rows(study, rows))
+    print(sweep.format_rows(study, result.rows))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(result.counts.items()) if n)
     print(f"\n{study.name}: {counts}")
     from ablations.ui import browse_hint
@@ -216,7 +216,7 @@ def _search(args: argparse.Namespace) -> int:
     try:
         spec = load_search(args.spec)
     except SpecError as err:
-        return error(str(err))
+        return error(err)
     if args.n_trials is not None:
         spec.n_trials = args.n_trials
     from ablations.search import format_best, run_search

@@ -1,7 +1,8 @@
 """Declaring work: run, study and search files as pydantic models, checked before anything starts.
 
 Nothing here imports ray, mlflow or optuna. Every problem in a file is a ``SpecError``: one line with the
-file, the line, the key, what is wrong and the fix.
+file, the line, the key, what is wrong and the fix; the mistakes found in one pass (every unknown key) travel
+together (``SpecError.every``).
 """
 
 from ablations.spec.common import Budget, Origin, Resources

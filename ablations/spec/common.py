@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ablations.spec.errors import SpecError, dotted, suggest, unknown_key_message
+from ablations.spec.errors import SpecError, dotted, found, suggest, unknown_key_message
 from ablations.spec.yamlfile import Document
 
 NAME = re.compile(r"[\w.\-]+")
@@ -115,21 +115,24 @@ def _message(e: dict[str, Any], valid: Iterable[str], section: str) -> str:
 
 
 def validate(model: type[BaseModel], data: Any, origin: Origin, valid: Iterable[str] = (), path: tuple = ()):
-    """``model.model_validate(data)``; the first error becomes a SpecError with its file, line, key and a hint.
+    """``model.model_validate(data)``; every error pydantic finds becomes a SpecError with its file, line, key and
+    a hint (raised as one: the first, carrying the others, ``SpecError.every``).
 
     ``valid``: every dotted key of the file (for "did you mean"); ``path``: where ``data`` sits in it."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        e = err.errors(include_url=False)[0]
-        loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
-        if e["type"] in ("value_error", "assertion_error") and isinstance(_error_path(e), tuple):
-            loc = loc + _error_path(e)
-        full = (*path, *loc)
-        section = (
-            ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
-        )
-        raise origin.error(full, _message(e, valid, section)) from None
+        valid = list(valid)
+        raise found([_spec_error(e, origin, valid, path) for e in err.errors(include_url=False)]) from None
+
+
+def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: tuple) -> SpecError:
+    loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
+    if e["type"] in ("value_error", "assertion_error") and isinstance(_error_path(e), tuple):
+        loc = loc + _error_path(e)
+    full = (*path, *loc)
+    section = ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
+    return origin.error(full, _message(e, valid, section))
 
 
 def _error_path(e: dict[str, Any]):
@@ -223,16 +226,20 @@ def trial_overrides(resources: Resources, budget: Budget) -> dict[str, Any]:
 # --- the keys a design or a search may set ---------------------------------------------------------------
 
 
-def check_axis(origin: Origin, path: tuple, key: Any, valid: list[str]) -> str:
-    """``key`` must be a dotted key of the base's run; else a SpecError with the nearest valid keys."""
-    if isinstance(key, str) and key in valid:
-        return key
-    section, _, leaf = str(key).rpartition(".")
-    hint = suggest(leaf, valid, section=section) if isinstance(key, str) else ""
-    if not hint:
-        near = [k for k in valid if isinstance(key, str) and key.split(".")[-1] in k] or valid
-        hint = "valid keys look like " + ", ".join(near[:12]) + (" ..." if len(near) > 12 else "")
-    raise origin.error(path, f"unknown axis {key!r}; {hint}")
+def check_axes(origin: Origin, keys: Iterable[tuple[tuple, Any]], valid: list[str]) -> None:
+    """Every (path, key) must name a dotted key of the base's run; else one SpecError for all that do not."""
+    errors = []
+    for path, key in keys:
+        if isinstance(key, str) and key in valid:
+            continue
+        section, _, leaf = str(key).rpartition(".")
+        hint = suggest(leaf, valid, section=section) if isinstance(key, str) else ""
+        if not hint:
+            near = [k for k in valid if isinstance(key, str) and key.split(".")[-1] in k] or valid
+            hint = "valid keys look like " + ", ".join(near[:12]) + (" ..." if len(near) > 12 else "")
+        errors.append(origin.error(path, f"unknown axis {key!r}; {hint}"))
+    if errors:
+        raise found(errors)
 
 
 def short(key: str) -> str:

@@ -19,9 +19,24 @@ class SpecError(ValueError):
 
     def __init__(self, source: str | None, key: str | None, message: str, line: int | None = None) -> None:
         self.source, self.key, self.message, self.line = source, key, message, line
+        self.also: tuple[SpecError, ...] = ()  # the other mistakes found in the same pass (``every``)
         where = f"{source}:{line}" if source and line else source
         text = ": ".join(p for p in (where, key) if p)
         super().__init__(f"{text}: {message}" if text else message)
+
+    def every(self) -> list[SpecError]:
+        """This error and the others found with it: a file with three misspelt keys names all three at once."""
+        return [self, *self.also]
+
+
+def found(errors: Sequence[SpecError]) -> SpecError:
+    """The error to raise for mistakes found in one pass: the first in the file's order, carrying the others
+    (repeats dropped; those without a line, ``--set``'s, last)."""
+    unique = sorted({str(e): e for e in errors}.values(), key=lambda e: (e.line is None, e.line or 0))
+    for e in unique:
+        e.also = ()
+    unique[0].also = tuple(unique[1:])
+    return unique[0]
 
 
 def dotted(path: Sequence[Any]) -> str:

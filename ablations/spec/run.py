@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 
 from ablations.records import flatten
 from ablations.spec.common import Origin, Strict, check_name, validate
-from ablations.spec.errors import SpecError, unknown_key_message
+from ablations.spec.errors import SpecError, found, unknown_key_message
 from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
 from models.config import ConfigError, ModelConfig
 
@@ -216,11 +216,21 @@ def _key_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _section(origin: Origin, section: str, build, data: dict[str, Any], names: list[str], valid: list[str]):
-    """Build a section with a configuration class of ``models``; its errors name the key and its line."""
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        raise origin.error((section, unknown[0]), unknown_key_message(str(unknown[0]), valid, section))
+def _unknown_keys(origin: Origin, sections: dict[str, tuple[Any, list[str]]], valid: list[str]) -> list[SpecError]:
+    """The keys no section knows (section -> (its data, its key names)); a section that is not a mapping is
+    judged elsewhere."""
+    return [
+        origin.error((section, key), unknown_key_message(str(key), valid, section))
+        for section, (data, names) in sections.items()
+        if isinstance(data, dict)
+        for key in data
+        if key not in names
+    ]
+
+
+def _section(origin: Origin, section: str, build, data: dict[str, Any]):
+    """Build a section with a configuration class of ``models`` (its keys are known: ``_misspelt``); its errors
+    name the key and its line."""
     try:
         return build(data)
     except ConfigError as err:
@@ -228,6 +238,31 @@ def _section(origin: Origin, section: str, build, data: dict[str, Any], names: l
         raise origin.error((section, key) if key else (section,), str(err)) from None
     except TypeError as err:  # a dataclass given a value it cannot take
         raise origin.error((section,), str(err)) from None
+
+
+_MODEL_FIELDS = [f.name for f in fields(ModelConfig)]
+
+
+def _training_fields() -> list[str]:
+    from models.training import TrainingConfig
+
+    return [f.name for f in fields(TrainingConfig)]
+
+
+def _task_fields(task_cls) -> list[str]:
+    return ["name", *(f.name for f in fields(task_cls.Params))]
+
+
+def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[SpecError]:
+    """The unknown keys of the model, training and task sections (the task's when its name is known)."""
+    from models.tasks import TASKS
+
+    sections = {"model": (data.get("model"), _MODEL_FIELDS), "training": (data.get("training"), _training_fields())}
+    task = data.get("task")
+    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) and isinstance(task.get("name"), str) else None
+    if task_cls is not None:
+        sections = {"task": (task, _task_fields(task_cls)), **sections}
+    return _unknown_keys(origin, sections, valid)
 
 
 def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
@@ -241,7 +276,14 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
         raise origin.error((), "must be a mapping with the sections " + ", ".join(SECTIONS))
     if "task" not in data:
         raise origin.error(("task",), "is required (for example task: {name: copy})")
-    file = validate(RunFile, data, origin, valid)
+    # every misspelt key of the file at once, whichever section holds it, before any value is judged
+    misspelt = _misspelt(origin, data, valid)
+    try:
+        file = validate(RunFile, data, origin, valid)
+    except SpecError as err:
+        raise found([*err.every(), *misspelt]) from None
+    if misspelt:
+        raise found(misspelt)
 
     task_data = dict(file.task)
     task_name = task_data.get("name")
@@ -250,8 +292,7 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
         raise origin.error(
             ("task", "name"), f"name={task_name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}"
         )
-    task_fields = ["name", *(f.name for f in fields(task_cls.Params))]
-    task = _section(origin, "task", make_task, task_data, task_fields, valid)
+    task = _section(origin, "task", make_task, task_data)
     task_spec = task.to_dict()
 
     model_data = dict(file.model)
@@ -284,10 +325,8 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
                 f"{model_data['max_len']} is shorter than the longest sequence of "
                 f"task {task.name!r} ({task.max_length}) for learned positions; raise it",
             )
-    model_fields = [f.name for f in fields(ModelConfig)]
-    model = _section(origin, "model", ModelConfig.from_dict, model_data, model_fields, valid)
-    training_fields = [f.name for f in fields(TrainingConfig)]
-    training = _section(origin, "training", TrainingConfig.from_dict, dict(file.training), training_fields, valid)
+    model = _section(origin, "model", ModelConfig.from_dict, model_data)
+    training = _section(origin, "training", TrainingConfig.from_dict, dict(file.training))
     if training.sampling == "scheduled" and task.kind == "classify":
         raise origin.error(
             ("training", "sampling"),

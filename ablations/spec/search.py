@@ -41,7 +41,7 @@ from ablations.spec.common import (
     Origin,
     Resources,
     Strict,
-    check_axis,
+    check_axes,
     check_name,
     mapping,
     trial_overrides,
@@ -247,8 +247,8 @@ def suggest_param(p: Param, trial) -> Any:
 
 def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param]:
     space = []
+    check_axes(origin, [(("space", key), key) for key in body], valid)  # every unknown key at once
     for key, spec in body.items():
-        check_axis(origin, ("space", key), key, valid)
         mapping(origin, ("space", key), spec)
         space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
     keys = {p.key: p for p in space}

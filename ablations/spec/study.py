@@ -44,7 +44,7 @@ from ablations.spec.common import (
     Origin,
     Resources,
     Strict,
-    check_axis,
+    check_axes,
     check_name,
     mapping,
     settings_overrides,
@@ -52,7 +52,7 @@ from ablations.spec.common import (
     trial_overrides,
     validate,
 )
-from ablations.spec.errors import SpecError
+from ablations.spec.errors import SpecError, found
 from ablations.spec.metrics import logged_metrics, unknown_metric
 from ablations.spec.run import RunConfig, apply_overrides, axis_keys, load_base, read_document, resolve_run
 from ablations.spec.search import load_search
@@ -236,10 +236,20 @@ def _label(settings: dict[str, Any]) -> str:
     return " ".join(f"{short(k)}={v}" for k, v in settings.items()) or "base"
 
 
-def _variants(origin: Origin, design: Design, valid: list[str]) -> tuple[list[str], list[tuple[str, dict, dict]]]:
+def _axis_paths(design: Design) -> list[tuple[tuple, Any]]:
+    """(where in the file, key) of every key the design sets."""
+    if design.grid is not None:
+        return [(("design", "grid", k), k) for k in design.grid]
+    if design.one_at_a_time is not None:  # its baseline and its axes
+        body = design.one_at_a_time
+        return [(("design", "one_at_a_time", part, k), k) for part in ("baseline", "axes") for k in getattr(body, part)]
+    return [(("design", "variants", i, "set", k), k) for i, item in enumerate(design.variants or []) for k in item.set]
+
+
+def _variants(design: Design) -> tuple[list[str], list[tuple[str, dict, dict]]]:
     """(axes, [(variant label, settings, where each setting is in the file (key None: the variant))])."""
     if design.grid is not None:
-        axes = [check_axis(origin, ("design", "grid", k), k, valid) for k in design.grid]
+        axes = list(design.grid)
         out = []
         for combo in itertools.product(*(design.grid[k] for k in axes)):
             settings = dict(zip(axes, combo))
@@ -249,9 +259,7 @@ def _variants(origin: Origin, design: Design, valid: list[str]) -> tuple[list[st
     if design.one_at_a_time is not None:
         body = design.one_at_a_time
         base_where = {k: ("design", "one_at_a_time", "baseline", k) for k in body.baseline}
-        for k, path in base_where.items():
-            check_axis(origin, path, k, valid)
-        axes = [check_axis(origin, ("design", "one_at_a_time", "axes", k), k, valid) for k in body.axes]
+        axes = list(body.axes)
         out = [("baseline", dict(body.baseline), {None: ("design", "one_at_a_time", "baseline"), **base_where})]
         for k in axes:
             for i, v in enumerate(body.axes[k]):
@@ -263,7 +271,6 @@ def _variants(origin: Origin, design: Design, valid: list[str]) -> tuple[list[st
     out, axes = [], []
     for i, item in enumerate(design.variants or []):
         for k in item.set:
-            check_axis(origin, ("design", "variants", i, "set", k), k, valid)
             if k not in axes:
                 axes.append(k)
         where = {None: ("design", "variants", i), **{k: ("design", "variants", i, "set", k) for k in item.set}}
@@ -297,11 +304,10 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     study_keys = list(STUDY_KEYS) + [f"design.{k}" for k in DESIGNS] + [f"budget.{k}" for k in Budget.model_fields]
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
     file = validate(StudyFile, data, origin, study_keys + valid)
-    axes, variants = _variants(origin, file.design, valid)
+    constrained = [(("constraints", i, c.action, k), k) for i, c in enumerate(file.constraints) for k in c.when]
+    check_axes(origin, _axis_paths(file.design) + constrained, valid)  # every unknown key at once
+    axes, variants = _variants(file.design)
     seed_list = seeds if seeds is not None else file.seeds
-    for i, c in enumerate(file.constraints):
-        for k in c.when:
-            check_axis(origin, ("constraints", i, c.action, k), k, valid)
 
     total = len(variants) * len(seed_list)
     if total > file.max_cells:
@@ -335,7 +341,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 run = resolve_run({**seeded, "seed": seed, "name": file.name}, Origin(None))
             except SpecError as err:
                 if not file.skip_invalid:
-                    raise _variant_error(err, label, settings, where, origin, base_origin) from None
+                    raise found(
+                        [_variant_error(e, label, settings, where, origin, base_origin) for e in err.every()]
+                    ) from None
                 skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
                 continue
             cell = Cell(label, settings, seed, run)

@@ -205,6 +205,47 @@ def test_cli_exits_2_with_one_line_and_logs_nothing(tmp_path):
     assert not (tmp_path / ".ablate").exists()  # no store was even created
 
 
+def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_path, capsys):
+    """One pass over a file names every key no section knows, each with its line and the nearest valid name, so
+    a user fixes them all before the next try (and no value is judged until the keys are right)."""
+    from ablations.cli import main
+
+    data = {
+        "lrr": 3,
+        "task": {"name": "copy", "max_lenn": 5},
+        "model": {"postions": "learned", "lr": 0.1, "n_heads": -1},
+        "training": {"max_step": 3},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    text = path.read_text()
+    expected = [
+        (("lrr",), "lrr: unknown key"),
+        (("task", "max_lenn"), "task.max_lenn: unknown key; did you mean task.max_len?"),
+        (("model", "postions"), "model.postions: unknown key; did you mean model.positions?"),
+        (("model", "lr"), "model.lr: unknown key; did you mean training.lr?"),
+        (("training", "max_step"), "training.max_step: unknown key; did you mean training.max_steps?"),
+    ]
+    with pytest.raises(SpecError) as info:
+        load_run(path)
+    assert [e.key for e in info.value.every()] == [".".join(k) for k, _ in expected]
+    assert main(["run", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == len(expected), lines
+    for line, (key, words) in zip(lines, expected):
+        assert line.startswith(f"error: {path}:{line_of(text, key)}: {words}"), line
+
+    # fixed, the file's value errors come next (n_heads=-1); overrides are blamed on --set, each of them
+    path.write_text(yaml.safe_dump({**GOOD, "model": {"n_heads": -1}}))
+    with pytest.raises(SpecError, match="n_heads") as info:
+        load_run(path)
+    with pytest.raises(SpecError) as info:
+        load_run(path, ["model.n_head=2", "training.l=3"])
+    assert [(e.source, e.key) for e in info.value.every()] == [("--set", "model.n_head=2"), ("--set", "training.l=3")]
+    assert "did you mean model.n_heads?" in info.value.message
+    assert "did you mean training.lr?" in info.value.also[0].message
+
+
 def test_catalogue_run_files_are_valid():
     files = sorted((ROOT / "ablations" / "runs").glob("*.yaml"))
     assert files

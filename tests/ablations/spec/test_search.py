@@ -63,6 +63,19 @@ def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spe
     assert err.key == key and words in str(err), str(err)
 
 
+def test_every_unknown_key_of_a_space_is_named_at_once(tmp_path):
+    space = {
+        "model.nrom": {"type": "categorical", "choices": ["pre", "post"]},
+        "training.l": {"type": "float", "low": 0.1, "high": 1},
+        **SPACE,
+    }
+    err = refused(tmp_path, space=space)
+    assert [(e.key, e.message.split("; ")[1]) for e in err.every()] == [
+        ("space.model.nrom", "did you mean model.norm?"),
+        ("space.training.l", "did you mean training.lr?"),
+    ]
+
+
 def test_every_catalogue_search_loads():
     paths = sorted((ROOT / "ablations" / "searches").glob("*.yaml"))
     assert {p.stem for p in paths} >= {"quickstart_lr", "locality_window"}

@@ -144,6 +144,32 @@ def test_unknown_axis_is_refused_with_suggestions(tmp_path):
     assert err.key.startswith("design.grid") and "model.norms" in str(err) and "model.norm" in err.message
 
 
+def test_every_unknown_axis_and_key_of_a_study_is_named_at_once(tmp_path):
+    variants = [
+        {"name": "a", "set": {"model.postions": "learned", "training.l": 3}},
+        {"name": "b", "set": {"model.norm": "post"}},
+    ]
+    err = refused(
+        tmp_path,
+        design={"variants": variants},
+        constraints=[{"skip": {"model.nrom": "post"}, "reason": "r"}],
+    )
+    assert [e.key for e in err.every()] == [  # in the file's order (constraints come first in it)
+        "constraints[0].skip.model.nrom",
+        "design.variants[0].set.model.postions",
+        "design.variants[0].set.training.l",
+    ]
+    assert [e.line for e in err.every()] == sorted(e.line for e in err.every())
+    hints = [e.message for e in err.every()]
+    assert "did you mean model.norm?" in hints[0]
+    assert "did you mean model.positions?" in hints[1] and "did you mean training.lr?" in hints[2]
+    err = refused(tmp_path, metrc="final/val_loss", design={"budget": 3, "grid": {"model.norm": ["pre"]}})
+    assert [(e.key, e.message) for e in err.every()] == [
+        ("design.budget", "unknown key; did you mean budget? (budget belongs at the top level of the file)"),
+        ("metrc", "unknown key; did you mean metric?"),
+    ]
+
+
 def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
