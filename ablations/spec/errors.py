@@ -55,7 +55,8 @@ def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
 
     ``valid`` lists every dotted key the file may hold (all sections). The hint is, in order of preference:
     the same name in another section ("lr belongs under training: did you mean training.lr?"), a close
-    spelling in this section ("did you mean model.positions?"), a close spelling anywhere. Empty if none."""
+    spelling in this section ("did you mean model.positions?"), a close spelling of the whole key, a close
+    spelling of the name in any section (``lrr`` at the top level: training.lr). Empty if none."""
     valid = list(dict.fromkeys(valid))
     here = f"{section}." if section else ""
     full = here + key
@@ -74,7 +75,9 @@ def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
     close = closest(full, peers, 0.75)
     if close:
         return "did you mean " + " or ".join(close) + "?"
-    return ""
+    leaves = closest(key, [v.rsplit(".", 1)[-1] for v in valid], 0.75)  # a misspelt name in another section
+    anywhere = [v for leaf in leaves for v in valid if v.rsplit(".", 1)[-1] == leaf and v != full]
+    return "did you mean " + " or ".join(anywhere[:3]) + "?" if anywhere else ""
 
 
 def closest(word: str, options: list[str], cutoff: float) -> list[str]:

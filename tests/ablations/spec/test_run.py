@@ -220,7 +220,7 @@ def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_pa
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     text = path.read_text()
     expected = [
-        (("lrr",), "lrr: unknown key"),
+        (("lrr",), "lrr: unknown key; did you mean training.lr?"),  # a close name in another section
         (("task", "max_lenn"), "task.max_lenn: unknown key; did you mean task.max_len?"),
         (("model", "postions"), "model.postions: unknown key; did you mean model.positions?"),
         (("model", "lr"), "model.lr: unknown key; did you mean training.lr?"),
