@@ -265,25 +265,9 @@ def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[Sp
     return _unknown_keys(origin, sections, valid)
 
 
-def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
-    """Check a run's sections and fill in what the task determines. Raises SpecError."""
+def _task_and_model(origin: Origin, file: RunFile):
+    """The task and the model it determines (vocabulary, classes, the longest sequence)."""
     from models.tasks import TASKS, make_task
-    from models.training import TrainingConfig
-
-    origin = Origin.of(source)
-    valid = run_keys(data)
-    if not isinstance(data, dict):
-        raise origin.error((), "must be a mapping with the sections " + ", ".join(SECTIONS))
-    if "task" not in data:
-        raise origin.error(("task",), "is required (for example task: {name: copy})")
-    # every misspelt key of the file at once, whichever section holds it, before any value is judged
-    misspelt = _misspelt(origin, data, valid)
-    try:
-        file = validate(RunFile, data, origin, valid)
-    except SpecError as err:
-        raise found([*err.every(), *misspelt]) from None
-    if misspelt:
-        raise found(misspelt)
 
     task_data = dict(file.task)
     task_name = task_data.get("name")
@@ -293,7 +277,6 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
             ("task", "name"), f"name={task_name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}"
         )
     task = _section(origin, "task", make_task, task_data)
-    task_spec = task.to_dict()
 
     model_data = dict(file.model)
     arch = model_data.setdefault("arch", task.archs[0])
@@ -326,7 +309,40 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
                 f"task {task.name!r} ({task.max_length}) for learned positions; raise it",
             )
     model = _section(origin, "model", ModelConfig.from_dict, model_data)
-    training = _section(origin, "training", TrainingConfig.from_dict, dict(file.training))
+    return task, model
+
+
+def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
+    """Check a run's sections and fill in what the task determines. Raises SpecError."""
+    from models.training import TrainingConfig
+
+    origin = Origin.of(source)
+    valid = run_keys(data)
+    if not isinstance(data, dict):
+        raise origin.error((), "must be a mapping with the sections " + ", ".join(SECTIONS))
+    if "task" not in data:
+        raise origin.error(("task",), "is required (for example task: {name: copy})")
+    # every misspelt key of the file at once, whichever section holds it, before any value is judged
+    misspelt = _misspelt(origin, data, valid)
+    try:
+        file = validate(RunFile, data, origin, valid)
+    except SpecError as err:
+        raise found([*err.every(), *misspelt]) from None
+    if misspelt:
+        raise found(misspelt)
+
+    # the training section does not depend on the task: its mistake is named beside the task's or the model's
+    try:
+        training, late = _section(origin, "training", TrainingConfig.from_dict, dict(file.training)), []
+    except SpecError as err:
+        training, late = None, err.every()
+    try:
+        task, model = _task_and_model(origin, file)
+    except SpecError as err:
+        raise found([*err.every(), *late]) from None
+    if late:
+        raise found(late)
+    task_spec = task.to_dict()
     if training.sampling == "scheduled" and task.kind == "classify":
         raise origin.error(
             ("training", "sampling"),

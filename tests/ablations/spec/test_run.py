@@ -235,10 +235,15 @@ def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_pa
     for line, (key, words) in zip(lines, expected):
         assert line.startswith(f"error: {path}:{line_of(text, key)}: {words}"), line
 
-    # fixed, the file's value errors come next (n_heads=-1); overrides are blamed on --set, each of them
-    path.write_text(yaml.safe_dump({**GOOD, "model": {"n_heads": -1}}))
-    with pytest.raises(SpecError, match="n_heads") as info:
+    # fixed, the values are judged: the model's and the training's (which does not depend on the task) together
+    path.write_text(yaml.safe_dump({**GOOD, "model": {"n_heads": -1}, "training": {"lr": -1}}))
+    with pytest.raises(SpecError) as info:
         load_run(path)
+    assert [(e.key, e.message.split(" ")[0]) for e in info.value.every()] == [
+        ("model.n_heads", "n_heads=-1"),
+        ("training.lr", "lr=-1"),
+    ]
+    # overrides are blamed on --set, each of them
     with pytest.raises(SpecError) as info:
         load_run(path, ["model.n_head=2", "training.l=3"])
     assert [(e.source, e.key) for e in info.value.every()] == [("--set", "model.n_head=2"), ("--set", "training.l=3")]
