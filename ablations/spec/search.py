@@ -47,7 +47,7 @@ from ablations.spec.common import (
     trial_overrides,
     validate,
 )
-from ablations.spec.errors import SpecError
+from ablations.spec.errors import SpecError, found
 from ablations.spec.metrics import intermediate_metrics, logged_metrics, unknown_metric
 from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run
 
@@ -246,11 +246,16 @@ def suggest_param(p: Param, trial) -> Any:
 
 
 def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param]:
-    space = []
+    space, errors = [], []
     check_axes(origin, [(("space", key), key) for key in body], valid)  # every unknown key at once
-    for key, spec in body.items():
-        mapping(origin, ("space", key), spec)
-        space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
+    for key, spec in body.items():  # ... then every parameter's mistakes at once
+        try:
+            mapping(origin, ("space", key), spec)
+            space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
+        except SpecError as err:
+            errors += err.every()
+    if errors:
+        raise found(errors)
     keys = {p.key: p for p in space}
     for p in space:
         for k, v in p.when.items():

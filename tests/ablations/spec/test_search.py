@@ -63,7 +63,7 @@ def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spe
     assert err.key == key and words in str(err), str(err)
 
 
-def test_every_unknown_key_of_a_space_is_named_at_once(tmp_path):
+def test_every_unknown_key_then_every_bad_parameter_of_a_space_is_named_at_once(tmp_path):
     space = {
         "model.nrom": {"type": "categorical", "choices": ["pre", "post"]},
         "training.l": {"type": "float", "low": 0.1, "high": 1},
@@ -73,6 +73,18 @@ def test_every_unknown_key_of_a_space_is_named_at_once(tmp_path):
     assert [(e.key, e.message.split("; ")[1]) for e in err.every()] == [
         ("space.model.nrom", "did you mean model.norm?"),
         ("space.training.l", "did you mean training.lr?"),
+    ]
+    # the keys right, every parameter's mistakes at once
+    space = {
+        "model.norm": {"type": "categorical", "choices": []},
+        "training.lr": {"type": "float", "low": 1, "high": 0.1},
+        "training.warmup_steps": {"type": "intt", "low": 0, "high": 10},
+    }
+    err = refused(tmp_path, space=space)
+    assert [e.key for e in err.every()] == [
+        "space.model.norm.choices",
+        "space.training.lr",
+        "space.training.warmup_steps.type",
     ]
 
 
