@@ -216,18 +216,6 @@ def _key_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _unknown_keys(origin: Origin, sections: dict[str, tuple[Any, list[str]]], valid: list[str]) -> list[SpecError]:
-    """The keys no section knows (section -> (its data, its key names)); a section that is not a mapping is
-    judged elsewhere."""
-    return [
-        origin.error((section, key), unknown_key_message(str(key), valid, section))
-        for section, (data, names) in sections.items()
-        if isinstance(data, dict)
-        for key in data
-        if key not in names
-    ]
-
-
 def _section(origin: Origin, section: str, build, data: dict[str, Any]):
     """Build a section with a configuration class of ``models`` (its keys are known: ``_misspelt``); its errors
     name the key and its line."""
@@ -240,29 +228,20 @@ def _section(origin: Origin, section: str, build, data: dict[str, Any]):
         raise origin.error((section,), str(err)) from None
 
 
-_MODEL_FIELDS = [f.name for f in fields(ModelConfig)]
-
-
-def _training_fields() -> list[str]:
-    from models.training import TrainingConfig
-
-    return [f.name for f in fields(TrainingConfig)]
-
-
-def _task_fields(task_cls) -> list[str]:
-    return ["name", *(f.name for f in fields(task_cls.Params))]
-
-
 def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[SpecError]:
-    """The unknown keys of the model, training and task sections (the task's when its name is known)."""
+    """The keys of the task, model and training sections that ``valid`` (``run_keys``) does not hold; the task's
+    only when its name is known (else the name is the mistake)."""
     from models.tasks import TASKS
 
-    sections = {"model": (data.get("model"), _MODEL_FIELDS), "training": (data.get("training"), _training_fields())}
     task = data.get("task")
-    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) and isinstance(task.get("name"), str) else None
-    if task_cls is not None:
-        sections = {"task": (task, _task_fields(task_cls)), **sections}
-    return _unknown_keys(origin, sections, valid)
+    named = isinstance(task, dict) and isinstance(task.get("name"), str) and task["name"] in TASKS
+    return [
+        origin.error((section, key), unknown_key_message(str(key), valid, section))
+        for section in (("task",) if named else ()) + ("model", "training")
+        if isinstance(data.get(section), dict)
+        for key in data[section]
+        if f"{section}.{key}" not in valid
+    ]
 
 
 def _task_and_model(origin: Origin, file: RunFile):
