@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ablations.spec.common import Origin
 from ablations.spec.errors import closest
 from ablations.spec.run import RunConfig
 
@@ -67,3 +68,19 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str | None:
 def intermediate_metrics(run: RunConfig) -> set[str]:
     """What a run reports at each validation (a search's ``prune_on``)."""
     return {f"val/{n}" for n in split_names(run)}
+
+
+def variant_metrics(origin: Origin, metric: str, runs: Iterable[tuple[str, RunConfig]]) -> set[str]:
+    """The metrics every variant's runs log, from (variant, run) pairs; a study's ``metric`` must be one of them
+    (a typo in it would otherwise be found by ``ablate report``, after all the compute)."""
+    per_variant: dict[str, set[str]] = {}
+    for variant, run in runs:
+        if variant not in per_variant:
+            per_variant[variant] = logged_metrics(run)
+    missing = [v for v, names in per_variant.items() if metric not in names]
+    if missing:
+        problem = unknown_metric(metric, per_variant[missing[0]]) or ""
+        if len(missing) < len(per_variant):
+            problem += f" (the runs of {', '.join(repr(v) for v in missing)} do not log it)"
+        raise origin.error(("metric",), problem)
+    return set.intersection(*per_variant.values())

@@ -218,11 +218,13 @@ def _key_of(message: str) -> str | None:
 
 def _section(origin: Origin, section: str, build, data: dict[str, Any]):
     """Build a section with a configuration class of ``models`` (its keys are known: ``_misspelt``); its errors
-    name the key and its line."""
+    name the key and its line, or the line of a key the file set that the message names."""
     try:
         return build(data)
     except ConfigError as err:
         key = _key_of(str(err))
+        if key not in data:  # a default refused beside a value the file set ("n_heads=3"): blame that value's line
+            key = next((k for k in data if re.search(rf"\b{re.escape(k)}(\[\d+\])?=", str(err))), key)
         raise origin.error((section, key) if key else (section,), str(err)) from None
     except TypeError as err:  # a dataclass given a value it cannot take
         raise origin.error((section,), str(err)) from None

@@ -31,7 +31,6 @@ configuration in two variants is one cell; adding a seed or an axis value adds o
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +39,6 @@ from pydantic import Field, field_validator, model_validator
 
 from ablations.spec.common import (
     Budget,
-    KeyedError,
     Origin,
     Resources,
     Strict,
@@ -48,65 +46,14 @@ from ablations.spec.common import (
     check_name,
     mapping,
     settings_overrides,
-    short,
     trial_overrides,
     validate,
 )
 from ablations.spec.errors import SpecError, found
-from ablations.spec.metrics import logged_metrics, unknown_metric
+from ablations.spec.metrics import variant_metrics
 from ablations.spec.run import RunConfig, apply_overrides, axis_keys, load_base, read_document, resolve_run
 from ablations.spec.search import load_search
-
-DESIGNS = ("grid", "one_at_a_time", "variants")
-
-
-class OneAtATime(Strict):
-    baseline: dict[str, Any] = Field(default_factory=dict)
-    axes: dict[str, list[Any]] = Field(min_length=1)
-
-    @field_validator("axes")
-    @classmethod
-    def _values(cls, v):
-        for key, values in v.items():
-            if not values:
-                raise KeyedError((key,), "must be a non-empty list of values")
-        return v
-
-
-class VariantItem(Strict):
-    name: str = Field(min_length=1)
-    set: dict[str, Any] = Field(default_factory=dict)
-
-
-class Design(Strict):
-    """Exactly one of: a full factorial ``grid``, ``one_at_a_time`` changes from a baseline, named ``variants``."""
-
-    grid: dict[str, list[Any]] | None = None
-    one_at_a_time: OneAtATime | None = None
-    variants: list[VariantItem] | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _one(self) -> Design:
-        given = [k for k in DESIGNS if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"needs exactly one of {', '.join(DESIGNS)} (got {len(given)})")
-        if self.grid is not None:
-            if not self.grid:
-                raise KeyedError(("grid",), "is empty: name at least one axis with its values")
-            for key, values in self.grid.items():
-                if not values:
-                    raise KeyedError(("grid", key), "must be a non-empty list of values")
-        if self.variants is not None:
-            names: set[str] = set()
-            for i, v in enumerate(self.variants):
-                if v.name in names:
-                    raise KeyedError(("variants", i, "name"), f"{v.name!r} is used twice")
-                names.add(v.name)
-        return self
-
-    @property
-    def kind(self) -> str:
-        return next(k for k in DESIGNS if getattr(self, k) is not None)
+from ablations.spec.variants import DESIGNS, FIX, Design, axis_paths, base_errors, expand, matches, variant_error
 
 
 class Constraint(Strict):
@@ -229,65 +176,6 @@ class Study:
         return sorted({c.seed for c in self.cells})
 
 
-# --- expansion ----------------------------------------------------------------------------------------------
-
-
-def _label(settings: dict[str, Any]) -> str:
-    return " ".join(f"{short(k)}={v}" for k, v in settings.items()) or "base"
-
-
-def _axis_paths(design: Design) -> list[tuple[tuple, Any]]:
-    """(where in the file, key) of every key the design sets."""
-    if design.grid is not None:
-        return [(("design", "grid", k), k) for k in design.grid]
-    if design.one_at_a_time is not None:  # its baseline and its axes
-        body = design.one_at_a_time
-        return [(("design", "one_at_a_time", part, k), k) for part in ("baseline", "axes") for k in getattr(body, part)]
-    return [(("design", "variants", i, "set", k), k) for i, item in enumerate(design.variants or []) for k in item.set]
-
-
-def _variants(design: Design) -> tuple[list[str], list[tuple[str, dict, dict]]]:
-    """(axes, [(variant label, settings, where each setting is in the file (key None: the variant))])."""
-    if design.grid is not None:
-        axes = list(design.grid)
-        out = []
-        for combo in itertools.product(*(design.grid[k] for k in axes)):
-            settings = dict(zip(axes, combo))
-            where = {None: ("design", "grid"), **{k: ("design", "grid", k) for k in axes}}
-            out.append((_label(settings), settings, where))
-        return axes, out
-    if design.one_at_a_time is not None:
-        body = design.one_at_a_time
-        base_where = {k: ("design", "one_at_a_time", "baseline", k) for k in body.baseline}
-        axes = list(body.axes)
-        out = [("baseline", dict(body.baseline), {None: ("design", "one_at_a_time", "baseline"), **base_where})]
-        for k in axes:
-            for i, v in enumerate(body.axes[k]):
-                settings = {**body.baseline, k: v}
-                if settings != body.baseline:
-                    path = ("design", "one_at_a_time", "axes", k, i)
-                    out.append((f"{short(k)}={v}", settings, {**base_where, None: path, k: path}))
-        return axes, out
-    out, axes = [], []
-    for i, item in enumerate(design.variants or []):
-        for k in item.set:
-            if k not in axes:
-                axes.append(k)
-        where = {None: ("design", "variants", i), **{k: ("design", "variants", i, "set", k) for k in item.set}}
-        out.append((item.name, dict(item.set), where))
-    return axes, out
-
-
-def _matches(run_data: dict[str, Any], when: dict[str, Any]) -> bool:
-    for key, value in when.items():
-        node: Any = run_data
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node != value:
-            return False
-    return True
-
-
 def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     """Read and check a study file and expand it into cells. Raises SpecError before anything starts."""
     path = Path(path)
@@ -305,8 +193,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
     file = validate(StudyFile, data, origin, study_keys + valid)
     constrained = [(("constraints", i, c.action, k), k) for i, c in enumerate(file.constraints) for k in c.when]
-    check_axes(origin, _axis_paths(file.design) + constrained, valid)  # every unknown key at once
-    axes, variants = _variants(file.design)
+    check_axes(origin, axis_paths(file.design) + constrained, valid)  # every unknown key at once
+    axes, variants = expand(file.design)
     seed_list = seeds if seeds is not None else file.seeds
 
     total = len(variants) * len(seed_list)
@@ -320,12 +208,14 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     cells: list[Cell] = []
     skipped: list[Skipped] = []
     seen: dict[str, Cell] = {}
+    invalid: list[SpecError] = []
+    in_base: set[str] | None = None
     every_trial = trial_overrides(file.resources, file.budget)
     for label, settings, where in variants:
         run_data = apply_overrides(base, settings_overrides({**settings, **every_trial}))
         reason = None
         for i, c in enumerate(file.constraints):
-            if _matches(run_data, c.when):
+            if matches(run_data, c.when):
                 if c.action == "refuse":
                     raise origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}")
                 reason = c.reason
@@ -340,10 +230,13 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             try:
                 run = resolve_run({**seeded, "seed": seed, "name": file.name}, Origin(None))
             except SpecError as err:
-                if not file.skip_invalid:
-                    raise found(
-                        [_variant_error(e, label, settings, where, origin, base_origin) for e in err.every()]
-                    ) from None
+                if not file.skip_invalid:  # every variant's mistakes at once (the base's once), with the fix
+                    if in_base is None:
+                        in_base = base_errors(apply_overrides(base, settings_overrides(every_trial)), seed, file.name)
+                    invalid += [
+                        variant_error(e, label, settings, where, origin, base_origin, in_base) for e in err.every()
+                    ]
+                    break
                 skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
                 continue
             cell = Cell(label, settings, seed, run)
@@ -351,10 +244,18 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 continue
             seen[cell.cell_id] = cell
             cells.append(cell)
+    if invalid:  # the way out of a variant's mistakes said once, after the last
+        errors = found(invalid).every()
+        last = max((i for i, e in enumerate(errors) if (e.key or "").startswith("variant ")), default=None)
+        if last is not None:
+            errors[last] = SpecError(
+                errors[last].source, errors[last].key, f"{errors[last].message} {FIX}", errors[last].line
+            )
+        raise found(errors)
     if not cells:
         raise origin.error(("design",), "leaves no cell to run (every cell is skipped)")
     tune = _tune(origin, file, base, axes)
-    metrics = _metrics(origin, file, cells)
+    metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
     analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes, metrics)
     return Study(
         name=file.name,
@@ -377,41 +278,6 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         reuse_any_code=file.reuse_results == "any_code",
         metrics=sorted(metrics),
     )
-
-
-def _variant_error(
-    err: SpecError, label: str, settings: dict, where: dict, origin: Origin, base_origin: Origin
-) -> SpecError:
-    """A variant the model refuses, blamed on the line that caused it: the design's setting of the key (or of a
-    key the message names, "n_heads=3"), else the base's line of the key."""
-    fix = "(fix it, add a constraint that skips it, or set skip_invalid: true)"
-    message = f"{err.key + ': ' if err.key else ''}{err.message} {fix}"
-    key = err.key or ""
-    named = [k for k in settings if f"{k.rsplit('.', 1)[-1]}=" in err.message]
-    if key in settings or named or not key or base_origin.doc is None:
-        path = where.get(key if key in settings else (named[0] if named else None), where[None])
-        return origin.error(path, message, key=f"variant {label!r}")
-    blamed = base_origin.error(tuple(key.split(".")), message, key=f"variant {label!r}")
-    if blamed.source != origin.source:  # the base is another file: say which study it serves
-        return SpecError(blamed.source, blamed.key, f"{message} (base of {origin.source})", blamed.line)
-    return blamed
-
-
-def _metrics(origin: Origin, file: StudyFile, cells: list[Cell]) -> set[str]:
-    """The metrics every variant's runs log; the study's ``metric`` must be one of them (a typo in it would
-    otherwise be found by ``ablate report``, after all the compute)."""
-    per_variant: dict[str, set[str]] = {}
-    for cell in cells:
-        if cell.variant not in per_variant:
-            per_variant[cell.variant] = logged_metrics(cell.run)
-    common = set.intersection(*per_variant.values())
-    missing = [v for v, names in per_variant.items() if file.metric not in names]
-    if missing:
-        problem = unknown_metric(file.metric, per_variant[missing[0]]) or ""
-        if len(missing) < len(per_variant):
-            problem += f" (the runs of {', '.join(repr(v) for v in missing)} do not log it)"
-        raise origin.error(("metric",), problem)
-    return common
 
 
 def _analysis(

@@ -78,6 +78,12 @@ MALFORMED = [
         ("model", "d_model"),
         r"model.d_model: d_model=30 is not divisible by n_heads=4",
     ),
+    (  # the default d_model refuses the file's n_heads: the line to change is the one the file holds
+        {**GOOD, "model": {"n_heads": 3}},
+        None,
+        ("model", "n_heads"),
+        r"model.n_heads: d_model=\d+ is not divisible by n_heads=3",
+    ),
     (
         {**GOOD, "model": {"vocab_size": 5}},
         None,

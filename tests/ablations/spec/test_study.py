@@ -136,10 +136,33 @@ def test_invalid_model_cells_are_skipped_only_when_asked(tmp_path):
     assert "n_heads" in study.skipped[0].reason
 
 
+def test_every_refused_variant_is_named_at_once_and_a_mistake_of_the_base_once_as_the_base_s(tmp_path):
+    base = {**BASE, "training": {**BASE["training"], "lr": -1.0}}
+    design = {"grid": {"model.norm": ["pre", "post"], "model.n_heads": [2, 3, 5]}}  # d_model 16: 3 and 5 refused
+    err = refused(tmp_path, base=base, design=design)
+    lines = (tmp_path / "study.yaml").read_text().splitlines()
+    lr_line = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith("lr:"))
+    # lr=-1 is every variant's mistake: once, on its line, as ``ablate run`` says it, with no variant to skip
+    assert (err.key, err.line, err.message) == ("base.training.lr", lr_line, "lr=-1.0 must be > 0")
+    variants = [e for e in err.every() if e is not err]
+    refused_variants = {f"variant 'n_heads={h} norm={n}'" for h in (3, 5) for n in ("pre", "post")}  # safe_dump sorts
+    assert sorted(e.key for e in variants) == sorted(refused_variants)
+    assert all("model.d_model: d_model=16 is not divisible by n_heads=" in e.message for e in variants)
+    n_heads_line = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith("model.n_heads:"))
+    assert {e.line for e in variants} == {n_heads_line}  # the design's axis, not the base
+    # the way out (fix, constraint, skip_invalid) once, after the last
+    assert [e.message.endswith("set skip_invalid: true)") for e in err.every()] == [False] * 4 + [True]
+    # a separate base file: its own line, and the study it serves
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    err = refused(tmp_path, base="base.yaml")
+    assert (err.source, err.key, err.every()) == (str(tmp_path / "base.yaml"), "training.lr", [err])
+    assert err.message == f"lr=-1.0 must be > 0 (base of {tmp_path / 'study.yaml'})"
+
+
 # --- malformed files: clear messages naming the file and the key --------------------------------------
 
 
-def test_unknown_axis_is_refused_with_suggestions(tmp_path):
+def test_unknown_axis_is_refused_variantswith_suggestions(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norms": ["pre"]}})
     assert err.key.startswith("design.grid") and "model.norms" in str(err) and "model.norm" in err.message
 
@@ -170,7 +193,7 @@ def test_every_unknown_axis_and_key_of_a_study_is_named_at_once(tmp_path):
     ]
 
 
-def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
+def test_bad_override_value_is_refused_variantsnaming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
 
@@ -181,7 +204,7 @@ def test_empty_design_is_refused(tmp_path, design):
     assert err.key.startswith("design")
 
 
-def test_impossible_cells_refused_by_a_constraint(tmp_path):
+def test_impossible_cells_refused_variantsby_a_constraint(tmp_path):
     err = refused(tmp_path, constraints=[{"refuse": {"model.norm": "post"}, "reason": "post-LN is out of scope"}])
     assert "post-LN is out of scope" in str(err)
 
@@ -306,7 +329,9 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     ("command", "resources", "words"),
     [("sweep", {"cpus": 2}, "needs 2 CPUs"), ("search", {"cpus": 1, "gpus": 1}, "needs 1 GPU")],
 )
-def test_a_trial_the_local_ray_could_never_hold_is_refused_before_anything_starts(tmp_path, command, resources, words):
+def test_a_trial_the_local_ray_could_never_hold_is_refused_variantsbefore_anything_starts(
+    tmp_path, command, resources, words
+):
     """It would otherwise wait forever for resources that never come."""
     if "gpus" in resources:
         import torch
@@ -375,7 +400,7 @@ def test_seeds_can_vary_the_data(tmp_path):
 # --- metrics known before anything trains ---------------------------------------------------------------------
 
 
-def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
+def test_a_metric_no_run_logs_is_refused_variantswith_the_nearest_names(tmp_path):
     """A typo in the study's metric (final/val_los) was caught only by `ablate report`, after all the compute."""
     err = refused(tmp_path, metric="final/val_los")
     assert err.key == "metric" and "did you mean final/val_loss?" in err.message
