@@ -220,6 +220,7 @@ class AnalysisError(ValueError):
 
     def __init__(self, path: tuple[Any, ...], message: str):
         self.path, self.message = tuple(path), message
+        self.also: tuple[AnalysisError, ...] = ()  # the section's other mistakes, found in the same pass
         super().__init__(f"{key_text(self.path)}: {message}")
 
 
@@ -251,24 +252,34 @@ def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
     try:
         return Analysis.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        path = _path(tuple(first["loc"]), where)
-        key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
-        if first["type"] == "extra_forbidden":
-            parent = tuple(x for x in first["loc"][:-1])
-            model = {"contrasts": Contrasts, "warn": Warn}.get(parent[-1] if parent else "", Analysis)
-            valid = ", ".join(model.model_fields)
-            close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise AnalysisError(path, f"unknown key; {hint}valid keys: {valid}") from None
-        msg = first["msg"].removeprefix("Value error, ")
-        if not first["loc"] and ": " in msg:  # a check across keys names its key first
-            head, msg = msg.split(": ", 1)
-            path = (where, head)
-        shown = "input" in first and not isinstance(first["input"], dict) and "(got" not in msg
-        got = f" (got {first['input']!r})" if shown else ""
-        fix = f"; fix: {FIXES[key]}" if key in FIXES and "fix" not in msg and ";" not in msg else ""
-        raise AnalysisError(path, f"{msg}{got}{fix}") from None
+        errors = {}  # one per key (pydantic names a bad value once for each member of a union: the first says it)
+        for e in err.errors():
+            one = _error(e, where)
+            errors.setdefault(one.path, one)
+        first, *others = errors.values()
+        first.also = tuple(others)
+        raise first from None
+
+
+def _error(first: dict[str, Any], where: str) -> AnalysisError:
+    """One of pydantic's errors as the key and the fix."""
+    path = _path(tuple(first["loc"]), where)
+    key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
+    if first["type"] == "extra_forbidden":
+        parent = tuple(x for x in first["loc"][:-1])
+        model = {"contrasts": Contrasts, "warn": Warn}.get(parent[-1] if parent else "", Analysis)
+        valid = ", ".join(model.model_fields)
+        close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return AnalysisError(path, f"unknown key; {hint}valid keys: {valid}")
+    msg = first["msg"].removeprefix("Value error, ")
+    if not first["loc"] and ": " in msg:  # a check across keys names its key first
+        head, msg = msg.split(": ", 1)
+        path = (where, head)
+    shown = "input" in first and not isinstance(first["input"], dict) and "(got" not in msg
+    got = f" (got {first['input']!r})" if shown else ""
+    fix = f"; fix: {FIXES[key]}" if key in FIXES and "fix" not in msg and ";" not in msg else ""
+    return AnalysisError(path, f"{msg}{got}{fix}")
 
 
 PLURAL = {"a variant": "variants", "an axis": "axes", "a metric": "metrics"}

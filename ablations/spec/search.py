@@ -247,8 +247,11 @@ def suggest_param(p: Param, trial) -> Any:
 
 def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param]:
     space, errors = [], []
-    check_axes(origin, [(("space", key), key) for key in body], valid)  # every unknown key at once
-    for key, spec in body.items():  # ... then every parameter's mistakes at once
+    try:
+        check_axes(origin, [(("space", key), key) for key in body], valid)  # every unknown key ...
+    except SpecError as err:
+        errors += err.every()
+    for key, spec in body.items():  # ... and every parameter's mistakes, at once
         try:
             mapping(origin, ("space", key), spec)
             space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
@@ -304,18 +307,27 @@ def load_search(
         origin, folder = Origin(str(path), doc), Path(path).parent
         data = doc.data if doc is not None else data
     data = dict(data or {})
-    for required in ("name", "space") + (("base",) if base is None else ()):
-        if required not in data:
-            raise origin.error((required,), "is required")
-    if base is None:
+    if base is None and "base" in data:
         base, _ = load_base(origin, data["base"], folder)
-    base = dict(base)
+    base = dict(base or {})
     base.pop("name", None)
-    valid = axis_keys(base)
+    valid = axis_keys(base) if base else []
     file_keys = list(SEARCH_KEYS) + [f"budget.{k}" for k in Budget.model_fields]
     file_keys += [f"resources.{k}" for k in Resources.model_fields]
-    file = validate(SearchFile, data, origin, file_keys + valid)
-    space = _space(origin, file.space, valid)
+    errors: list[SpecError] = []  # every mistake of the file's structure at once: its keys, values and space
+    if not base:
+        errors.append(origin.error(("base",), "is required"))
+    try:
+        file = validate(SearchFile, data, origin, file_keys + valid)
+    except SpecError as err:
+        errors += err.every()
+    body = data.get("space")
+    try:
+        space = _space(origin, body if base and isinstance(body, dict) else {}, valid)
+    except SpecError as err:
+        errors += err.every()
+    if errors:
+        raise found(errors)
     objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
     objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
     sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")

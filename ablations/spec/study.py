@@ -31,11 +31,12 @@ configuration in two variants is one cell; adding a seed or an axis value adds o
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.spec.common import (
     Budget,
@@ -176,6 +177,20 @@ class Study:
         return sorted({c.seed for c in self.cells})
 
 
+def _design_keys(data: dict[str, Any]) -> list[tuple[tuple, Any]]:
+    """(where in the file, key) of every key the design and the constraints set, read even when other parts of
+    the file are wrong (their mistakes are named beside these)."""
+    keys = []
+    with contextlib.suppress(ValidationError):
+        keys += axis_paths(Design.model_validate(data.get("design")))
+    constraints = data.get("constraints")
+    for i, item in enumerate(constraints if isinstance(constraints, list) else []):
+        with contextlib.suppress(ValidationError):
+            c = Constraint.model_validate(item)
+            keys += [(("constraints", i, c.action, k), k) for k in c.when]
+    return keys
+
+
 def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     """Read and check a study file and expand it into cells. Raises SpecError before anything starts."""
     path = Path(path)
@@ -183,17 +198,26 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     doc = read_document(path)
     origin = Origin(source, doc)
     data = doc.data
-    for required in ("name", "base", "design"):
-        if required not in data:
-            raise origin.error((required,), "is required")
-    base, base_origin = load_base(origin, data["base"], path.parent)
-    base.pop("name", None)
-    valid = axis_keys(base)
+    if "base" in data:
+        base, base_origin = load_base(origin, data["base"], path.parent)
+        base.pop("name", None)
+    else:  # pydantic names it (beside the file's other mistakes); no key of the design can be judged without it
+        base, base_origin = {}, origin
+    valid = axis_keys(base) if base else []
     study_keys = list(STUDY_KEYS) + [f"design.{k}" for k in DESIGNS] + [f"budget.{k}" for k in Budget.model_fields]
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
-    file = validate(StudyFile, data, origin, study_keys + valid)
-    constrained = [(("constraints", i, c.action, k), k) for i, c in enumerate(file.constraints) for k in c.when]
-    check_axes(origin, axis_paths(file.design) + constrained, valid)  # every unknown key at once
+    errors: list[SpecError] = []  # every mistake of the file's structure at once: keys, values, axes
+    try:
+        file = validate(StudyFile, data, origin, study_keys + valid)
+    except SpecError as err:
+        errors += err.every()
+    try:
+        check_axes(origin, _design_keys(data) if base else [], valid)
+    except SpecError as err:
+        errors += err.every()
+    errors += _analysis_errors(origin, data.get("analysis"))
+    if errors:
+        raise found(errors)
     axes, variants = expand(file.design)
     seed_list = seeds if seeds is not None else file.seeds
 
@@ -280,6 +304,18 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     )
 
 
+def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
+    """The mistakes of the ``analysis:`` section's structure (its keys and values), named beside the file's other
+    mistakes; its variants, axes and metrics are checked once the cells are known (``_analysis``)."""
+    from dashboards.analysis import AnalysisError, parse_analysis
+
+    try:
+        parse_analysis(value)
+    except AnalysisError as err:
+        return [origin.error(e.path, e.message) for e in (err, *err.also)]
+    return []
+
+
 def _analysis(
     origin: Origin, file: StudyFile, variants: list[str], axes: list[str], metrics: set[str]
 ) -> dict[str, Any] | None:
@@ -291,8 +327,8 @@ def _analysis(
     try:
         analysis = parse_analysis(file.analysis)
         check_analysis(analysis, variants, axes, metrics, kind=file.design.kind)
-    except AnalysisError as err:
-        raise origin.error(err.path, err.message) from None
+    except AnalysisError as err:  # every mistake of the section's structure at once
+        raise found([origin.error(e.path, e.message) for e in (err, *err.also)]) from None
     return analysis.model_dump(mode="json", exclude_defaults=True)
 
 

@@ -63,7 +63,7 @@ def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spe
     assert err.key == key and words in str(err), str(err)
 
 
-def test_every_unknown_key_then_every_bad_parameter_of_a_space_is_named_at_once(tmp_path):
+def test_every_mistake_of_a_search_files_structure_is_named_at_once_in_the_files_order(tmp_path):
     space = {
         "model.nrom": {"type": "categorical", "choices": ["pre", "post"]},
         "training.l": {"type": "float", "low": 0.1, "high": 1},
@@ -74,18 +74,33 @@ def test_every_unknown_key_then_every_bad_parameter_of_a_space_is_named_at_once(
         ("space.model.nrom", "did you mean model.norm?"),
         ("space.training.l", "did you mean training.lr?"),
     ]
-    # the keys right, every parameter's mistakes at once
+    # the file's keys and values, the space's keys and every parameter's mistakes, together (safe_dump sorts keys)
     space = {
+        "model.n_head": {"type": "int", "low": 1, "high": 4},
         "model.norm": {"type": "categorical", "choices": []},
         "training.lr": {"type": "float", "low": 1, "high": 0.1},
         "training.warmup_steps": {"type": "intt", "low": 0, "high": 10},
     }
-    err = refused(tmp_path, space=space)
+    err = refused(tmp_path, space=space, sampler="tpee", n_trails=3)
     assert [e.key for e in err.every()] == [
+        "n_trails",
+        "sampler",
+        "space.model.n_head",
         "space.model.norm.choices",
         "space.training.lr",
         "space.training.warmup_steps.type",
     ]
+    assert [e.line for e in err.every()] == sorted(e.line for e in err.every())
+    hints = [e.message for e in err.every()]
+    assert "did you mean n_trials?" in hints[0] and "did you mean 'tpe'?" in hints[1]
+    assert "did you mean model.n_heads?" in hints[2]
+    # a file without its base and with a misspelt name: both, not one per try
+    err = refused(tmp_path, base=None, name=None, nmae="x")
+    assert {(e.key, e.message) for e in err.every()} == {
+        ("nmae", "unknown key; did you mean name?"),
+        ("name", "is required"),
+        ("base", "is required"),
+    }
 
 
 def test_every_catalogue_search_loads():

@@ -21,6 +21,7 @@ BASE = {
 
 def write(tmp_path: Path, **study) -> Path:
     data = {"name": "t", "base": BASE, "design": {"grid": {"model.norm": ["pre", "post"]}}, **study}
+    data = {k: v for k, v in data.items() if v is not None}  # None: without the key
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -162,7 +163,7 @@ def test_every_refused_variant_is_named_at_once_and_a_mistake_of_the_base_once_a
 # --- malformed files: clear messages naming the file and the key --------------------------------------
 
 
-def test_unknown_axis_is_refused_variantswith_suggestions(tmp_path):
+def test_unknown_axis_is_refused_with_suggestions(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norms": ["pre"]}})
     assert err.key.startswith("design.grid") and "model.norms" in str(err) and "model.norm" in err.message
 
@@ -193,7 +194,42 @@ def test_every_unknown_axis_and_key_of_a_study_is_named_at_once(tmp_path):
     ]
 
 
-def test_bad_override_value_is_refused_variantsnaming_the_variant(tmp_path):
+def test_the_files_keys_values_axes_and_analysis_are_judged_in_one_pass(tmp_path):
+    # a value (direction), an unknown key (metirc), unknown axes of the design and of a constraint, and the
+    # analysis section's mistakes: one try names them all, in the file's order
+    err = refused(
+        tmp_path,
+        direction="maximise",
+        metirc="final/val_loss",
+        design={"grid": {"model.nrom": ["pre"], "model.lr": [0.1]}},
+        constraints=[{"skip": {"model.postions": "learned"}, "reason": "r"}],
+        analysis={"failure_rule": "drop", "contrast": "baseline", "warn": {"chance_fractoin": 0.9}},
+    )
+    assert [e.key for e in err.every()] == [  # safe_dump sorts the keys: analysis, base, constraints, design, ...
+        "analysis.contrast",
+        "analysis.failure_rule",
+        "analysis.warn.chance_fractoin",
+        "constraints[0].skip.model.postions",
+        "design.grid.model.lr",
+        "design.grid.model.nrom",
+        "direction",
+        "metirc",
+    ]
+    assert [e.line for e in err.every()] == sorted(e.line for e in err.every())
+    hints = " | ".join(e.message for e in err.every())
+    for hint in ("'contrasts'", "use one of: worst, exclude, value", "'chance_fraction'", "model.positions",
+                 "training.lr", "model.norm", "'maximize'", "metric?"):  # fmt: skip
+        assert hint in hints
+    # a misspelt required key: the typo, not only "design: is required"
+    err = refused(tmp_path, design=None, desing={"grid": {"model.norm": ["pre"]}}, seed=2)
+    assert {(e.key, e.message) for e in err.every()} == {
+        ("desing", "unknown key; did you mean design?"),
+        ("design", "is required"),
+        ("seed", "unknown key; did you mean seeds?"),
+    }
+
+
+def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
 
@@ -204,7 +240,7 @@ def test_empty_design_is_refused(tmp_path, design):
     assert err.key.startswith("design")
 
 
-def test_impossible_cells_refused_variantsby_a_constraint(tmp_path):
+def test_impossible_cells_refused_by_a_constraint(tmp_path):
     err = refused(tmp_path, constraints=[{"refuse": {"model.norm": "post"}, "reason": "post-LN is out of scope"}])
     assert "post-LN is out of scope" in str(err)
 
@@ -329,9 +365,7 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     ("command", "resources", "words"),
     [("sweep", {"cpus": 2}, "needs 2 CPUs"), ("search", {"cpus": 1, "gpus": 1}, "needs 1 GPU")],
 )
-def test_a_trial_the_local_ray_could_never_hold_is_refused_variantsbefore_anything_starts(
-    tmp_path, command, resources, words
-):
+def test_a_trial_the_local_ray_could_never_hold_is_refused_before_anything_starts(tmp_path, command, resources, words):
     """It would otherwise wait forever for resources that never come."""
     if "gpus" in resources:
         import torch
@@ -400,7 +434,7 @@ def test_seeds_can_vary_the_data(tmp_path):
 # --- metrics known before anything trains ---------------------------------------------------------------------
 
 
-def test_a_metric_no_run_logs_is_refused_variantswith_the_nearest_names(tmp_path):
+def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
     """A typo in the study's metric (final/val_los) was caught only by `ablate report`, after all the compute."""
     err = refused(tmp_path, metric="final/val_los")
     assert err.key == "metric" and "did you mean final/val_loss?" in err.message
