@@ -8,7 +8,6 @@ answers at once. Exit codes: 0 done (a diverged run is a result), 1 failed while
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import threading
@@ -378,33 +377,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Redacting(io.TextIOBase):
-    """A terminal stream that masks secrets (passwords in URLs, tokens, secret environment values) in everything
-    written to it: our messages, library logs, tracebacks (ablations/secrets.py)."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        from ablations.secrets import redact
-
-        self.stream.write(redact(text))
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self):
-        return getattr(self.stream, "encoding", "utf-8")
-
-
 def guard_secrets(args: argparse.Namespace) -> None:
     """Credentials in a tracking URI go to MLflow's own variables, so that no URI this process holds (or MLflow
     prints) carries them; a storage URL's password is registered for masking; stdout and stderr are masked."""
@@ -423,8 +395,8 @@ def guard_secrets(args: argparse.Namespace) -> None:
                 os.environ["MLFLOW_TRACKING_URI"] = clean
     for url in (getattr(args, "storage", None), os.environ.get("ABLATE_OPTUNA_STORAGE")):
         secrets.register_url(url)
-    if not isinstance(sys.stdout, _Redacting):
-        sys.stdout, sys.stderr = _Redacting(sys.stdout), _Redacting(sys.stderr)
+    if not isinstance(sys.stdout, secrets.RedactingStream):
+        sys.stdout, sys.stderr = secrets.RedactingStream(sys.stdout), secrets.RedactingStream(sys.stderr)
 
 
 def _sigterm(signum, frame) -> None:
@@ -443,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `ablate report | head`: the reader has what it wanted; no traceback, no more output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

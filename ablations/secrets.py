@@ -22,6 +22,7 @@ environment variable or ``register`` knows it.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -243,3 +244,28 @@ class Credentials:
 
     def __repr__(self) -> str:  # a trial's arguments may be printed (a traceback, Ray's task repr)
         return f"Credentials({', '.join(k for k, _ in self.values)})"
+
+
+class RedactingStream(io.TextIOBase):
+    """A terminal stream that masks secrets (passwords in URLs, tokens, secret environment values) in everything
+    written to it: our messages, library logs, tracebacks."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import html
 import io
 import math
@@ -522,7 +523,10 @@ def _failures(o: stats.Successes) -> str:
 
 def stats_error(runs: StudyRuns, metric: str) -> ValueError:
     known = sorted(c for c in runs.cells.columns if "/" in c and not c.startswith(("train/", "axis.")))
-    return ValueError(f"no run of {runs.name!r} has the metric {metric!r}; metrics there: {', '.join(known[:30])}")
+    close = difflib.get_close_matches(metric, known, 3, 0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    shown = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
+    return ValueError(f"no run of {runs.name!r} has the metric {metric!r}; {hint}metrics there: {shown}")
 
 
 # --- formatting ------------------------------------------------------------------------------------------

@@ -229,6 +229,8 @@ def test_a_metric_absent_from_the_runs_is_a_clear_error(store):
     three_variants(store)
     with pytest.raises(ValueError, match=r"no run of 'abl' has the metric 'test/bleu'.*test/acc"):
         build(load_study(store, "abl"), "test/bleu")
+    with pytest.raises(ValueError, match=r"'test/ac'; did you mean test/acc\? metrics there: .*test/acc"):
+        build(load_study(store, "abl"), "test/ac")  # a typo gets the name it missed, as the study file's does
 
 
 def test_no_study_or_no_runs_is_a_clear_error(store):

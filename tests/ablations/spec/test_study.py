@@ -360,6 +360,19 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded
 
 
+def test_output_piped_into_a_reader_that_left_ends_quietly(tmp_path):
+    # `ablate report quickstart | head`: the reader closes the pipe before the command writes; no traceback
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablations.cli", "sweep", str(write(tmp_path)), "--dry-run"]
+        + ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    proc.stdout.close()  # before the command has imported anything, let alone written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "resources", "words"),
