@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -61,7 +62,8 @@ def print_summary(result) -> None:
 
     status = result.status + (f" ({result.detail})" if result.detail else "")
     print(f"\nstatus: {status}")
-    shown = [k for k in sorted(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]
+    in_order = sorted(result.metrics, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
+    shown = [k for k in in_order if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]  # 2 before 10
     shown += [
         k
         for k in ("cost/tokens_per_s", "cost/wall_time_s", "cost/n_params", "cost/peak_memory_mb")

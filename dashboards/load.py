@@ -106,8 +106,10 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
 
     c = client(uri)
     exp = c.get_experiment_by_name(study)
-    if exp is None:
-        names = sorted(e.name for e in c.search_experiments())
+    if exp is None:  # the experiments a sweep made (not MLflow's Default, a search's or a single run's)
+        experiments = {e.experiment_id: e.name for e in c.search_experiments()}
+        made = {r.info.experiment_id for r in search_all(uri, list(experiments), kind_filter(KIND_STUDY))}
+        names = sorted(experiments[i] for i in made)
         raise NoResults(f"no study {study!r} in {redact_url(uri)}; studies there: {', '.join(names) or 'none'}")
     parents = sorted(
         search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),

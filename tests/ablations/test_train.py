@@ -38,6 +38,19 @@ def only_run(uri: str, experiment: str):
 
 
 @pytest.mark.slow
+def test_the_run_summary_lists_target_positions_in_numeric_order(capsys, tmp_path):
+    from ablations.cli import print_summary
+    from ablations.tracking import RunResult
+
+    metrics = {f"test/error_at_{k}": k / 10 for k in (10, 2, 1, 9)} | {"final/val_loss": 0.5}
+    uri = f"sqlite:///{tmp_path}/m.db"
+    print_summary(
+        RunResult(run_id="0" * 32, status="finished", detail="", metrics=metrics, tracking_uri=uri, experiment="x")
+    )
+    shown = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert shown == ["final/val_loss", "test/error_at_1", "test/error_at_2", "test/error_at_9", "test/error_at_10"]
+
+
 def test_encoder_decoder_learns_to_copy(store):
     run = run_config({"name": "copy", "train_size": 5000, "max_len": 8}, 300, {"n_layers": 1})
     result = train(run, Tracking(store, "learn"))

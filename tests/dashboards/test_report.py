@@ -239,6 +239,9 @@ def test_no_study_or_no_runs_is_a_clear_error(store):
     tracking.experiment_id(store, "empty")
     with pytest.raises(NoResults, match="run `ablate sweep` first"):
         load_study(store, "empty")
+    three_variants(store)  # beside MLflow's Default and an experiment no sweep made, only the study is listed
+    with pytest.raises(NoResults, match=r"no study 'nothing' in .*; studies there: abl$"):
+        load_study(store, "nothing")
 
 
 @pytest.mark.slow
