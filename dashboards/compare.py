@@ -82,14 +82,15 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
 def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -> str:
     if not changes:
         return f"{ref_a} and {ref_b} share no contrast besides the baseline: nothing to compare"
-    w = max(len(c.variant) for c in changes)
-    wa = max(len(c.a) for c in changes) + 12
     warnings = list(dict.fromkeys(x for c in changes for x in c.warnings))
-    lines = [f"{'contrast':<{w}}  {ref_a + ' (Δ ' + metric + ')':<{wa}}  {ref_b + ' (Δ)':<{wa}}  changed"]
-    for c in changes:
-        a, b = f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})"
-        marks = "".join(f"[{warnings.index(x) + 1}]" for x in c.warnings)
-        lines.append(f"{c.variant:<{w}}  {a:<{wa}}  {b:<{wa}}  {'YES' if c.changed else 'no'}  {marks}".rstrip())
+    head = ("contrast", f"{ref_a} (Δ {metric})", f"{ref_b} (Δ)", "changed", "")
+    rows = [
+        (c.variant, f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})", "YES" if c.changed else "no",
+         "".join(f"[{warnings.index(x) + 1}]" for x in c.warnings))
+        for c in changes
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(4)]  # every column as wide as its widest
+    lines = ["  ".join(f"{v:<{w}}" for v, w in zip(r, [*widths, 0])).rstrip() for r in (head, *rows)]
     n = sum(c.changed for c in changes)
     lines.append(
         f"\n{n} of {len(changes)} conclusion(s) changed between {ref_a} and {ref_b} (verdicts from each table's "

@@ -361,7 +361,8 @@ def holm_floor(n: int, alpha: float, family_size: int, smallest: float | None = 
     if smallest <= alpha / family_size:
         return None
     return (
-        f"with {n} seeds the exact test's smallest p is {smallest:.3g}, above Holm's first step {alpha:g}/{family_size}"
+        f"with {n} seed{'s' if n != 1 else ''} the exact test's smallest p is {smallest:.3g}, above Holm's first "
+        f"step {alpha:g}/{family_size}"
     )
 
 

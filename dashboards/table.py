@@ -679,7 +679,7 @@ def smallest_p_text(t: Table) -> str:
         return ""
     if t.analysis.test == "t":
         return "the t-test can reach any p from 2 seeds; its normality cannot be checked on so few"
-    shown = ", ".join(f"{stats.min_p(n):.3g} with {n} seeds" for n in ns[:4])
+    shown = ", ".join(f"{stats.min_p(n):.3g} with {n} seed{'s' if n != 1 else ''}" for n in ns[:4])
     return f"smallest attainable p: {shown} (2/2^n)"
 
 

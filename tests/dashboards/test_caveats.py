@@ -134,6 +134,10 @@ def test_compare_lists_the_warnings_of_each_conclusion(store):
     text = format_changes("cmp@1", "cmp@2", "final/val_loss", changes)
     assert "Warnings ([n] after a contrast" in text and "[1]" in text.splitlines()[1]
     assert "  [1] cmp@1: " in text
+    head, row = text.splitlines()[:2]  # each heading starts where its column does (the headings are wider)
+    assert [head.index(h) for h in ("cmp@1 (Δ", "cmp@2 (Δ)", "changed")] == [
+        row.index(change.a), row.index(change.b, row.index(change.a) + len(change.a)), row.index(" no ") + 1
+    ]  # fmt: skip
 
 
 # --- near chance ---------------------------------------------------------------------------------------------
