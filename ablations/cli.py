@@ -234,7 +234,8 @@ def _search(args: argparse.Namespace) -> int:
     from ablations.secrets import redact_url
 
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
-    print(f"\n{spec.name}: {counts}\nbest:\n{format_best(result.best)}")
+    best = "best" if len(spec.objectives) == 1 else "best (the Pareto front: no trial is better in every objective)"
+    print(f"\n{spec.name}: {counts}\n{best}:\n{format_best(result.best)}")
     print(
         f"Optuna storage: {redact_url(result.storage)}   (ablate ui --optuna{' --storage URL' if args.storage else ''})"
     )

@@ -228,8 +228,9 @@ def run_search(
             return False
         return spec.n_trials is None or counted_trials(study) < spec.n_trials
 
+    pruner = "no" if spec.pruner == "none" else spec.pruner
     out(
-        f"search {spec.name!r}: {describe_sampler(spec)}, {spec.pruner} pruner, {concurrency} trial(s) at once; "
+        f"search {spec.name!r}: {describe_sampler(spec)}, {pruner} pruner, {concurrency} trial(s) at once; "
         f"storage {redact_url(url)}; MLflow parent run {parent_id}"
     )
     try:
@@ -397,7 +398,7 @@ def progress_line(
         with contextlib.suppress(ValueError):
             best = f"; best {study.best_value:.4g} (trial {study.best_trial.number})"
     return (
-        f"[{int(time.monotonic() - t0)}s] trial {number} {state.lower()}{value} in {seconds:.0f}s; "
+        f"[{time.monotonic() - t0:.0f}s] trial {number} {state.lower()}{value} in {seconds:.0f}s; "  # both rounded
         f"{done}{goal} done, {c.get('FAIL', 0)} failed, {running} running{best}"
     )
 

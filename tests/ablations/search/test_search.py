@@ -640,3 +640,16 @@ def test_the_pruner_waits_for_the_warm_up_stated_in_the_file(tmp_path):
     hook(10, {"val/loss": 9.0})  # far worse, but inside the warm-up: not judged
     with pytest.raises(StopTraining):
         hook(20, {"val/loss": 9.0})
+
+
+def test_a_progress_line_never_shows_a_trial_longer_than_the_search(tmp_path):
+    # "[12s] trial 0 complete in 13s": the search's time was truncated and the trial's rounded
+    from ablations.search.driver import progress_line
+
+    spec = load_search(write_spec(tmp_path))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name=spec.name)
+    trial = study.ask()
+    study.tell(trial, 0.5)
+    result = {"values": [0.5], "status": "FINISHED"}
+    line = progress_line(study, spec, 0, "COMPLETE", result, 12.6, 0, time.monotonic() - 12.7)
+    assert line.startswith("[13s] trial 0 complete final/val_loss=0.5 in 13s;"), line
