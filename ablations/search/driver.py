@@ -233,6 +233,8 @@ def run_search(
         f"search {spec.name!r}: {describe_sampler(spec)}, {pruner} pruner, {concurrency} trial(s) at once; "
         f"storage {redact_url(url)}; MLflow parent run {parent_id}"
     )
+    for warning in spec.warnings:
+        out(f"warning: {warning}")
     try:
         while True:
             while len(running) < concurrency and can_ask():

@@ -29,7 +29,7 @@ The file's structure is the pydantic model ``SearchFile``; ``load_search`` check
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -213,6 +213,7 @@ class SearchSpec:
     warmup_steps: int = 0
     startup_trials: int = 0  # random trials before the sampler's model (tpe, gp); 0 for the others
     diverged: str = "worst"
+    warnings: list[str] = field(default_factory=list)  # said before the search starts (``refused_values``)
 
     @property
     def random_only(self) -> bool:
@@ -374,4 +375,40 @@ def load_search(
                 raise origin.error(("objectives", i, "metric") if file.objectives else ("metric",), problem)
         if spec.pruner != "none" and spec.prune_on not in intermediate_metrics(run):
             raise origin.error(("prune_on",), unknown_metric(spec.prune_on, intermediate_metrics(run)) or "")
+    spec.warnings = refused_values(spec)
     return spec
+
+
+def refused_values(spec: SearchSpec, most: int = 64) -> list[str]:
+    """The values of a discrete parameter (its choices, or an int range of at most ``most`` values) that make no
+    valid run with the other parameters at their low ends nor at their high ends: a trial that draws one is
+    refused, and counts towards n_trials (``n_heads`` from 1 to 8 with d_model 64: 3, 5, 6 and 7)."""
+    found = []
+    for p in spec.space:
+        if p.type == "float" or (p.type == "int" and (p.high - p.low) / (p.step or 1) >= most):
+            continue
+        values = (
+            list(p.choices) if p.type == "categorical" else list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+        )
+        refused: dict[Any, str] = {}
+        for value in values:
+            reasons = []
+            for pick in (0, -1):
+                params: dict[str, Any] = {}
+                for q in spec.space:
+                    if q.active(params):
+                        params[q.key] = value if q is p else q.end(pick)
+                try:
+                    resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
+                except SpecError as err:
+                    reasons.append(err.message)
+            if len(reasons) == 2:
+                refused[value] = reasons[0]
+        if refused:
+            kept = [v for v in values if v not in refused]
+            found.append(
+                f"space.{p.key}: {', '.join(map(str, refused))} make no valid run ({next(iter(refused.values()))}); "
+                "a trial that draws one is refused and counts towards n_trials"
+                + (f" (type: categorical with choices {kept} leaves them out)" if kept and p.type == "int" else "")
+            )
+    return found

@@ -148,3 +148,19 @@ def test_tune_section_is_checked_with_the_study(tmp_path):
     path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))
     with pytest.raises(SpecError, match="tune.n_trials.*an end"):
         load_study(path)
+
+
+def test_values_of_a_range_that_make_no_valid_run_are_said_before_the_search_starts(tmp_path):
+    # n_heads from 1 to 8 with d_model 64: the trials that draw 3, 5, 6 or 7 would be refused one by one
+    base = {**TINY, "model": {**TINY["model"], "d_model": 64}}
+    space = {"model.n_heads": {"type": "int", "low": 1, "high": 8}}
+    (warning,) = load_search(write_spec(tmp_path, base=base, space=space)).warnings
+    refused = [h for h in range(1, 9) if 64 % h]  # the oracle: the model's own rule, d_model divisible by n_heads
+    assert warning.startswith(f"space.model.n_heads: {', '.join(map(str, refused))} make no valid run (")
+    assert f"choices {[h for h in range(1, 9) if h not in refused]} leaves them out" in warning
+    # a value valid with another parameter's other end is not refused: 6 divides 96
+    space["model.d_model"] = {"type": "categorical", "choices": [64, 96]}
+    (warning,) = load_search(write_spec(tmp_path, base=base, space=space)).warnings
+    assert warning.startswith(f"space.model.n_heads: {', '.join(str(h) for h in range(1, 9) if 64 % h and 96 % h)} ")
+    space = {"model.n_heads": {"type": "categorical", "choices": [1, 2, 4, 8]}}
+    assert load_search(write_spec(tmp_path, base=base, space=space)).warnings == []
