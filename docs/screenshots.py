@@ -30,9 +30,12 @@ def main(db: str, study: str) -> None:
     exp = c.get_experiment_by_name(study)
     parent = c.search_runs([exp.experiment_id], "tags.kind = 'study'", order_by=["attributes.start_time DESC"])[0]
     port = free_port()
+    log = Path(db).resolve().parent / "logs" / "screenshots-mlflow.log"  # the server's access log, not the terminal
+    log.parent.mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        mlflow_server_command(uri, "127.0.0.1", port), env=lean_server_env(), start_new_session=True
-    )
+        mlflow_server_command(uri, "127.0.0.1", port), env=lean_server_env(), start_new_session=True,
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
     out = ROOT / "docs" / "img"
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,900"):
