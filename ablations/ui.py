@@ -48,9 +48,10 @@ def lean_server_env() -> dict[str, str]:
     return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def experiment_link(base: str, experiment_id: str, run_id: str | None = None) -> str:
-    """A page of MLflow's UI in its model-training view (MLflow 3 opens experiments on its GenAI pages)."""
-    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+def experiment_link(base: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """A page of MLflow's UI in its model-training view (MLflow 3 opens on its GenAI pages): an experiment, a run
+    of it, or (no experiment) the list of experiments."""
+    page = "#/experiments" + (f"/{experiment_id}" if experiment_id else "") + (f"/runs/{run_id}" if run_id else "")
     return f"{base.rstrip('/')}/{page}?workflowType=machine_learning"
 
 
@@ -124,7 +125,7 @@ def serve_mlflow(
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding to {host} exposes the UI (and the store) beyond this machine", file=sys.stderr)
     base = f"http://{_shown_host(host)}:{port}"
-    links = [f"open {experiment_link(base, exp_id, run_id)}"] if exp_id else [f"open {base}"]
+    links = [f"open {experiment_link(base, exp_id, run_id)}"]
     return serve(
         mlflow_server_command(uri, host, port),
         lean_server_env(),

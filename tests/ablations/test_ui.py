@@ -34,6 +34,12 @@ def test_ablate_ui_serves_the_store_on_loopback(tmp_path, store):
     )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        # no experiment named: the list of experiments in the model-training view, not MLflow's GenAI home
+        assert proc.stdout.readline().startswith("MLflow UI on ")
+        assert (
+            proc.stdout.readline().strip()
+            == f"open http://127.0.0.1:{port}/#/experiments?workflowType=machine_learning"
+        )
         url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/get?run_id={result.run_id}"
         with urllib.request.urlopen(url, timeout=10) as r:
             run = json.load(r)["run"]
