@@ -8,6 +8,7 @@ answers at once. Exit codes: 0 done (a diverged run is a result), 1 failed while
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -421,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:  # `ablate report | head`: the reader has what it wanted; no traceback, no more output
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):  # a stream without a file (a test's capture)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

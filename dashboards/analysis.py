@@ -261,23 +261,23 @@ def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
         raise first from None
 
 
-def _error(first: dict[str, Any], where: str) -> AnalysisError:
+def _error(e: dict[str, Any], where: str) -> AnalysisError:
     """One of pydantic's errors as the key and the fix."""
-    path = _path(tuple(first["loc"]), where)
-    key = next((str(x) for x in reversed(first["loc"]) if isinstance(x, str) and x in FIXES), "")
-    if first["type"] == "extra_forbidden":
-        parent = tuple(x for x in first["loc"][:-1])
+    path = _path(tuple(e["loc"]), where)
+    key = next((str(x) for x in reversed(e["loc"]) if isinstance(x, str) and x in FIXES), "")
+    if e["type"] == "extra_forbidden":
+        parent = tuple(x for x in e["loc"][:-1])
         model = {"contrasts": Contrasts, "warn": Warn}.get(parent[-1] if parent else "", Analysis)
         valid = ", ".join(model.model_fields)
-        close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
+        close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return AnalysisError(path, f"unknown key; {hint}valid keys: {valid}")
-    msg = first["msg"].removeprefix("Value error, ")
-    if not first["loc"] and ": " in msg:  # a check across keys names its key first
+    msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"] and ": " in msg:  # a check across keys names its key e
         head, msg = msg.split(": ", 1)
         path = (where, head)
-    shown = "input" in first and not isinstance(first["input"], dict) and "(got" not in msg
-    got = f" (got {first['input']!r})" if shown else ""
+    shown = "input" in e and not isinstance(e["input"], dict) and "(got" not in msg
+    got = f" (got {e['input']!r})" if shown else ""
     fix = f"; fix: {FIXES[key]}" if key in FIXES and "fix" not in msg and ";" not in msg else ""
     return AnalysisError(path, f"{msg}{got}{fix}")
 

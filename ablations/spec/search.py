@@ -383,7 +383,7 @@ def refused_values(spec: SearchSpec, most: int = 64) -> list[str]:
     """The values of a discrete parameter (its choices, or an int range of at most ``most`` values) that make no
     valid run with the other parameters at their low ends nor at their high ends: a trial that draws one is
     refused, and counts towards n_trials (``n_heads`` from 1 to 8 with d_model 64: 3, 5, 6 and 7)."""
-    found = []
+    said = []
     for p in spec.space:
         if p.type == "float" or (p.type == "int" and (p.high - p.low) / (p.step or 1) >= most):
             continue
@@ -406,9 +406,9 @@ def refused_values(spec: SearchSpec, most: int = 64) -> list[str]:
                 refused[value] = reasons[0]
         if refused:
             kept = [v for v in values if v not in refused]
-            found.append(
+            said.append(
                 f"space.{p.key}: {', '.join(map(str, refused))} make no valid run ({next(iter(refused.values()))}); "
                 "a trial that draws one is refused and counts towards n_trials"
                 + (f" (type: categorical with choices {kept} leaves them out)" if kept and p.type == "int" else "")
             )
-    return found
+    return said

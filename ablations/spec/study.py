@@ -203,7 +203,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         base.pop("name", None)
     else:  # pydantic names it (beside the file's other mistakes); no key of the design can be judged without it
         base, base_origin = {}, origin
-    valid = axis_keys(base) if base else []
+    valid = axis_keys(base) if "base" in data else []
     study_keys = list(STUDY_KEYS) + [f"design.{k}" for k in DESIGNS] + [f"budget.{k}" for k in Budget.model_fields]
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
     errors: list[SpecError] = []  # every mistake of the file's structure at once: keys, values, axes
@@ -212,7 +212,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     except SpecError as err:
         errors += err.every()
     try:
-        check_axes(origin, _design_keys(data) if base else [], valid)
+        check_axes(origin, _design_keys(data) if "base" in data else [], valid)
     except SpecError as err:
         errors += err.every()
     errors += _analysis_errors(origin, data.get("analysis"))
