@@ -83,7 +83,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from ablations.spec import SpecError, load_study
 
     try:
-        study = load_study(args.study, seeds=_seeds(args.seeds))
+        study = load_study(args.study, seeds=args.seeds)
     except SpecError as err:
         return error(err)
     from ablations import sweep
@@ -206,10 +206,12 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _seeds(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    return list(range(int(text))) if text.isdigit() else [int(s) for s in text.split(",")]
+def _seeds(text: str) -> list[int]:
+    """``--seeds``: a count (3: seeds 0, 1, 2) or a list of non-negative seeds (0,4,7); argparse names it."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or (len(parts) == 1 and int(parts[0]) == 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count of seeds (3) or a list of seeds (0,1,2)")
+    return list(range(int(text))) if len(parts) == 1 else [int(p) for p in parts]
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -290,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tracking_uri(p)
     p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    p.add_argument("--seeds", default=None, help="override the study's seeds: a count (3) or a list (0,1,2)")
+    p.add_argument("--seeds", type=_seeds, help="override the study's seeds: a count (3) or a list (0,1,2)")
     p.add_argument(
         "--claims",
         default=None,

@@ -272,7 +272,7 @@ def _error(e: dict[str, Any], where: str) -> AnalysisError:
         close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return AnalysisError(path, f"unknown key; {hint}valid keys: {valid}")
-    msg = e["msg"].removeprefix("Value error, ")
+    msg = e["msg"].removeprefix("Value error, ").replace("Input should be a valid dictionary", "must be a mapping")
     if not e["loc"] and ": " in msg:  # a check across keys names its key e
         head, msg = msg.split(": ", 1)
         path = (where, head)

@@ -59,6 +59,8 @@ class Origin:
         for over, item in self.overrides.items():  # a cross-field refusal that names an overridden key
             if over and over[:-1] == path[: len(over) - 1] and f"{over[-1]}=" in message:
                 return SpecError("--set", item, message)
+            if len(path) > 1 and over[: len(path)] == path:  # --set model.n_heads.x=1 made model.n_heads a mapping
+                return SpecError("--set", item, message)
         full = (*self.prefix, *path)
         line = self.doc.line(full) if self.doc is not None else None
         shown = key if key is not None else dotted(full)
@@ -106,7 +108,7 @@ def _message(e: dict[str, Any], valid: Iterable[str], section: str) -> str:
             close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{value!r} is not a valid choice{hint}; valid: {', '.join(choices) or expected}"
-    if kind == "too_short":
+    if kind in ("too_short", "string_too_short"):
         return "must not be empty"
     if kind in ("value_error", "assertion_error"):
         err = ctx.get("error")
@@ -147,6 +149,23 @@ class KeyedError(ValueError):
     def __init__(self, path: tuple, message: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+def run_sections_placed(errors: list[SpecError], vary: str) -> list[SpecError]:
+    """A run's section (``model:``) at the top of a study or a search is the base's: say so, instead of the
+    nearest key's name (``did you mean model.d_model?``). ``vary``: where a study or search changes its keys."""
+    sections = ("task", "model", "training", "tracking")
+    return [
+        SpecError(
+            e.source,
+            e.key,
+            f"unknown key; a section of the base run: put it under base:, or {vary}",
+            e.line,
+        )
+        if e.key in sections and e.message.startswith("unknown key")
+        else e
+        for e in errors
+    ]
 
 
 def check_name(value: Any, what: str) -> Any:

@@ -31,8 +31,12 @@ class SpecError(ValueError):
 
 def found(errors: Sequence[SpecError]) -> SpecError:
     """The error to raise for mistakes found in one pass: the first in the file's order, carrying the others
-    (repeats dropped; those without a line, ``--set``'s, last)."""
-    unique = sorted({str(e): e for e in errors}.values(), key=lambda e: (e.line is None, e.line or 0))
+    (repeats dropped; a second file's, a study's base, after the first's; those without a line, ``--set``'s,
+    last)."""
+    files: dict[str | None, int] = {}
+    for e in errors:
+        files.setdefault(e.source, len(files))
+    unique = sorted({str(e): e for e in errors}.values(), key=lambda e: (e.line is None, files[e.source], e.line or 0))
     for e in unique:
         e.also = ()
     unique[0].also = tuple(unique[1:])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -172,8 +173,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]
 # --- reading ------------------------------------------------------------------------------------------------
 
 
-def read_document(path: str | Path) -> Document:
-    """A configuration file as a Document (data + lines); SpecError if it cannot be read as one."""
+def read_document(path: str | Path, keys: Sequence[str] = SECTIONS) -> Document:
+    """A configuration file as a Document (data + lines); SpecError if it cannot be read as one (``keys``: what
+    its mapping holds, for the message)."""
     source = str(path)
     try:
         doc = read(path)
@@ -182,7 +184,7 @@ def read_document(path: str | Path) -> Document:
     except YamlFileError as err:
         raise SpecError(source, None, err.message, err.line) from None
     if not isinstance(doc.data, dict):
-        raise SpecError(source, None, "must be a YAML mapping with the sections " + ", ".join(SECTIONS))
+        raise SpecError(source, None, "must be a YAML mapping with the keys " + ", ".join(keys))
     return doc
 
 
@@ -190,6 +192,8 @@ def load_base(origin: Origin, value: Any, folder: Path) -> tuple[dict[str, Any],
     """The base run (a file relative to the study, or inline) and where its keys come from."""
     if isinstance(value, str):
         path = (folder / value).resolve()
+        if not value.strip() or path.is_dir():
+            raise origin.error(("base",), f"{value!r} is not a run file: name one (base: ../runs/quickstart.yaml)")
         if not path.exists():
             raise origin.error(("base",), f"run file {value!r} not found (looked for {path})")
         doc = read_document(path)
@@ -293,17 +297,14 @@ def _task_and_model(origin: Origin, file: RunFile):
     return task, model
 
 
-def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
-    """Check a run's sections and fill in what the task determines. Raises SpecError."""
-    from models.training import TrainingConfig
-
-    origin = Origin.of(source)
+def _structure(origin: Origin, data: Any) -> RunFile:
+    """The run's sections and every key of them: every misspelt key of the file at once, whichever section holds
+    it, beside the values of the wrong type (the values the model judges come after, in ``resolve_run``)."""
     valid = run_keys(data)
     if not isinstance(data, dict):
         raise origin.error((), "must be a mapping with the sections " + ", ".join(SECTIONS))
     if "task" not in data:
         raise origin.error(("task",), "is required (for example task: {name: copy})")
-    # every misspelt key of the file at once, whichever section holds it, before any value is judged
     misspelt = _misspelt(origin, data, valid)
     try:
         file = validate(RunFile, data, origin, valid)
@@ -311,6 +312,24 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
         raise found([*err.every(), *misspelt]) from None
     if misspelt:
         raise found(misspelt)
+    return file
+
+
+def structure_errors(origin: Origin, data: Any) -> list[SpecError]:
+    """A base run's mistakes of structure, named beside those of the study or search that uses it."""
+    try:
+        _structure(origin, data)
+    except SpecError as err:
+        return err.every()
+    return []
+
+
+def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
+    """Check a run's sections and fill in what the task determines. Raises SpecError."""
+    from models.training import TrainingConfig
+
+    origin = Origin.of(source)
+    file = _structure(origin, data)
 
     # the training section does not depend on the task: its mistake is named beside the task's or the model's
     try:

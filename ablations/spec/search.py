@@ -29,6 +29,7 @@ The file's structure is the pydantic model ``SearchFile``; ``load_search`` check
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,12 +45,13 @@ from ablations.spec.common import (
     check_axes,
     check_name,
     mapping,
+    run_sections_placed,
     trial_overrides,
     validate,
 )
 from ablations.spec.errors import SpecError, found
 from ablations.spec.metrics import intermediate_metrics, logged_metrics, unknown_metric
-from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run
+from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run, structure_errors
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
 PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
@@ -77,6 +79,8 @@ class Param(Strict):
     @model_validator(mode="before")
     @classmethod
     def _keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("choices"), list):  # whatever the type (a typo in it
+            data = {**data, "choices": tuple(data["choices"])}  # is named once, not with the choices too)
         if isinstance(data, dict) and data.get("type") in _ALLOWED:
             extra = sorted(set(data) - _ALLOWED[data["type"]] - {"key"})
             if extra:
@@ -84,8 +88,6 @@ class Param(Strict):
                     (extra[0],),
                     f"unknown key for a {data['type']} parameter; valid: {', '.join(sorted(_ALLOWED[data['type']]))}",
                 )
-            if isinstance(data.get("choices"), list):
-                data = {**data, "choices": tuple(data["choices"])}
         return data
 
     @model_validator(mode="after")
@@ -246,30 +248,33 @@ def suggest_param(p: Param, trial) -> Any:
     return trial.suggest_categorical(p.key, list(p.choices))
 
 
-def _space(origin: Origin, body: dict[str, Any], valid: list[str]) -> list[Param]:
+def _space(origin: Origin, body: dict[str, Any], valid: list[str] | None) -> list[Param]:
+    """The space's parameters, in the order a trial asks them. Every unknown key (unless ``valid`` is None: no
+    base to judge them by), every parameter's mistakes and every ``when`` that names no categorical parameter
+    or none of its choices, at once."""
     space, errors = [], []
     try:
-        check_axes(origin, [(("space", key), key) for key in body], valid)  # every unknown key ...
+        check_axes(origin, [(("space", key), key) for key in body] if valid is not None else [], valid or [])
     except SpecError as err:
         errors += err.every()
-    for key, spec in body.items():  # ... and every parameter's mistakes, at once
+    for key, spec in body.items():
         try:
             mapping(origin, ("space", key), spec)
             space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
         except SpecError as err:
             errors += err.every()
-    if errors:
-        raise found(errors)
     keys = {p.key: p for p in space}
     for p in space:
         for k, v in p.when.items():
+            where = ("space", p.key, "when", k)
             if k not in keys or keys[k].type != "categorical":
-                raise origin.error(("space", p.key, "when", k), "must name a categorical parameter of the space")
+                errors.append(origin.error(where, "must name a categorical parameter of the space"))
+                continue
             for one in v if isinstance(v, list) else [v]:
                 if one not in keys[k].choices:
-                    raise origin.error(
-                        ("space", p.key, "when", k), f"{one!r} is not one of its choices {list(keys[k].choices)}"
-                    )
+                    errors.append(origin.error(where, f"{one!r} is not one of its choices {list(keys[k].choices)}"))
+    if errors:
+        raise found(errors)
     ordered: list[Param] = []  # conditions first: a parameter comes after the ones its `when` names
     while len(ordered) < len(space):
         ready = [p for p in space if p not in ordered and all(keys[k] in ordered for k in p.when)]
@@ -304,31 +309,39 @@ def load_search(
     if isinstance(path, Origin):
         origin, folder = path, Path(path.source or ".").parent
     else:
-        doc = read_document(path) if data is None else None
+        doc = read_document(path, ("name", "base", "space", "n_trials", "metric", "...")) if data is None else None
         origin, folder = Origin(str(path), doc), Path(path).parent
         data = doc.data if doc is not None else data
     data = dict(data or {})
+    errors: list[SpecError] = []  # every mistake of the file's structure at once: its keys, values, space, base
+    base_errors: list[SpecError] = []  # its base file's, after its own
     if base is None and "base" in data:
-        base, _ = load_base(origin, data["base"], folder)
+        try:
+            base, base_origin = load_base(origin, data["base"], folder)
+            base_errors = structure_errors(base_origin, base)
+        except SpecError as err:
+            errors += err.every()
+    elif base is None:
+        errors.append(origin.error(("base",), "is required"))
+    has_base = base is not None
     base = dict(base or {})
     base.pop("name", None)
-    valid = axis_keys(base) if base else []
+    valid = axis_keys(base) if has_base else []
     file_keys = list(SEARCH_KEYS) + [f"budget.{k}" for k in Budget.model_fields]
     file_keys += [f"resources.{k}" for k in Resources.model_fields]
-    errors: list[SpecError] = []  # every mistake of the file's structure at once: its keys, values and space
-    if not base:
-        errors.append(origin.error(("base",), "is required"))
     try:
         file = validate(SearchFile, data, origin, file_keys + valid)
-    except SpecError as err:
-        errors += err.every()
+    except SpecError as err:  # the base's type is said once, by load_base
+        errors += [e for e in err.every() if has_base or (e.key or "").split(".")[0] != "base"]
     body = data.get("space")
-    try:
-        space = _space(origin, body if base and isinstance(body, dict) else {}, valid)
+    try:  # without a base, the parameters are judged but not the keys they set
+        space = _space(origin, body if isinstance(body, dict) else {}, valid if has_base else None)
     except SpecError as err:
         errors += err.every()
-    if errors:
-        raise found(errors)
+    if errors or base_errors:
+        raise found(
+            run_sections_placed(errors, "search its keys in the space (space: {training.lr: ...})") + base_errors
+        )
     objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
     objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
     sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")
@@ -363,11 +376,13 @@ def load_search(
                 params[p.key] = p.end(pick)
         try:
             run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
-        except SpecError as err:
+        except SpecError as err:  # blamed on the parameter that causes it (its key, or "n_heads=1000" named)
             end = "low" if pick == 0 else "high"
-            raise origin.error(
-                ("space",), f"{err.message} (with the space at its {end} end: {params})", key=f"space ({err.key})"
-            ) from None
+            cause = [k for k in params if k == err.key or f"{k.rsplit('.', 1)[-1]}=" in err.message]
+            message = f"{err.message} (with the space at its {end} end: {params})"
+            if cause:
+                raise origin.error(("space", cause[0]), f"{err.key + ': ' if err.key else ''}{message}") from None
+            raise origin.error(("space",), message, key=f"space ({err.key})") from None
         logged = logged_metrics(run)
         for i, (metric, _) in enumerate(spec.objectives):
             problem = unknown_metric(metric, logged)
@@ -379,30 +394,33 @@ def load_search(
     return spec
 
 
-def refused_values(spec: SearchSpec, most: int = 64) -> list[str]:
+def refused_values(spec: SearchSpec, most: int = 64, combinations: int = 512) -> list[str]:
     """The values of a discrete parameter (its choices, or an int range of at most ``most`` values) that make no
-    valid run with the other parameters at their low ends nor at their high ends: a trial that draws one is
-    refused, and counts towards n_trials (``n_heads`` from 1 to 8 with d_model 64: 3, 5, 6 and 7)."""
+    valid run with any combination of the others' values (their choices, every value of a short int range, the
+    ends of the rest): a trial that draws one is refused, and counts towards n_trials (``n_heads`` from 1 to 8 with
+    d_model 64: 3, 5, 6 and 7). A parameter whose others have more than ``combinations`` is not judged."""
     said = []
     for p in spec.space:
-        if p.type == "float" or (p.type == "int" and (p.high - p.low) / (p.step or 1) >= most):
+        values = _values(p, most)
+        others = [q for q in spec.space if q is not p]
+        picks = list(itertools.product(*(_values(q, 16) or [q.end(0), q.end(-1)] for q in others)))
+        if values is None or len(picks) > combinations:
             continue
-        values = (
-            list(p.choices) if p.type == "categorical" else list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
-        )
         refused: dict[Any, str] = {}
         for value in values:
             reasons = []
-            for pick in (0, -1):
+            for pick in picks:
+                chosen = dict(zip((q.key for q in others), pick), **{p.key: value})
                 params: dict[str, Any] = {}
                 for q in spec.space:
                     if q.active(params):
-                        params[q.key] = value if q is p else q.end(pick)
+                        params[q.key] = chosen[q.key]
                 try:
                     resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
+                    break
                 except SpecError as err:
                     reasons.append(err.message)
-            if len(reasons) == 2:
+            else:
                 refused[value] = reasons[0]
         if refused:
             kept = [v for v in values if v not in refused]
@@ -412,3 +430,12 @@ def refused_values(spec: SearchSpec, most: int = 64) -> list[str]:
                 + (f" (type: categorical with choices {kept} leaves them out)" if kept and p.type == "int" else "")
             )
     return said
+
+
+def _values(p: Param, most: int) -> list[Any] | None:
+    """Every value a discrete parameter can take (None for a float or an int range of ``most`` or more)."""
+    if p.type == "categorical":
+        return list(p.choices)
+    if p.type == "float" or (p.high - p.low) / (p.step or 1) >= most:
+        return None
+    return list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))

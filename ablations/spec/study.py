@@ -31,12 +31,11 @@ configuration in two variants is one cell; adding a seed or an axis value adds o
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ablations.spec.common import (
     Budget,
@@ -46,15 +45,24 @@ from ablations.spec.common import (
     check_axes,
     check_name,
     mapping,
+    run_sections_placed,
     settings_overrides,
     trial_overrides,
     validate,
 )
 from ablations.spec.errors import SpecError, found
 from ablations.spec.metrics import variant_metrics
-from ablations.spec.run import RunConfig, apply_overrides, axis_keys, load_base, read_document, resolve_run
+from ablations.spec.run import (
+    RunConfig,
+    apply_overrides,
+    axis_keys,
+    load_base,
+    read_document,
+    resolve_run,
+    structure_errors,
+)
 from ablations.spec.search import load_search
-from ablations.spec.variants import DESIGNS, FIX, Design, axis_paths, base_errors, expand, matches, variant_error
+from ablations.spec.variants import DESIGNS, FIX, Design, base_errors, expand, matches, variant_error
 
 
 class Constraint(Strict):
@@ -178,46 +186,57 @@ class Study:
 
 
 def _design_keys(data: dict[str, Any]) -> list[tuple[tuple, Any]]:
-    """(where in the file, key) of every key the design and the constraints set, read even when other parts of
-    the file are wrong (their mistakes are named beside these)."""
-    keys = []
-    with contextlib.suppress(ValidationError):
-        keys += axis_paths(Design.model_validate(data.get("design")))
-    constraints = data.get("constraints")
-    for i, item in enumerate(constraints if isinstance(constraints, list) else []):
-        with contextlib.suppress(ValidationError):
-            c = Constraint.model_validate(item)
-            keys += [(("constraints", i, c.action, k), k) for k in c.when]
-    return keys
+    """(where in the file, key) of every key the design and the constraints set, read from the file as it is, so
+    that they are judged even when other parts of the design are wrong (their mistakes are named beside these)."""
+
+    def keys(path: tuple, value: Any) -> list[tuple[tuple, Any]]:
+        return [((*path, k), k) for k in value] if isinstance(value, dict) else []
+
+    design = data.get("design") if isinstance(data.get("design"), dict) else {}
+    found = keys(("design", "grid"), design.get("grid"))
+    one = design.get("one_at_a_time") if isinstance(design.get("one_at_a_time"), dict) else {}
+    found += [k for part in ("baseline", "axes") for k in keys(("design", "one_at_a_time", part), one.get(part))]
+    variants = design.get("variants") if isinstance(design.get("variants"), list) else []
+    for i, item in enumerate(variants):
+        found += keys(("design", "variants", i, "set"), item.get("set")) if isinstance(item, dict) else []
+    constraints = data.get("constraints") if isinstance(data.get("constraints"), list) else []
+    for i, item in enumerate(constraints):
+        for action in ("skip", "refuse"):
+            found += keys(("constraints", i, action), item.get(action)) if isinstance(item, dict) else []
+    return found
 
 
 def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     """Read and check a study file and expand it into cells. Raises SpecError before anything starts."""
     path = Path(path)
     source = str(path)
-    doc = read_document(path)
+    doc = read_document(path, ("name", "base", "design", "seeds", "metric", "..."))
     origin = Origin(source, doc)
     data = doc.data
+    errors: list[SpecError] = []  # every mistake of the file's structure at once: keys, values, axes, the base's
+    base, base_origin, has_base = {}, origin, False  # without a base, pydantic names it; no axis can be judged
     if "base" in data:
-        base, base_origin = load_base(origin, data["base"], path.parent)
-        base.pop("name", None)
-    else:  # pydantic names it (beside the file's other mistakes); no key of the design can be judged without it
-        base, base_origin = {}, origin
-    valid = axis_keys(base) if "base" in data else []
+        try:
+            base, base_origin = load_base(origin, data["base"], path.parent)
+            base.pop("name", None)
+            has_base = True
+        except SpecError as err:
+            errors += err.every()
+    valid = axis_keys(base) if has_base else []
     study_keys = list(STUDY_KEYS) + [f"design.{k}" for k in DESIGNS] + [f"budget.{k}" for k in Budget.model_fields]
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
-    errors: list[SpecError] = []  # every mistake of the file's structure at once: keys, values, axes
     try:
         file = validate(StudyFile, data, origin, study_keys + valid)
-    except SpecError as err:
-        errors += err.every()
+    except SpecError as err:  # the base's type is said once, by load_base
+        errors += [e for e in err.every() if has_base or "base" not in data or (e.key or "").split(".")[0] != "base"]
     try:
-        check_axes(origin, _design_keys(data) if "base" in data else [], valid)
+        check_axes(origin, _design_keys(data) if has_base else [], valid)
     except SpecError as err:
         errors += err.every()
     errors += _analysis_errors(origin, data.get("analysis"))
+    errors += structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
     if errors:
-        raise found(errors)
+        raise found(run_sections_placed(errors, "vary its keys in the design (model.norm: [pre, post])"))
     axes, variants = expand(file.design)
     seed_list = seeds if seeds is not None else file.seeds
 
@@ -237,13 +256,15 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     every_trial = trial_overrides(file.resources, file.budget)
     for label, settings, where in variants:
         run_data = apply_overrides(base, settings_overrides({**settings, **every_trial}))
-        reason = None
+        reason, refused = None, False
         for i, c in enumerate(file.constraints):
             if matches(run_data, c.when):
-                if c.action == "refuse":
-                    raise origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}")
-                reason = c.reason
+                reason, refused = c.reason, c.action == "refuse"
+                if refused:  # named beside the variants the model refuses
+                    invalid.append(origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}"))
                 break
+        if refused:
+            continue
         for seed in seed_list:
             if reason is not None:
                 skipped.append(Skipped(label, seed, reason))
@@ -277,7 +298,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             )
         raise found(errors)
     if not cells:
-        raise origin.error(("design",), "leaves no cell to run (every cell is skipped)")
+        reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in skipped))  # why, not only that
+        shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+        raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
     tune = _tune(origin, file, base, axes)
     metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
     analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes, metrics)
@@ -309,6 +332,8 @@ def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
     mistakes; its variants, axes and metrics are checked once the cells are known (``_analysis``)."""
     from dashboards.analysis import AnalysisError, parse_analysis
 
+    if not isinstance(value, dict | None):  # the file's schema says it (a mapping), once
+        return []
     try:
         parse_analysis(value)
     except AnalysisError as err:

@@ -9,6 +9,7 @@ Imports no ray, mlflow or optuna.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -141,7 +142,10 @@ def variant_error(
     key the message names, "n_heads=3"), else the base's line of the key; a mistake of the base itself is the
     base's, with no variant to skip."""
     key = err.key or ""
-    named = [k for k in settings if f"{k.rsplit('.', 1)[-1]}=" in err.message]
+    leaf = {k: k.rsplit(".", 1)[-1] for k in settings}  # a setting the message names: "n_heads=3", else "pattern"
+    named = [k for k in settings if f"{leaf[k]}=" in err.message] or [
+        k for k in settings if re.search(rf"\b{re.escape(leaf[k])}\b", err.message)
+    ]
     if key and key not in settings and not named and str(err) in in_base and base_origin.doc is not None:
         message, shown = err.message, None  # as ``ablate run`` names it
     else:

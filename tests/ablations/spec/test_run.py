@@ -130,6 +130,7 @@ MALFORMED = [
     (GOOD, "model.n_heads", None, r"--set: 'model.n_heads': is not KEY=VALUE"),
     (GOOD, "modle.n_heads=4", None, r"--set: modle.n_heads=4: unknown key; did you mean model\?"),
     (GOOD, "model.n_heads=3", None, r"--set: model.n_heads=3: d_model=32 is not divisible by n_heads=3"),
+    (GOOD, "model.n_heads.x=1", None, r"--set: model.n_heads.x=1: n_heads=\{'x': 1\} must be"),  # not the file
     (GOOD, "training.lr=[1", None, r"--set: training.lr=\[1: the value '\[1' is not valid YAML"),
     (GOOD, "training.lrr=0.1", None, r"--set: training.lrr=0.1: unknown key; did you mean training.lr\?"),
 ]

@@ -164,3 +164,33 @@ def test_values_of_a_range_that_make_no_valid_run_are_said_before_the_search_sta
     assert warning.startswith(f"space.model.n_heads: {', '.join(str(h) for h in range(1, 9) if 64 % h and 96 % h)} ")
     space = {"model.n_heads": {"type": "categorical", "choices": [1, 2, 4, 8]}}
     assert load_search(write_spec(tmp_path, base=base, space=space)).warnings == []
+    # 3 heads fit only the middle choice of d_model (96): every combination is tried, not only the ends
+    space = {
+        "model.n_heads": {"type": "categorical", "choices": [1, 2, 3, 4]},
+        "model.d_model": {"type": "categorical", "choices": [32, 96, 64]},
+    }
+    assert load_search(write_spec(tmp_path, base=base, space=space)).warnings == []
+
+
+def test_a_search_names_every_when_its_base_and_the_parameter_an_end_refuses(tmp_path):
+    space = {
+        "model.pattern": {"type": "categorical", "choices": ["full", "local"]},
+        "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.patern": "local"}},
+        "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}},
+        "model.positions": {"type": "cat", "choices": ["learned"]},  # its type is wrong, not its choices
+    }
+    err = refused(tmp_path, space=space)
+    assert [(e.key, e.message.split(";")[0]) for e in err.every()] == [
+        ("space.model.dilation.when.model.pattern", "'dilated' is not one of its choices ['full', 'local']"),
+        ("space.model.positions.type", "'cat' is not a valid choice"),
+        ("space.model.window.when.model.patern", "must name a categorical parameter of the space"),
+    ]
+    # the base's misspelt keys, on their own lines; without a base, the parameters are still judged
+    base = {**TINY, "model": {**TINY["model"], "n_layrs": 2}}
+    err = refused(tmp_path, base=base, sampler="tpee")
+    assert [e.key for e in err.every()] == ["base.model.n_layrs", "sampler"]
+    err = refused(tmp_path, base=None, space={"training.lr": {"type": "float", "low": 2, "high": 1}})
+    assert [e.key for e in err.every()] == ["space.training.lr", "base"]
+    # an end that makes no valid run is blamed on the parameter that has it
+    err = refused(tmp_path, space={"model.n_heads": {"type": "int", "low": 1, "high": 1000}})
+    assert err.key == "space.model.n_heads" and "n_heads=1000" in err.message and "high end" in err.message

@@ -229,6 +229,54 @@ def test_the_files_keys_values_axes_and_analysis_are_judged_in_one_pass(tmp_path
     }
 
 
+def test_the_designs_axes_and_the_bases_keys_are_judged_beside_every_other_mistake(tmp_path):
+    variants = [{"name": "a", "set": {"model.n_head": 2}}, {"name": "a", "set": {"training.lrr": 0.1}}]
+    err = refused(tmp_path, design={"variants": variants}, constraints=[{"refuse": {"training.warmup_step": 0}}])
+    assert [e.key for e in err.every()] == [  # a wrong value of the design does not hide its unknown axes
+        "constraints[0].reason",
+        "constraints[0].refuse.training.warmup_step",
+        "design.variants[0].set.model.n_head",
+        "design.variants[1].name",
+        "design.variants[1].set.training.lrr",
+    ]
+    # the inline base's misspelt keys, in the same pass as the study's own
+    base = {**BASE, "task": {**BASE["task"], "symbol": 10}, "trainig": {}}
+    err = refused(tmp_path, base=base, metrc="final/val_loss", design={"grid": {"model.nrom": ["pre"]}})
+    assert [(e.key, e.message.split("; ")[-1]) for e in err.every()] == [
+        ("base.task.symbol", "did you mean task.symbols?"),
+        ("base.trainig", "did you mean training?"),
+        ("design.grid.model.nrom", "did you mean model.norm?"),
+        ("metrc", "did you mean metric?"),
+    ]
+    # a base file that is not there: beside the rest, not instead of it; a base that names no file
+    err = refused(tmp_path, base="../nope.yaml", seeds=0, metrc="x")
+    assert [e.key for e in err.every()] == ["base", "metrc", "seeds"] and "not found" in err.message
+    err = refused(tmp_path, base="")
+    assert err.message == "'' is not a run file: name one (base: ../runs/quickstart.yaml)"
+    # an analysis that is not a mapping is said once; a run's section at the top is the base's
+    err = refused(tmp_path, analysis="baseline", model={"norm": "post"})
+    assert [(e.key, e.message) for e in err.every()] == [
+        ("analysis", "must be a mapping of keys to values (got str)"),
+        ("model", "unknown key; a section of the base run: put it under base:, or vary its keys in the design "
+         "(model.norm: [pre, post])"),
+    ]  # fmt: skip
+
+
+def test_a_variant_is_blamed_on_the_setting_the_message_names_and_refusals_come_with_the_models(tmp_path):
+    design = {"grid": {"model.norm": ["pre", "post"], "model.pattern": ["full", "local"]}}
+    err = refused(tmp_path, design=design, constraints=[{"refuse": {"model.norm": "post"}, "reason": "no post"}])
+    lines = (tmp_path / "study.yaml").read_text().splitlines()
+    pattern_line = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith("model.pattern:"))
+    assert sorted((e.key, e.line == pattern_line) for e in err.every()) == [
+        ("constraints[0]", False),
+        ("constraints[0]", False),
+        ("variant 'norm=pre pattern=local'", True),  # "pattern 'local' ... needs window": the pattern axis
+    ]
+    assert {e.message for e in err.every() if e.key == "constraints[0]"} == {
+        f"variant 'norm=post pattern={p}' is refused: no post" for p in ("full", "local")
+    }
+
+
 def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
@@ -247,7 +295,7 @@ def test_impossible_cells_refused_by_a_constraint(tmp_path):
 
 def test_every_cell_skipped_is_refused(tmp_path):
     err = refused(tmp_path, constraints=[{"skip": {"model.n_heads": 2}, "reason": "no"}])
-    assert "no cell" in str(err)
+    assert err.message == "leaves no cell to run: every cell is skipped (norm=pre: no; norm=post: no)"  # and why
 
 
 def test_more_cells_than_the_limit_is_refused(tmp_path):
@@ -358,6 +406,20 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     assert out.returncode == 2
     assert str(path) in out.stderr and "design.grid" in out.stderr
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded
+
+
+@pytest.mark.parametrize("given", ["a", "", "2,x", "-1", "0", "1,,2"])
+def test_a_bad_seeds_option_is_refused_by_name_before_anything_starts(given, capsys):
+    from ablations.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["sweep", "study.yaml", "--seeds", given])
+    assert info.value.code == 2
+    assert (
+        f"argument --seeds: {given!r}: give a count of seeds (3) or a list of seeds (0,1,2)" in capsys.readouterr().err
+    )
+    assert build_parser().parse_args(["sweep", "s.yaml", "--seeds", "3"]).seeds == [0, 1, 2]
+    assert build_parser().parse_args(["sweep", "s.yaml", "--seeds", "0,4"]).seeds == [0, 4]
 
 
 def test_output_piped_into_a_reader_that_left_ends_quietly(tmp_path):
