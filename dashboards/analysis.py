@@ -306,8 +306,18 @@ def check_analysis(
     ``variants``: the study's variant names (the baseline first); ``axes``: its design's axes; ``metrics``: the
     metrics its runs log, when known (None: metric names are not checked); ``kind``: the design's kind (grid,
     one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises AnalysisError
-    (a ValueError) with the key, what is valid and the fix.
+    (a ValueError) with the key, what is valid and the fix: the first, carrying every other (``also``).
     """
+    first, *others = list(_problems(analysis, variants, axes, metrics, kind, where)) or [None]
+    if first is not None:
+        first.also = tuple(others)
+        raise first
+
+
+def _problems(
+    analysis: Analysis, variants: list[str], axes: list[str], metrics: set[str] | None, kind: str | None, where: str
+):
+    """Every name the analysis gives that the study does not have (``check_analysis``)."""
     c = analysis.contrasts
     if c is not None and isinstance(c.pairs, list):
         seen: dict[frozenset[str], int] = {}
@@ -315,30 +325,31 @@ def check_analysis(
             key = (where, "contrasts", "pairs", i)
             for name in pair:
                 if name not in variants:
-                    raise _unknown(
+                    yield _unknown(
                         "a variant", name, variants, key, "use the variant names of `ablate sweep --dry-run`"
                     )
             if pair[0] == pair[1]:
-                raise AnalysisError(key, f"compares {pair[0]!r} with itself; name two different variants")
+                yield AnalysisError(key, f"compares {pair[0]!r} with itself; name two different variants")
             both = frozenset(pair)
             if both in seen:
-                raise AnalysisError(
+                yield AnalysisError(
                     key, f"the same contrast as pairs[{seen[both]}] ({' vs '.join(pair)}); list each contrast once"
                 )
             seen[both] = i
     if c is not None and (c.main_effects or c.interactions):
         if kind is not None and kind != "grid":
-            raise AnalysisError(
+            yield AnalysisError(
                 (where, "contrasts"),
                 f"main effects and interactions need a full grid (design.grid), and this study's design is {kind!r}; "
                 "declare pairs instead",
             )
-        if not axes:
-            raise AnalysisError((where, "contrasts"), "main effects and interactions need a grid's axes; declare pairs")
+        elif not axes:
+            yield AnalysisError((where, "contrasts"), "main effects and interactions need a grid's axes; declare pairs")
+    if c is not None and (c.main_effects or c.interactions) and (kind in (None, "grid") and axes):
         if isinstance(c.main_effects, list):
             for i, axis in enumerate(c.main_effects):
                 if axis not in axes:
-                    raise _unknown(
+                    yield _unknown(
                         "an axis", axis, axes, (where, "contrasts", "main_effects", i), "name an axis of the grid"
                     )
         if isinstance(c.interactions, list):
@@ -346,16 +357,16 @@ def check_analysis(
                 key = (where, "contrasts", "interactions", i)
                 for axis in pair:
                     if axis not in axes:
-                        raise _unknown("an axis", axis, axes, key, "name two axes of the grid")
+                        yield _unknown("an axis", axis, axes, key, "name two axes of the grid")
                 if pair[0] == pair[1]:
-                    raise AnalysisError(key, f"an interaction needs two different axes (got {pair[0]!r} twice)")
+                    yield AnalysisError(key, f"an interaction needs two different axes (got {pair[0]!r} twice)")
         if c.interactions and len(axes) < 2:
-            raise AnalysisError((where, "contrasts", "interactions"), "the grid has one axis; interactions need two")
+            yield AnalysisError((where, "contrasts", "interactions"), "the grid has one axis; interactions need two")
     if metrics is not None:
         for key in ("margins", "detect", "never_learned", "failure_values"):
             for metric in getattr(analysis, key):
                 if metric not in metrics:
-                    raise _unknown(
+                    yield _unknown(
                         "a metric", metric, set(metrics), (where, key, metric), "name a summary metric the runs log"
                     )
 

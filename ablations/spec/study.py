@@ -44,7 +44,6 @@ from ablations.spec.common import (
     Strict,
     check_axes,
     check_name,
-    mapping,
     run_sections_placed,
     settings_overrides,
     trial_overrides,
@@ -234,6 +233,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     except SpecError as err:
         errors += err.every()
     errors += _analysis_errors(origin, data.get("analysis"))
+    if has_base:
+        errors += _tune_errors(origin, data, base, {k for p, k in _design_keys(data) if p[0] == "design"})
     errors += structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
     if errors:
         raise found(run_sections_placed(errors, "vary its keys in the design (model.norm: [pre, post])"))
@@ -301,7 +302,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in skipped))  # why, not only that
         shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
         raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
-    tune = _tune(origin, file, base, axes)
+    tune = _tune(origin, file, base)
     metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
     analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes, metrics)
     return Study(
@@ -357,21 +358,39 @@ def _analysis(
     return analysis.model_dump(mode="json", exclude_defaults=True)
 
 
-def _tune(origin: Origin, file: StudyFile, base: dict[str, Any], axes: list[str]) -> dict[str, Any] | None:
-    """A study's ``tune:`` section: the search every variant gets, with the same budget, before its seeds run."""
+def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axes: set[str]) -> list[SpecError]:
+    """The ``tune:`` section's mistakes, all at once and beside the file's others: the keys the study sets, the
+    keys the design fixes, and the search's own (checked with the base; each variant's again with its settings)."""
+    tune = data.get("tune")
+    if not isinstance(tune, dict):
+        return []  # absent, or not a mapping (the file's schema says so)
+    set_here = ("name", "base", "storage")
+    errors = [
+        origin.error(("tune", k), "is set by the study (each variant gets its own search); remove it")
+        for k in set_here
+        if k in tune
+    ]
+    space = tune.get("space") if isinstance(tune.get("space"), dict) else {}
+    errors += [
+        origin.error(("tune", "space", k), "is also an axis of the design: a variant cannot both fix it and tune it")
+        for k in space
+        if k in axes
+    ]
+    search = {k: v for k, v in tune.items() if k not in set_here}
+    try:
+        load_search(origin.under("tune"), {**search, "name": f"{data.get('name')}.tune"}, base=base)
+    except SpecError as err:
+        errors += err.every()
+    return errors
+
+
+def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> dict[str, Any] | None:
+    """A study's ``tune:`` section (checked by ``_tune_errors``): the search every variant gets, with the study's
+    resources and budget, before its seeds run."""
     if file.tune is None:
         return None
     tune = dict(file.tune)
-    for key in ("name", "base", "storage"):
-        if key in tune:
-            raise origin.error(("tune", key), "is set by the study (each variant gets its own search); remove it")
-    for key in mapping(origin, ("tune", "space"), tune.get("space") or {}):
-        if key in axes:
-            raise origin.error(
-                ("tune", "space", key), "is also an axis of the design: a variant cannot both fix it and tune it"
-            )
     tune.setdefault("resources", {"cpus": file.resources.cpus, "gpus": file.resources.gpus})
     tune.setdefault("budget", file.budget.as_dict())
-    # checked now, with the base (every variant's search is checked again with its own settings)
     load_search(origin.under("tune"), {**tune, "name": f"{file.name}.tune"}, base=base)
     return tune

@@ -277,6 +277,37 @@ def test_a_variant_is_blamed_on_the_setting_the_message_names_and_refusals_come_
     }
 
 
+def test_a_tune_section_and_the_analysis_names_are_judged_all_at_once(tmp_path):
+    tune = {
+        "name": "x",
+        "n_trials": 0,
+        "space": {
+            "model.norm": {"type": "categorical", "choices": ["pre", "post"]},
+            "training.lrr": {"type": "float", "low": 0.001, "high": 0.01},
+        },
+    }
+    err = refused(tmp_path, tune=tune, metrc="final/val_loss")
+    assert [e.key for e in err.every()] == [  # with the file's own, in one pass (before: four)
+        "metrc",
+        "tune.n_trials",
+        "tune.name",
+        "tune.space.model.norm",
+        "tune.space.training.lrr",
+    ]
+    analysis = {
+        "contrasts": {"pairs": [["norm=post", "norm=pro"]]},
+        "margins": {"final/val_los": 0.1},
+        "detect": {"test/exact_mach": 0.1},
+    }
+    err = refused(tmp_path, analysis=analysis)
+    assert [e.key for e in err.every()] == [
+        "analysis.contrasts.pairs[0]",
+        "analysis.detect.test/exact_mach",
+        "analysis.margins.final/val_los",
+    ]
+    assert "'norm=pro' is not a variant (did you mean 'norm=pre'?)" in err.message
+
+
 def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
