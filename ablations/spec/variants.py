@@ -74,16 +74,6 @@ def label(settings: dict[str, Any]) -> str:
     return " ".join(f"{short(k)}={v}" for k, v in settings.items()) or "base"
 
 
-def axis_paths(design: Design) -> list[tuple[tuple, Any]]:
-    """(where in the file, key) of every key the design sets."""
-    if design.grid is not None:
-        return [(("design", "grid", k), k) for k in design.grid]
-    if design.one_at_a_time is not None:  # its baseline and its axes
-        body = design.one_at_a_time
-        return [(("design", "one_at_a_time", part, k), k) for part in ("baseline", "axes") for k in getattr(body, part)]
-    return [(("design", "variants", i, "set", k), k) for i, item in enumerate(design.variants or []) for k in item.set]
-
-
 def expand(design: Design) -> tuple[list[str], list[tuple[str, dict, dict]]]:
     """(axes, [(variant label, settings, where each setting is in the file (key None: the variant))])."""
     if design.grid is not None:
