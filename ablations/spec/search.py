@@ -263,18 +263,20 @@ def _space(origin: Origin, body: dict[str, Any], valid: list[str] | None) -> lis
             space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
         except SpecError as err:
             errors += err.every()
-    keys = {p.key: p for p in space}
-    for p in space:
-        for k, v in p.when.items():
-            where = ("space", p.key, "when", k)
-            if k not in keys or keys[k].type != "categorical":
+    for key, spec in body.items():  # read from the file: a parameter's `when` is judged even if the rest is wrong
+        when = spec.get("when") if isinstance(spec, dict) else None
+        for k, v in when.items() if isinstance(when, dict) else ():
+            named = body.get(k) if isinstance(body.get(k), dict) else {}
+            where, choices = ("space", key, "when", k), named.get("choices")
+            if named.get("type") != "categorical":
                 errors.append(origin.error(where, "must name a categorical parameter of the space"))
-                continue
-            for one in v if isinstance(v, list) else [v]:
-                if one not in keys[k].choices:
-                    errors.append(origin.error(where, f"{one!r} is not one of its choices {list(keys[k].choices)}"))
+            elif isinstance(choices, list):
+                for one in v if isinstance(v, list) else [v]:
+                    if one not in choices:
+                        errors.append(origin.error(where, f"{one!r} is not one of its choices {choices}"))
     if errors:
         raise found(errors)
+    keys = {p.key: p for p in space}
     ordered: list[Param] = []  # conditions first: a parameter comes after the ones its `when` names
     while len(ordered) < len(space):
         ready = [p for p in space if p not in ordered and all(keys[k] in ordered for k in p.when)]

@@ -175,7 +175,7 @@ def test_values_of_a_range_that_make_no_valid_run_are_said_before_the_search_sta
 def test_a_search_names_every_when_its_base_and_the_parameter_an_end_refuses(tmp_path):
     space = {
         "model.pattern": {"type": "categorical", "choices": ["full", "local"]},
-        "model.window": {"type": "int", "low": 2, "high": 8, "when": {"model.patern": "local"}},
+        "model.window": {"type": "int", "low": 8, "high": 2, "when": {"model.patern": "local"}},  # two mistakes
         "model.dilation": {"type": "int", "low": 2, "high": 3, "when": {"model.pattern": "dilated"}},
         "model.positions": {"type": "cat", "choices": ["learned"]},  # its type is wrong, not its choices
     }
@@ -183,6 +183,7 @@ def test_a_search_names_every_when_its_base_and_the_parameter_an_end_refuses(tmp
     assert [(e.key, e.message.split(";")[0]) for e in err.every()] == [
         ("space.model.dilation.when.model.pattern", "'dilated' is not one of its choices ['full', 'local']"),
         ("space.model.positions.type", "'cat' is not a valid choice"),
+        ("space.model.window", "low=8 must be below high=2"),
         ("space.model.window.when.model.patern", "must name a categorical parameter of the space"),
     ]
     # the base's misspelt keys, on their own lines; without a base, the parameters are still judged
