@@ -209,9 +209,10 @@ def _compare(args: argparse.Namespace) -> int:
 def _seeds(text: str) -> list[int]:
     """``--seeds``: a count (3: seeds 0, 1, 2) or a list of non-negative seeds (0,4,7); argparse names it."""
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() for p in parts) or (len(parts) == 1 and int(parts[0]) == 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a count of seeds (3) or a list of seeds (0,1,2)")
-    return list(range(int(text))) if len(parts) == 1 else [int(p) for p in parts]
+    seeds = [int(p) for p in parts] if all(p.isdigit() for p in parts) else []
+    if not seeds or seeds == [0] or len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count of seeds (3) or a list of different seeds (0,1,2)")
+    return list(range(seeds[0])) if len(parts) == 1 else seeds
 
 
 def _search(args: argparse.Namespace) -> int:

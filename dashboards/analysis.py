@@ -30,6 +30,7 @@ anything runs (``parse_analysis`` then ``check_analysis``), and the report reads
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
@@ -272,8 +273,9 @@ def _error(e: dict[str, Any], where: str) -> AnalysisError:
         close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return AnalysisError(path, f"unknown key; {hint}valid keys: {valid}")
-    msg = e["msg"].removeprefix("Value error, ").replace("Input should be a valid dictionary", "must be a mapping")
-    if not e["loc"] and ": " in msg:  # a check across keys names its key e
+    msg = re.sub(r"Input should be a valid dictionary( or instance of \w+)?", "must be a mapping", e["msg"])
+    msg = msg.removeprefix("Value error, ")
+    if not e["loc"] and ": " in msg:  # a check across keys names its key first
         head, msg = msg.split(": ", 1)
         path = (where, head)
     shown = "input" in e and not isinstance(e["input"], dict) and "(got" not in msg

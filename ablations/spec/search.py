@@ -30,6 +30,7 @@ The file's structure is the pydantic model ``SearchFile``; ``load_search`` check
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +107,8 @@ class Param(Strict):
             raise KeyedError(("low",), f"a log scale needs low > 0 (got {self.low:g})")
         if self.step is not None and (self.step <= 0 or self.log):
             raise KeyedError(("step",), f"{self.step!r} must be a positive number, and cannot go with log: true")
+        if self.type == "int" and self.step is not None and self.step != int(self.step):
+            raise KeyedError(("step",), f"{self.step!r} must be a whole number for an int parameter")
         return self
 
     def active(self, params: dict[str, Any]) -> bool:
@@ -382,8 +385,9 @@ def load_search(
             end = "low" if pick == 0 else "high"
             cause = [k for k in params if k == err.key or f"{k.rsplit('.', 1)[-1]}=" in err.message]
             message = f"{err.message} (with the space at its {end} end: {params})"
-            if cause:
-                raise origin.error(("space", cause[0]), f"{err.key + ': ' if err.key else ''}{message}") from None
+            if cause:  # the key the model named, when it is not the parameter's own
+                named = f"{err.key}: " if err.key and err.key != cause[0] else ""
+                raise origin.error(("space", cause[0]), f"{named}{message}") from None
             raise origin.error(("space",), message, key=f"space ({err.key})") from None
         logged = logged_metrics(run)
         for i, (metric, _) in enumerate(spec.objectives):
@@ -398,20 +402,22 @@ def load_search(
 
 def refused_values(spec: SearchSpec, most: int = 64, combinations: int = 512) -> list[str]:
     """The values of a discrete parameter (its choices, or an int range of at most ``most`` values) that make no
-    valid run with any combination of the others' values (their choices, every value of a short int range, the
-    ends of the rest): a trial that draws one is refused, and counts towards n_trials (``n_heads`` from 1 to 8 with
-    d_model 64: 3, 5, 6 and 7). A parameter whose others have more than ``combinations`` is not judged."""
+    valid run with any combination of the others' values (their choices, every value of an int range of at most
+    16, the ends of the rest): a trial that draws one is refused, and counts towards n_trials (``n_heads`` from 1 to
+    8 with d_model 64: 3, 5, 6 and 7). Not judged: a parameter whose others have more than ``combinations``
+    combinations, and a value whose refusal names another parameter tried only at its ends (it may fit between)."""
     said = []
     for p in spec.space:
         values = _values(p, most)
         others = [q for q in spec.space if q is not p]
-        picks = list(itertools.product(*(_values(q, 16) or [q.end(0), q.end(-1)] for q in others)))
-        if values is None or len(picks) > combinations:
+        tried = [_values(q, 16) or [q.end(0), q.end(-1)] for q in others]
+        if values is None or math.prod(len(t) for t in tried) > combinations:
             continue
+        at_ends = [q.key.rsplit(".", 1)[-1] for q in others if _values(q, 16) is None]
         refused: dict[Any, str] = {}
         for value in values:
             reasons = []
-            for pick in picks:
+            for pick in itertools.product(*tried):
                 chosen = dict(zip((q.key for q in others), pick), **{p.key: value})
                 params: dict[str, Any] = {}
                 for q in spec.space:
@@ -423,21 +429,22 @@ def refused_values(spec: SearchSpec, most: int = 64, combinations: int = 512) ->
                 except SpecError as err:
                     reasons.append(err.message)
             else:
-                refused[value] = reasons[0]
+                if not any(f"{leaf}=" in r for r in reasons for leaf in at_ends):
+                    refused[value] = reasons[0]
         if refused:
             kept = [v for v in values if v not in refused]
             said.append(
-                f"space.{p.key}: {', '.join(map(str, refused))} make no valid run ({next(iter(refused.values()))}); "
-                "a trial that draws one is refused and counts towards n_trials"
+                f"space.{p.key}: {', '.join(map(str, refused))} {'makes' if len(refused) == 1 else 'make'} no valid "
+                f"run ({next(iter(refused.values()))}); a trial that draws one is refused and counts towards n_trials"
                 + (f" (type: categorical with choices {kept} leaves them out)" if kept and p.type == "int" else "")
             )
     return said
 
 
 def _values(p: Param, most: int) -> list[Any] | None:
-    """Every value a discrete parameter can take (None for a float or an int range of ``most`` or more)."""
+    """Every value a discrete parameter can take (None for a float, or for an int range of more than ``most``)."""
     if p.type == "categorical":
         return list(p.choices)
-    if p.type == "float" or (p.high - p.low) / (p.step or 1) >= most:
+    if p.type == "float" or (p.high - p.low) / (p.step or 1) + 1 > most:
         return None
     return list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))

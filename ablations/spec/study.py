@@ -192,17 +192,17 @@ def _design_keys(data: dict[str, Any]) -> list[tuple[tuple, Any]]:
         return [((*path, k), k) for k in value] if isinstance(value, dict) else []
 
     design = data.get("design") if isinstance(data.get("design"), dict) else {}
-    found = keys(("design", "grid"), design.get("grid"))
+    out = keys(("design", "grid"), design.get("grid"))
     one = design.get("one_at_a_time") if isinstance(design.get("one_at_a_time"), dict) else {}
-    found += [k for part in ("baseline", "axes") for k in keys(("design", "one_at_a_time", part), one.get(part))]
+    out += [k for part in ("baseline", "axes") for k in keys(("design", "one_at_a_time", part), one.get(part))]
     variants = design.get("variants") if isinstance(design.get("variants"), list) else []
     for i, item in enumerate(variants):
-        found += keys(("design", "variants", i, "set"), item.get("set")) if isinstance(item, dict) else []
+        out += keys(("design", "variants", i, "set"), item.get("set")) if isinstance(item, dict) else []
     constraints = data.get("constraints") if isinstance(data.get("constraints"), list) else []
     for i, item in enumerate(constraints):
         for action in ("skip", "refuse"):
-            found += keys(("constraints", i, action), item.get(action)) if isinstance(item, dict) else []
-    return found
+            out += keys(("constraints", i, action), item.get(action)) if isinstance(item, dict) else []
+    return out
 
 
 def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
@@ -233,9 +233,11 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     except SpecError as err:
         errors += err.every()
     errors += _analysis_errors(origin, data.get("analysis"))
-    if has_base:
-        errors += _tune_errors(origin, data, base, {k for p, k in _design_keys(data) if p[0] == "design"})
-    errors += structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
+    base_problems = structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
+    if has_base and not base_problems:  # a tune's search is judged with the base: only a base without mistakes
+        axes_set = {k for p, k in _design_keys(data) if p[0] == "design" and "baseline" not in p}
+        errors += _tune_errors(origin, data, base, axes_set)
+    errors += base_problems
     if errors:
         raise found(run_sections_placed(errors, "vary its keys in the design (model.norm: [pre, post])"))
     axes, variants = expand(file.design)
@@ -290,8 +292,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 continue
             seen[cell.cell_id] = cell
             cells.append(cell)
-    if invalid:  # the way out of a variant's mistakes said once, after the last
-        errors = found(invalid).every()
+    if invalid:  # the way out of a variant's mistakes said once, after the last; the study's file first
+        errors = found(sorted(invalid, key=lambda e: e.source != origin.source)).every()
         last = max((i for i, e in enumerate(errors) if (e.key or "").startswith("variant ")), default=None)
         if last is not None:
             errors[last] = SpecError(
@@ -378,7 +380,7 @@ def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axe
     ]
     search = {k: v for k, v in tune.items() if k not in set_here}
     try:
-        load_search(origin.under("tune"), {**search, "name": f"{data.get('name')}.tune"}, base=base)
+        load_search(origin.under("tune"), {**search, "name": "tune"}, base=base)  # the study's name is judged apart
     except SpecError as err:
         errors += err.every()
     return errors

@@ -164,6 +164,12 @@ def test_values_of_a_range_that_make_no_valid_run_are_said_before_the_search_sta
     assert warning.startswith(f"space.model.n_heads: {', '.join(str(h) for h in range(1, 9) if 64 % h and 96 % h)} ")
     space = {"model.n_heads": {"type": "categorical", "choices": [1, 2, 4, 8]}}
     assert load_search(write_spec(tmp_path, base=base, space=space)).warnings == []
+    # d_model tried only at its ends (32, 256): 3 heads may fit between (48, 96), so nothing is said
+    space = {
+        "model.n_heads": {"type": "categorical", "choices": [2, 3, 4]},
+        "model.d_model": {"type": "int", "low": 32, "high": 256},
+    }
+    assert load_search(write_spec(tmp_path, base=base, space=space)).warnings == []
     # 3 heads fit only the middle choice of d_model (96): every combination is tried, not only the ends
     space = {
         "model.n_heads": {"type": "categorical", "choices": [1, 2, 3, 4]},
@@ -195,3 +201,11 @@ def test_a_search_names_every_when_its_base_and_the_parameter_an_end_refuses(tmp
     # an end that makes no valid run is blamed on the parameter that has it
     err = refused(tmp_path, space={"model.n_heads": {"type": "int", "low": 1, "high": 1000}})
     assert err.key == "space.model.n_heads" and "n_heads=1000" in err.message and "high end" in err.message
+
+
+def test_an_int_parameter_steps_by_whole_numbers(tmp_path):
+    err = refused(tmp_path, space={"training.warmup_steps": {"type": "int", "low": 0, "high": 10, "step": 0.5}})
+    assert (err.key, err.message) == (
+        "space.training.warmup_steps.step",
+        "0.5 must be a whole number for an int parameter",
+    )

@@ -308,6 +308,15 @@ def test_a_tune_section_and_the_analysis_names_are_judged_all_at_once(tmp_path):
     assert "'norm=pro' is not a variant (did you mean 'norm=pre'?)" in err.message
 
 
+def test_a_tune_section_is_judged_only_with_a_base_without_mistakes(tmp_path):
+    tune = {"space": {"training.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}, "n_trials": 4}
+    err = refused(tmp_path, base={"model": BASE["model"]}, tune=tune, name="a b")  # no task; a bad name
+    assert [e.key for e in err.every()] == ["base.task", "name"]  # not again as the tune's, nor the name twice
+    # a key the one_at_a_time baseline fixes is not an axis: it may be tuned
+    design = {"one_at_a_time": {"baseline": {"training.lr": 1e-3}, "axes": {"model.norm": ["post"]}}}
+    assert load_study(write(tmp_path, design=design, tune=tune)).tune is not None
+
+
 def test_bad_override_value_is_refused_naming_the_variant(tmp_path):
     err = refused(tmp_path, design={"grid": {"model.norm": ["pre", "sideways"]}})
     assert "sideways" in str(err) and "norm" in str(err)
@@ -439,7 +448,7 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     assert not (tmp_path / ".ablate").exists()  # nothing was started or recorded
 
 
-@pytest.mark.parametrize("given", ["a", "", "2,x", "-1", "0", "1,,2"])
+@pytest.mark.parametrize("given", ["a", "", "2,x", "-1", "0", "1,,2", "1,1"])
 def test_a_bad_seeds_option_is_refused_by_name_before_anything_starts(given, capsys):
     from ablations.cli import build_parser
 
@@ -447,7 +456,8 @@ def test_a_bad_seeds_option_is_refused_by_name_before_anything_starts(given, cap
         build_parser().parse_args(["sweep", "study.yaml", "--seeds", given])
     assert info.value.code == 2
     assert (
-        f"argument --seeds: {given!r}: give a count of seeds (3) or a list of seeds (0,1,2)" in capsys.readouterr().err
+        f"argument --seeds: {given!r}: give a count of seeds (3) or a list of different seeds (0,1,2)"
+        in capsys.readouterr().err
     )
     assert build_parser().parse_args(["sweep", "s.yaml", "--seeds", "3"]).seeds == [0, 1, 2]
     assert build_parser().parse_args(["sweep", "s.yaml", "--seeds", "0,4"]).seeds == [0, 4]
