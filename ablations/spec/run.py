@@ -126,7 +126,7 @@ def run_keys(base: dict[str, Any]) -> list[str]:
     keys += [f"resources.{k}" for k in ResourcesSection.model_fields]
     task = base.get("task") if isinstance(base, dict) else None
     keys.append("task.name")
-    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) else None
+    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) and isinstance(task.get("name"), str) else None
     if task_cls is not None:
         keys += [f"task.{f.name}" for f in fields(task_cls.Params)]
     return keys
@@ -256,7 +256,7 @@ def _task_and_model(origin: Origin, file: RunFile):
 
     task_data = dict(file.task)
     task_name = task_data.get("name")
-    task_cls = TASKS.get(task_name)
+    task_cls = TASKS.get(task_name) if isinstance(task_name, str) else None
     if task_cls is None:
         raise origin.error(
             ("task", "name"), f"name={task_name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}"

@@ -82,7 +82,7 @@ class Param(Strict):
     def _keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("choices"), list):  # whatever the type (a typo in it
             data = {**data, "choices": tuple(data["choices"])}  # is named once, not with the choices too)
-        if isinstance(data, dict) and data.get("type") in _ALLOWED:
+        if isinstance(data, dict) and isinstance(data.get("type"), str) and data.get("type") in _ALLOWED:
             extra = sorted(set(data) - _ALLOWED[data["type"]] - {"key"})
             if extra:
                 raise KeyedError(

@@ -166,12 +166,13 @@ def _check_graph(root: yaml.Node) -> dict[Path_, int]:
                     stack.append((v, path, depth + 1, False))
                     continue
                 line = k.start_mark.line + 1
+                if name is None:  # `? [a, b]`: a list or a mapping as a key
+                    raise YamlFileError("a key must be a name, not a list or a mapping", line)
                 if name in seen:
                     where = ".".join(str(p) for p in (*path, name))
                     raise YamlFileError(f"{where} appears twice (lines {seen[name]} and {line}); keep one", line)
-                if name is not None:
-                    seen[name] = line
-                    lines.setdefault((*path, _scalar_key(name)), line)
+                seen[name] = line
+                lines.setdefault((*path, _scalar_key(name)), line)
                 stack.append((k, (*path, "<key>"), depth + 1, False))
                 stack.append((v, (*path, _scalar_key(name)), depth + 1, False))
         elif isinstance(node, yaml.SequenceNode):

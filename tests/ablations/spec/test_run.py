@@ -42,6 +42,7 @@ MALFORMED = [
     ({"task": {"name": "copy"}, "modle": {}}, None, ("modle",), r"modle: unknown key; did you mean model\?"),
     ({"model": {}}, None, ("task",), r"task: is required \(for example task: \{name: copy\}\)"),
     ({"task": {"name": "translate"}}, None, ("task", "name"), r"task.name: name='translate' is not a valid task"),
+    ({"task": {"name": ["a"]}}, None, ("task", "name"), r"task.name: name=\['a'\] is not a valid task"),
     ({"task": {"name": "copy", "lenght": 5}}, None, ("task", "lenght"), r"task.lenght: unknown key; valid: name"),
     ({"task": {"name": "copy", "max_len": "ten"}}, None, ("task", "max_len"), r"max_len='ten' must be of type int"),
     (
@@ -130,6 +131,7 @@ MALFORMED = [
     (GOOD, "model.n_heads", None, r"--set: 'model.n_heads': is not KEY=VALUE"),
     (GOOD, "modle.n_heads=4", None, r"--set: modle.n_heads=4: unknown key; did you mean model\?"),
     (GOOD, "model.n_heads=3", None, r"--set: model.n_heads=3: d_model=32 is not divisible by n_heads=3"),
+    (GOOD, "task.name=[a]", None, r"--set: task.name=\[a\]: name=\['a'\] is not a valid task"),
     (GOOD, "model.n_heads.x=1", None, r"--set: model.n_heads.x=1: n_heads=\{'x': 1\} must be"),  # not the file
     (GOOD, "training.lr=[1", None, r"--set: training.lr=\[1: the value '\[1' is not valid YAML"),
     (GOOD, "training.lrr=0.1", None, r"--set: training.lrr=0.1: unknown key; did you mean training.lr\?"),

@@ -26,6 +26,7 @@ def refused(tmp_path, **spec) -> SpecError:
         ({"space": {}}, "space", "empty"),
         ({"space": {"training.lrr": {"type": "float", "low": 0.1, "high": 1}}}, "space.training.lrr", "unknown axis"),
         ({"space": {"training.lr": {"type": "real", "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
+        ({"space": {"training.lr": {"type": ["a"], "low": 0.1, "high": 1}}}, "space.training.lr.type", "float, int"),
         ({"space": {"training.lr": {"type": "float", "low": 1, "high": 0.1}}}, "space.training.lr", "below"),
         (
             {"space": {"training.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},

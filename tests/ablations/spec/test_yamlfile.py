@@ -40,6 +40,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("self-alias", b"task: &t [1, *t]\n", "anchor that refers to itself"),
     ("duplicate-key", b"task: {name: copy}\nseed: 1\nseed: 2\n", "seed appears twice (lines 2 and 3)"),
     ("two-documents", GOOD_RUN.encode() + b"---\n" + GOOD_RUN.encode(), "a second YAML document starts here"),
+    ("list-key", b"task: {name: copy}\n? [a, b]\n: 1\n", "a key must be a name, not a list or a mapping"),
 ]
 
 
