@@ -225,6 +225,12 @@ class AnalysisError(ValueError):
         super().__init__(f"{key_text(self.path)}: {message}")
 
 
+def _carrying(errors: list[AnalysisError]) -> AnalysisError:
+    """The first of the mistakes found in one pass, carrying the others (``also``)."""
+    errors[0].also = tuple(errors[1:])
+    return errors[0]
+
+
 def key_text(path: tuple[Any, ...]) -> str:
     """("analysis", "contrasts", "pairs", 1) -> "analysis.contrasts.pairs[1]"."""
     out = ""
@@ -257,9 +263,7 @@ def parse_analysis(data: Any, where: str = "analysis") -> Analysis:
         for e in err.errors():
             one = _error(e, where)
             errors.setdefault(one.path, one)
-        first, *others = errors.values()
-        first.also = tuple(others)
-        raise first from None
+        raise _carrying(list(errors.values())) from None
 
 
 def _error(e: dict[str, Any], where: str) -> AnalysisError:
@@ -310,10 +314,9 @@ def check_analysis(
     one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises AnalysisError
     (a ValueError) with the key, what is valid and the fix: the first, carrying every other (``also``).
     """
-    first, *others = list(_problems(analysis, variants, axes, metrics, kind, where)) or [None]
-    if first is not None:
-        first.also = tuple(others)
-        raise first
+    problems = list(_problems(analysis, variants, axes, metrics, kind, where))
+    if problems:
+        raise _carrying(problems)
 
 
 def _problems(
@@ -347,23 +350,8 @@ def _problems(
             )
         elif not axes:
             yield AnalysisError((where, "contrasts"), "main effects and interactions need a grid's axes; declare pairs")
-    if c is not None and (c.main_effects or c.interactions) and (kind in (None, "grid") and axes):
-        if isinstance(c.main_effects, list):
-            for i, axis in enumerate(c.main_effects):
-                if axis not in axes:
-                    yield _unknown(
-                        "an axis", axis, axes, (where, "contrasts", "main_effects", i), "name an axis of the grid"
-                    )
-        if isinstance(c.interactions, list):
-            for i, pair in enumerate(c.interactions):
-                key = (where, "contrasts", "interactions", i)
-                for axis in pair:
-                    if axis not in axes:
-                        yield _unknown("an axis", axis, axes, key, "name two axes of the grid")
-                if pair[0] == pair[1]:
-                    yield AnalysisError(key, f"an interaction needs two different axes (got {pair[0]!r} twice)")
-        if c.interactions and len(axes) < 2:
-            yield AnalysisError((where, "contrasts", "interactions"), "the grid has one axis; interactions need two")
+        else:
+            yield from _grid_problems(c, axes, where)
     if metrics is not None:
         for key in ("margins", "detect", "never_learned", "failure_values"):
             for metric in getattr(analysis, key):
@@ -371,6 +359,26 @@ def _problems(
                     yield _unknown(
                         "a metric", metric, set(metrics), (where, key, metric), "name a summary metric the runs log"
                     )
+
+
+def _grid_problems(c: Contrasts, axes: list[str], where: str):
+    """The main effects and interactions that name what the grid does not have."""
+    if isinstance(c.main_effects, list):
+        for i, axis in enumerate(c.main_effects):
+            if axis not in axes:
+                yield _unknown(
+                    "an axis", axis, axes, (where, "contrasts", "main_effects", i), "name an axis of the grid"
+                )
+    if isinstance(c.interactions, list):
+        for i, pair in enumerate(c.interactions):
+            key = (where, "contrasts", "interactions", i)
+            for axis in pair:
+                if axis not in axes:
+                    yield _unknown("an axis", axis, axes, key, "name two axes of the grid")
+            if pair[0] == pair[1]:
+                yield AnalysisError(key, f"an interaction needs two different axes (got {pair[0]!r} twice)")
+    if c.interactions and len(axes) < 2:
+        yield AnalysisError((where, "contrasts", "interactions"), "the grid has one axis; interactions need two")
 
 
 def from_design(design: dict[str, Any]) -> Analysis:

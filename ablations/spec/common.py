@@ -151,23 +151,6 @@ class KeyedError(ValueError):
         self.path = path
 
 
-def run_sections_placed(errors: list[SpecError], vary: str) -> list[SpecError]:
-    """A run's section (``model:``) at the top of a study or a search is the base's: say so, instead of the
-    nearest key's name (``did you mean model.d_model?``). ``vary``: where a study or search changes its keys."""
-    sections = ("task", "model", "training", "tracking")
-    return [
-        SpecError(
-            e.source,
-            e.key,
-            f"unknown key; a section of the base run: put it under base:, or {vary}",
-            e.line,
-        )
-        if e.key in sections and e.message.startswith("unknown key")
-        else e
-        for e in errors
-    ]
-
-
 def check_name(value: Any, what: str) -> Any:
     if value is not None and (not isinstance(value, str) or not NAME.fullmatch(value)):
         raise ValueError(f"{value!r} must be letters, digits, '_', '-' or '.' ({what})")

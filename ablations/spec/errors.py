@@ -58,12 +58,15 @@ def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
     """A hint for an unknown ``key`` (a leaf name) found under ``section`` (dotted, "" for the top level).
 
     ``valid`` lists every dotted key the file may hold (all sections). The hint is, in order of preference:
-    the same name in another section ("lr belongs under training: did you mean training.lr?"), a close
+    where a section that holds no keys here belongs (a run's ``model:`` in a study: under ``base:``), the same name in another section ("lr belongs under training: did you mean training.lr?"), a close
     spelling in this section ("did you mean model.positions?"), a close spelling of the whole key, a close
     spelling of the name in any section (``lrr`` at the top level: training.lr). Empty if none."""
     valid = list(dict.fromkeys(valid))
     here = f"{section}." if section else ""
     full = here + key
+    below = [v for v in valid if v.startswith(f"{full}.")]
+    if below and full not in valid:  # `model:` at the top of a study or search: a run's section, which it varies
+        return f"a section of the base run: put it under base:, or vary its keys ({below[0]}) in the design or space"
     same_leaf = [v for v in valid if v.rsplit(".", 1)[-1] == key and v != full]
     if same_leaf:
         shown = " or ".join(same_leaf[:3])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +47,6 @@ from ablations.spec.common import (
     check_axes,
     check_name,
     mapping,
-    run_sections_placed,
     trial_overrides,
     validate,
 )
@@ -234,13 +234,18 @@ class SearchSpec:
         overrides = {**trial_overrides(self.resources, self.budget), **params}
         return apply_overrides(self.base, [(k.split("."), v) for k, v in overrides.items()])
 
-    def suggest(self, trial) -> dict[str, Any]:
-        """The trial's parameters (define-by-run: a conditional key is asked only when its condition holds)."""
+    def assign(self, value: Callable[[Param], Any]) -> dict[str, Any]:
+        """A trial's parameters, each ``value(param)``, define-by-run: a conditional key only when its condition
+        holds."""
         params: dict[str, Any] = {}
         for p in self.space:
             if p.active(params):
-                params[p.key] = suggest_param(p, trial)
+                params[p.key] = value(p)
         return params
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """The trial's parameters, asked of Optuna."""
+        return self.assign(lambda p: suggest_param(p, trial))
 
 
 def suggest_param(p: Param, trial) -> Any:
@@ -344,9 +349,7 @@ def load_search(
     except SpecError as err:
         errors += err.every()
     if errors or base_errors:
-        raise found(
-            run_sections_placed(errors, "search its keys in the space (space: {training.lr: ...})") + base_errors
-        )
+        raise found(errors + base_errors)
     objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
     objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
     sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")
@@ -375,10 +378,7 @@ def load_search(
     # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17),
     # which logs every objective and reports prune_on
     for pick in (0, -1):
-        params: dict[str, Any] = {}
-        for p in space:
-            if p.active(params):
-                params[p.key] = p.end(pick)
+        params = spec.assign(lambda p, pick=pick: p.end(pick))
         try:
             run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
         except SpecError as err:  # blamed on the parameter that causes it (its key, or "n_heads=1000" named)
@@ -410,19 +410,17 @@ def refused_values(spec: SearchSpec, most: int = 64, combinations: int = 512) ->
     for p in spec.space:
         values = _values(p, most)
         others = [q for q in spec.space if q is not p]
-        tried = [_values(q, 16) or [q.end(0), q.end(-1)] for q in others]
+        every = [_values(q, 16) for q in others]
+        tried = [v or [q.end(0), q.end(-1)] for q, v in zip(others, every)]
         if values is None or math.prod(len(t) for t in tried) > combinations:
             continue
-        at_ends = [q.key.rsplit(".", 1)[-1] for q in others if _values(q, 16) is None]
+        at_ends = [q.key.rsplit(".", 1)[-1] for q, v in zip(others, every) if v is None]
         refused: dict[Any, str] = {}
         for value in values:
             reasons = []
             for pick in itertools.product(*tried):
                 chosen = dict(zip((q.key for q in others), pick), **{p.key: value})
-                params: dict[str, Any] = {}
-                for q in spec.space:
-                    if q.active(params):
-                        params[q.key] = chosen[q.key]
+                params = spec.assign(lambda q, chosen=chosen: chosen[q.key])
                 try:
                     resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
                     break

@@ -44,7 +44,6 @@ from ablations.spec.common import (
     Strict,
     check_axes,
     check_name,
-    run_sections_placed,
     settings_overrides,
     trial_overrides,
     validate,
@@ -226,20 +225,22 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
     try:
         file = validate(StudyFile, data, origin, study_keys + valid)
-    except SpecError as err:  # the base's type is said once, by load_base
-        errors += [e for e in err.every() if has_base or "base" not in data or (e.key or "").split(".")[0] != "base"]
+    except SpecError as err:  # a base that load_base refused is said once, by load_base
+        refused_base = "base" in data and not has_base
+        errors += [e for e in err.every() if not (refused_base and (e.key or "").split(".")[0] == "base")]
+    design_keys = _design_keys(data) if has_base else []
     try:
-        check_axes(origin, _design_keys(data) if has_base else [], valid)
+        check_axes(origin, design_keys, valid)
     except SpecError as err:
         errors += err.every()
     errors += _analysis_errors(origin, data.get("analysis"))
     base_problems = structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
     if has_base and not base_problems:  # a tune's search is judged with the base: only a base without mistakes
-        axes_set = {k for p, k in _design_keys(data) if p[0] == "design" and "baseline" not in p}
+        axes_set = {k for p, k in design_keys if p[0] == "design" and "baseline" not in p}
         errors += _tune_errors(origin, data, base, axes_set)
     errors += base_problems
     if errors:
-        raise found(run_sections_placed(errors, "vary its keys in the design (model.norm: [pre, post])"))
+        raise found(errors)
     axes, variants = expand(file.design)
     seed_list = seeds if seeds is not None else file.seeds
 

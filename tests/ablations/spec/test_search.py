@@ -195,8 +195,9 @@ def test_a_search_names_every_when_its_base_and_the_parameter_an_end_refuses(tmp
     ]
     # the base's misspelt keys, on their own lines; without a base, the parameters are still judged
     base = {**TINY, "model": {**TINY["model"], "n_layrs": 2}}
-    err = refused(tmp_path, base=base, sampler="tpee")
-    assert [e.key for e in err.every()] == ["base.model.n_layrs", "sampler"]
+    err = refused(tmp_path, base=base, sampler="tpee", training={"lr": 0.1})
+    assert [e.key for e in err.every()] == ["base.model.n_layrs", "sampler", "training"]
+    assert "a section of the base run: put it under base:" in err.every()[2].message  # not "training.lr?"
     err = refused(tmp_path, base=None, space={"training.lr": {"type": "float", "low": 2, "high": 1}})
     assert [e.key for e in err.every()] == ["space.training.lr", "base"]
     # an end that makes no valid run is blamed on the parameter that has it

@@ -257,8 +257,8 @@ def test_the_designs_axes_and_the_bases_keys_are_judged_beside_every_other_mista
     err = refused(tmp_path, analysis="baseline", model={"norm": "post"})
     assert [(e.key, e.message) for e in err.every()] == [
         ("analysis", "must be a mapping of keys to values (got str)"),
-        ("model", "unknown key; a section of the base run: put it under base:, or vary its keys in the design "
-         "(model.norm: [pre, post])"),
+        ("model", "unknown key; a section of the base run: put it under base:, or vary its keys (model.arch) in "
+         "the design or space"),
     ]  # fmt: skip
 
 
