@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 import threading
 from pathlib import Path
@@ -63,8 +62,11 @@ def print_summary(result) -> None:
 
     status = result.status + (f" ({result.detail})" if result.detail else "")
     print(f"\nstatus: {status}")
-    in_order = sorted(result.metrics, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
-    shown = [k for k in in_order if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))]  # 2 before 10
+    from ablations.spec.metrics import in_order
+
+    shown = [
+        k for k in in_order(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))
+    ]  # 2 before 10
     shown += [
         k
         for k in ("cost/tokens_per_s", "cost/wall_time_s", "cost/n_params", "cost/peak_memory_mb")
@@ -206,6 +208,13 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _count(text: str) -> int:
+    """A whole number from 1 up (trials, CPUs, steps); argparse names the option."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 up")
+    return int(text)
+
+
 def _seeds(text: str) -> list[int]:
     """``--seeds``: a count (3: seeds 0, 1, 2) or a list of non-negative seeds (0,4,7); argparse names it."""
     parts = [p.strip() for p in text.split(",")]
@@ -224,7 +233,12 @@ def _search(args: argparse.Namespace) -> int:
         return error(err)
     if args.n_trials is not None:
         spec.n_trials = args.n_trials
-    from ablations.search import format_best, run_search
+    if args.dry_run:
+        from ablations.search.preview import describe_search
+
+        problem = describe_search(spec, args.storage, args.tracking_uri)
+        return error(problem, EXIT_FAILED) if problem else EXIT_OK
+    from ablations.search import format_outcome, run_search
 
     try:
         result = run_search(
@@ -235,18 +249,7 @@ def _search(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume the search", file=sys.stderr)
         return 130
-    from ablations.secrets import redact_url
-
-    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
-    best = "best" if len(spec.objectives) == 1 else "best (the Pareto front: no trial is better in every objective)"
-    print(f"\n{spec.name}: {counts}\n{best}:\n{format_best(result.best)}")
-    print(
-        f"Optuna storage: {redact_url(result.storage)}   (ablate ui --optuna{' --storage URL' if args.storage else ''})"
-    )
-    print(
-        f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
-        "its artifact optuna_plots.html"
-    )
+    print(format_outcome(spec, result, storage_given=args.storage is not None))
     return EXIT_OK if result.best else EXIT_FAILED
 
 
@@ -291,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
     )
     add_tracking_uri(p)
-    p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: the study's)")
-    p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--max-concurrent", type=_count, default=None, help="trials at once (default: the study's)")
+    p.add_argument("--cpus", type=_count, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", type=_seeds, help="override the study's seeds: a count (3) or a list (0,1,2)")
     p.add_argument(
         "--claims",
@@ -310,23 +313,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow")
     p.add_argument("spec", help="a search file, e.g. ablations/searches/quickstart_lr.yaml")
     p.add_argument(
+        "--dry-run", action="store_true", help="the space, the trials and what the storage holds; start nothing"
+    )
+    p.add_argument(
         "--storage",
         default=None,
         help="Optuna storage URL or journal:PATH (default: the spec's, else .ablate/optuna.db)",
     )
-    p.add_argument("--n-trials", type=int, default=None, help="override the spec's n_trials (the total for the study)")
+    p.add_argument(
+        "--n-trials", type=_count, default=None, help="override the spec's n_trials (the total for the study)"
+    )
     p.add_argument(
         "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
     )
     add_tracking_uri(p)
-    p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--cpus", type=_count, default=None, help="CPUs of the local Ray (default: all)")
     p.set_defaults(func=_search)
 
     p = sub.add_parser("report", help="the ablation table with seed statistics, and an HTML report logged to MLflow")
     p.add_argument("study", help="the study's name (its MLflow experiment)")
     p.add_argument("--metric", default=None, help="default: the study's metric")
     p.add_argument("--baseline", default=None, help="the variant to compare against (default: the study's first)")
-    p.add_argument("--submission", type=int, default=None, help="only the cells of this submission")
+    p.add_argument("--submission", type=_count, default=None, help="only the cells of this submission")
     p.add_argument(
         "--format",
         default="markdown",
@@ -379,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_ui)
 
     p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (no tracking)")
-    p.add_argument("--steps", type=int, default=30, help="optimisation steps per variant (default 30)")
+    p.add_argument("--steps", type=_count, default=30, help="optimisation steps per variant (default 30)")
     p.set_defaults(func=_demo)
     return parser
 

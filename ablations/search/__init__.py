@@ -6,13 +6,14 @@ study before its cells run.
 """
 
 from ablations.search.driver import SearchResult, counted_trials, run_search
-from ablations.search.results import format_best
+from ablations.search.results import format_best, format_outcome
 from ablations.search.setup import make_pruner, make_sampler, open_storage, storage_url
 
 __all__ = [
     "SearchResult",
     "counted_trials",
     "format_best",
+    "format_outcome",
     "make_pruner",
     "make_sampler",
     "open_storage",

@@ -111,3 +111,17 @@ def format_best(best: list[dict[str, Any]]) -> str:
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in b["params"].items())
         lines.append(f"trial {b['number']}: {values}\n  {params}")
     return "\n".join(lines)
+
+
+def format_outcome(spec: SearchSpec, result, storage_given: bool = False) -> str:
+    """What ``ablate search`` prints at its end: the trials' states, the best, where the search is kept."""
+    from ablations.secrets import redact_url
+
+    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
+    best = "best" if len(spec.objectives) == 1 else "best (the Pareto front: no trial is better in every objective)"
+    return (
+        f"\n{spec.name}: {states}\n{best}:\n{format_best(result.best)}\n"
+        f"Optuna storage: {redact_url(result.storage)}   (ablate ui --optuna{' --storage URL' if storage_given else ''})\n"
+        f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are its "
+        "artifact optuna_plots.html"
+    )

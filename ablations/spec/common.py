@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ablations.spec.errors import SpecError, dotted, found, suggest, unknown_key_message
+from ablations.spec.errors import SpecError, dotted, found, suggest, unknown_key_message, yaml_word
 from ablations.spec.yamlfile import Document
 
 NAME = re.compile(r"[\w.\-]+")
@@ -132,9 +132,18 @@ def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: t
     loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
     if e["type"] in ("value_error", "assertion_error") and isinstance(_error_path(e), tuple):
         loc = loc + _error_path(e)
+    if loc and loc[-1] == "[key]":  # a mapping's key that is not text (`3:`): named once, as check_axes does
+        return origin.error((*path, *loc[:-2], e.get("input")), key_not_text(e.get("input")))
     full = (*path, *loc)
     section = ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
     return origin.error(full, _message(e, valid, section))
+
+
+def key_not_text(key: Any) -> str:
+    """`3:`, `true:` or `null:` as a key: YAML reads a number, true/false or nothing, not a name."""
+    word = yaml_word(key)
+    read = "nothing" if key is None else "true/false" if isinstance(key, bool) else "a number"
+    return f"the key {word} reads as {read}, not as text: quote it ('{word}')"
 
 
 def _error_path(e: dict[str, Any]):
@@ -234,10 +243,13 @@ def check_axes(origin: Origin, keys: Iterable[tuple[tuple, Any]], valid: list[st
     for path, key in keys:
         if isinstance(key, str) and key in valid:
             continue
+        if not isinstance(key, str):
+            errors.append(origin.error(path, key_not_text(key)))
+            continue
         section, _, leaf = str(key).rpartition(".")
-        hint = suggest(leaf, valid, section=section) if isinstance(key, str) else ""
+        hint = suggest(leaf, valid, section=section)
         if not hint:
-            near = [k for k in valid if isinstance(key, str) and key.split(".")[-1] in k] or valid
+            near = [k for k in valid if key.split(".")[-1] in k] or valid
             hint = "valid keys look like " + ", ".join(near[:12]) + (" ..." if len(near) > 12 else "")
         errors.append(origin.error(path, f"unknown axis {key!r}; {hint}"))
     if errors:

@@ -43,11 +43,18 @@ def found(errors: Sequence[SpecError]) -> SpecError:
     return unique[0]
 
 
+def yaml_word(value: Any) -> str:
+    """A value as YAML writes it: true, false, null, 3."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def dotted(path: Sequence[Any]) -> str:
     """("design", "variants", 2, "set") -> "design.variants[2].set"."""
     out = ""
     for part in path:
-        if isinstance(part, int):
+        if isinstance(part, bool) or part is None:  # a key YAML read as true/false or null
+            out += f"[{yaml_word(part)}]"
+        elif isinstance(part, int):
             out += f"[{part}]"
         else:
             out += f".{part}" if out else str(part)

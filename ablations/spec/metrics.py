@@ -11,6 +11,7 @@ A run logs, for every split its task evaluates:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ablations.spec.common import Origin
@@ -31,6 +32,11 @@ COST = (
     "wall_time_s",
     "steps",
 )
+
+
+def in_order(names: Iterable[str]) -> list[str]:
+    """Sorted with the numbers in them as numbers: ``error_at_2`` before ``error_at_10``."""
+    return sorted(names, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
 
 
 def split_names(run: RunConfig) -> list[str]:

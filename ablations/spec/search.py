@@ -29,8 +29,6 @@ The file's structure is the pydantic model ``SearchFile``; ``load_search`` check
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +44,7 @@ from ablations.spec.common import (
     Strict,
     check_axes,
     check_name,
+    key_not_text,
     mapping,
     trial_overrides,
     validate,
@@ -53,6 +52,7 @@ from ablations.spec.common import (
 from ablations.spec.errors import SpecError, found
 from ablations.spec.metrics import intermediate_metrics, logged_metrics, unknown_metric
 from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run, structure_errors
+from ablations.spec.space import refused_values
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
 PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
@@ -110,6 +110,17 @@ class Param(Strict):
         if self.type == "int" and self.step is not None and self.step != int(self.step):
             raise KeyedError(("step",), f"{self.step!r} must be a whole number for an int parameter")
         return self
+
+    def describe(self) -> str:
+        """In words, for ``ablate search --dry-run``: "int from 1 to 4; only when model.norm == 'pre'"."""
+        if self.type == "categorical":
+            what = f"categorical, one of {list(self.choices)}"
+        else:
+            low, high = (int(self.low), int(self.high)) if self.type == "int" else (self.low, self.high)
+            scale = ", log scale" if self.log else f", step {self.step:g}" if self.step is not None else ""
+            what = f"{self.type} from {low:g} to {high:g}{scale}"
+        when = " and ".join(f"{k} {'in' if isinstance(v, list) else '=='} {v!r}" for k, v in self.when.items())
+        return what + (f"; only when {when}" if when else "")
 
     def active(self, params: dict[str, Any]) -> bool:
         """Whether the conditions hold: each ``when`` key has its value (or one of a list of values)."""
@@ -266,6 +277,9 @@ def _space(origin: Origin, body: dict[str, Any], valid: list[str] | None) -> lis
     except SpecError as err:
         errors += err.every()
     for key, spec in body.items():
+        if not isinstance(key, str):  # named once (check_axes, pydantic), not again as the parameter's key
+            errors.append(origin.error(("space", key), key_not_text(key)))
+            continue
         try:
             mapping(origin, ("space", key), spec)
             space.append(validate(Param, {**spec, "key": key}, origin, (), ("space", key)))
@@ -398,51 +412,3 @@ def load_search(
             raise origin.error(("prune_on",), unknown_metric(spec.prune_on, intermediate_metrics(run)) or "")
     spec.warnings = refused_values(spec)
     return spec
-
-
-def refused_values(spec: SearchSpec, most: int = 64, combinations: int = 512) -> list[str]:
-    """The values of a discrete parameter (its choices, or an int range of at most ``most`` values) that make no
-    valid run with any combination of the others' values (their choices, every value of an int range of at most
-    16, the ends of the rest): a trial that draws one is refused, and counts towards n_trials (``n_heads`` from 1 to
-    8 with d_model 64: 3, 5, 6 and 7). Not judged: a parameter whose others have more than ``combinations``
-    combinations, and a value whose refusal names another parameter tried only at its ends (it may fit between)."""
-    said = []
-    for p in spec.space:
-        values = _values(p, most)
-        others = [q for q in spec.space if q is not p]
-        every = [_values(q, 16) for q in others]
-        tried = [v or [q.end(0), q.end(-1)] for q, v in zip(others, every)]
-        if values is None or math.prod(len(t) for t in tried) > combinations:
-            continue
-        at_ends = [q.key.rsplit(".", 1)[-1] for q, v in zip(others, every) if v is None]
-        refused: dict[Any, str] = {}
-        for value in values:
-            reasons = []
-            for pick in itertools.product(*tried):
-                chosen = dict(zip((q.key for q in others), pick), **{p.key: value})
-                params = spec.assign(lambda q, chosen=chosen: chosen[q.key])
-                try:
-                    resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
-                    break
-                except SpecError as err:
-                    reasons.append(err.message)
-            else:
-                if not any(f"{leaf}=" in r for r in reasons for leaf in at_ends):
-                    refused[value] = reasons[0]
-        if refused:
-            kept = [v for v in values if v not in refused]
-            said.append(
-                f"space.{p.key}: {', '.join(map(str, refused))} {'makes' if len(refused) == 1 else 'make'} no valid "
-                f"run ({next(iter(refused.values()))}); a trial that draws one is refused and counts towards n_trials"
-                + (f" (type: categorical with choices {kept} leaves them out)" if kept and p.type == "int" else "")
-            )
-    return said
-
-
-def _values(p: Param, most: int) -> list[Any] | None:
-    """Every value a discrete parameter can take (None for a float, or for an int range of more than ``most``)."""
-    if p.type == "categorical":
-        return list(p.choices)
-    if p.type == "float" or (p.high - p.low) / (p.step or 1) + 1 > most:
-        return None
-    return list(range(int(p.low), int(p.high) + 1, int(p.step or 1)))

@@ -49,7 +49,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError, found
-from ablations.spec.metrics import variant_metrics
+from ablations.spec.metrics import in_order, variant_metrics
 from ablations.spec.run import (
     RunConfig,
     apply_overrides,
@@ -327,7 +327,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         analysis=analysis,
         vary_data=file.vary_data,
         reuse_any_code=file.reuse_results == "any_code",
-        metrics=sorted(metrics),
+        metrics=in_order(metrics),
     )
 
 

@@ -581,3 +581,27 @@ def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store)
         assert logged == expected, (task["name"], logged ^ expected)
         costs = {k for k in result.metrics if k.startswith("cost/")}
         assert costs <= logged_metrics(run), costs - logged_metrics(run)
+
+
+@pytest.mark.parametrize(
+    ("key", "word", "reads"), [(3, "3", "a number"), (True, "true", "true/false"), (None, "null", "nothing")]
+)
+def test_a_key_yaml_reads_as_a_number_or_true_or_null_is_named_once(tmp_path, key, word, reads):
+    """`3:`, `true:` or `null:` as an axis of a design or a parameter of a search: one line each, which says how
+    YAML read it and how to write it (it was named two or three times, once per check that refused it)."""
+    from ablations.spec import load_search
+
+    said = f"the key {word} reads as {reads}, not as text: quote it ('{word}')"
+
+    def line(path: Path) -> int:  # where the file says it
+        return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith(word))
+
+    err = refused(tmp_path, design={"grid": {"model.norm": ["pre"], key: [1]}})
+    study = tmp_path / "study.yaml"
+    assert [str(e) for e in err.every()] == [f"{study}:{line(study)}: design.grid[{word}]: {said}"]
+    path = tmp_path / "search.yaml"
+    space = {key: {"type": "int", "low": 1, "high": 2}, "training.lr": {"type": "float", "low": 0.1, "high": 0.2}}
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "n_trials": 2, "space": space}))
+    with pytest.raises(SpecError) as info:
+        load_search(path)
+    assert [str(e) for e in info.value.every()] == [f"{path}:{line(path)}: space[{word}]: {said}"]
