@@ -236,7 +236,7 @@ def _search(args: argparse.Namespace) -> int:
     if args.dry_run:
         from ablations.search.preview import describe_search
 
-        problem = describe_search(spec, args.storage, args.tracking_uri)
+        problem = describe_search(spec, args.storage, args.tracking_uri, args.address, args.cpus)
         return error(problem, EXIT_FAILED) if problem else EXIT_OK
     from ablations.search import format_outcome, run_search
 

@@ -164,6 +164,21 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
     return parent.info.run_id
 
 
+def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpus: int | None) -> None:
+    """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
+    never hold. Raises ValueError."""
+    from ablations.cluster import check_fits, is_loopback_address
+
+    if not is_loopback_address(address) and (
+        uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
+    ):
+        raise ValueError(
+            f"the Ray cluster at {address} cannot write to local stores ({redact_url(uri)}, {redact_url(url)}); use an MLflow "
+            "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
+        )
+    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
+
+
 def run_search(
     spec: SearchSpec,
     *,
@@ -178,20 +193,13 @@ def run_search(
     import optuna
     from optuna.trial import TrialState
 
-    from ablations.cluster import check_fits, connect, is_loopback_address
+    from ablations.cluster import connect
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = tracking.resolve_uri(tracking_uri)
     url = storage_url(spec, storage)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if not is_loopback_address(address) and (
-        uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
-    ):
-        raise ValueError(
-            f"the Ray cluster at {address} cannot write to local stores ({redact_url(uri)}, {redact_url(url)}); use an MLflow "
-            "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
-        )
-    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
+    preflight(spec, address, uri, url, num_cpus)
     study, seed = _open_study(spec, url, out)
     experiment = experiment or spec.name
     # runs of trials a dead process left (failed and asked again by _open_study)

@@ -3,25 +3,75 @@ no Ray and writes nothing: a storage that is not there is not created, one that 
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from ablations import tracking
-from ablations.search.driver import counted_trials, describe_sampler, stale_trials
+from ablations.search.driver import counted_trials, describe_sampler, preflight, stale_trials
 from ablations.search.setup import storage_url
 from ablations.secrets import redact_url
 from ablations.spec import SearchSpec
 
 
 def _local_file(url: str) -> Path | None:
-    """The file of a SQLite or journal storage (None for a server's URL)."""
+    """The file of a SQLite or journal storage, however the URL spells it (None for a server's URL)."""
     if url.startswith("journal:"):
         return Path(url.removeprefix("journal:")).expanduser()
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///"))
-    return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001  (not a URL SQLAlchemy reads: opening it names the problem)
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _root(err: BaseException) -> BaseException:
+    """The database's own words, not Optuna's wrapping of them (a context raised ``from None`` stays hidden)."""
+    while (below := err.__cause__ or (None if err.__suppress_context__ else err.__context__)) is not None:
+        err = below
+    return err
+
+
+def _open(url: str, path: Path | None):
+    """The storage, read only (no tables made), or a line that says why the search would not use it as it is."""
+    import optuna
+
+    from ablations.search.setup import FOREIGN, HEARTBEAT, schema_of
+
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path))), None
+    schema = schema_of(url)
+    if schema != "optuna":
+        return None, FOREIGN if schema == "foreign" else ""
+    return optuna.storages.RDBStorage(url, skip_table_creation=True, **HEARTBEAT), None
+
+
+def _lost(study, storage) -> tuple[int, int]:
+    """Trials the search will fail when it starts: (asked again, not asked again). Left running by a process of
+    this machine that stopped, or (RDB storages) whose heartbeat stopped: retried once, as ``open_storage``'s
+    callback does."""
+    import optuna
+
+    from ablations.search.setup import STALE_RETRIES
+
+    lost = {t.number for t in stale_trials(study)}
+    final = 0
+    if isinstance(storage, optuna.storages.RDBStorage):  # what optuna.storages.fail_stale_trials fails; read here
+        for trial_id in storage._get_stale_trial_ids(study._study_id):
+            trial = storage.get_trial(trial_id)
+            if len(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(trial)) < STALE_RETRIES:
+                lost.add(trial.number)
+            elif trial.number not in lost:
+                final += 1
+    return len(lost), final
 
 
 def storage_state(spec: SearchSpec, url: str) -> tuple[str, str | None]:
@@ -29,40 +79,35 @@ def storage_state(spec: SearchSpec, url: str) -> tuple[str, str | None]:
     import optuna
 
     shown = redact_url(url)
-    goal = f" of {spec.n_trials}" if spec.n_trials else ""
+    every = f"; every trial of {spec.n_trials} to ask" if spec.n_trials else ""
     path = _local_file(url)
     if path is not None and not path.exists():
-        return f"Optuna storage {shown}: not there yet (the search creates it); every trial{goal} to ask", None
+        return f"Optuna storage {shown}: not there yet (the search creates it){every}", None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if url.startswith("journal:"):
-                from optuna.storages.journal import JournalFileBackend
-
-                storage = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-            else:  # read only: no tables made
-                storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+            storage, refusal = _open(url, path)
+            if storage is None:
+                if refusal:
+                    return "", f"the Optuna storage {shown} {refusal}"
+                return f"Optuna storage {shown}: no Optuna tables yet (the search makes them){every}", None
+            if spec.name not in {s.study_name for s in storage.get_all_studies()}:
+                return f"Optuna storage {shown}: no study {spec.name!r} yet{every}", None
             study = optuna.load_study(study_name=spec.name, storage=storage)
-    except KeyError:
-        return f"Optuna storage {shown}: no study {spec.name!r} yet; every trial{goal} to ask", None
+            again, failed = _lost(study, storage)
     except Exception as err:  # noqa: BLE001  (said, not raised: the dry run names what the search would meet)
-        while err.__cause__ or err.__context__:  # the database's own words, not Optuna's wrapping of them
-            err = err.__cause__ or err.__context__
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        if "version_info" in reason:  # a database without Optuna's tables: the search makes them
-            return (
-                f"Optuna storage {shown}: no Optuna tables yet (the search makes them); every trial{goal} to ask",
-                None,
-            )
+        err = _root(err)
+        words = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        reason = f"{words} ({type(err).__name__})" if words else type(err).__name__
         return "", f"the Optuna storage {shown} cannot be read: {reason}"
     states = Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False))
     held = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no trials"
     line = f"Optuna storage {shown}: study {spec.name!r} holds {held}"
-    stale = stale_trials(study)  # failed and asked again when the search starts: the retry counts instead
-    if spec.n_trials:
-        line += f"; {max(spec.n_trials - counted_trials(study) + len(stale), 0)} of {spec.n_trials} to ask"
-    if stale:
-        line += f" ({len(stale)} left running by a process that stopped: failed, and asked again)"
+    if spec.n_trials:  # a lost trial asked again: its retry counts instead
+        line += f"; {max(spec.n_trials - counted_trials(study) + again, 0)} of {spec.n_trials} to ask"
+    if again or failed:
+        line += f" ({again + failed} left running by a process that stopped or whose heartbeat did: failed"
+        line += f", {again} asked again)" if failed else ", and asked again)"
     known = study.user_attrs.get("objectives")
     if known and [tuple(o) for o in known] != spec.objectives:
         return line, (
@@ -76,9 +121,12 @@ def describe_search(
     spec: SearchSpec,
     storage: str | None = None,
     tracking_uri: str | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
     out: Callable[[str], None] = print,
 ) -> str | None:
-    """Print the search's plan; return a problem that would stop it (or None)."""
+    """Print the search's plan; return a problem that would stop it (or None): what ``run_search`` checks before
+    it starts, and what the storage holds."""
     from ablations.spec.common import Origin
     from ablations.spec.metrics import in_order, logged_metrics
     from ablations.spec.run import resolve_run
@@ -104,10 +152,15 @@ def describe_search(
     )
     for warning in spec.warnings:
         out(f"warning: {warning}")
-    line, problem = storage_state(spec, storage_url(spec, storage))
+    url = storage_url(spec, storage)
+    line, problem = storage_state(spec, url)
     if line:
         out(line)
     uri = tracking.resolve_uri(tracking_uri, create=False)
     there = "" if tracking.store_exists(uri) else " (no store yet: the search creates it)"
     out(f"MLflow: experiment {spec.name!r} in {redact_url(uri)}{there}")
+    try:
+        preflight(spec, address or os.environ.get("RAY_ADDRESS") or None, uri, url, num_cpus)
+    except ValueError as err:
+        return problem or str(err)
     return problem

@@ -6,12 +6,14 @@ The storage keeps no sampler or pruner: the driver and every trial process build
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import warnings
 from pathlib import Path
 
 from ablations import records, tracking
+from ablations.secrets import redact_url
 from ablations.spec import SearchSpec
 
 
@@ -22,6 +24,11 @@ def storage_url(spec: SearchSpec, override: str | None = None) -> str:
         or os.environ.get("ABLATE_OPTUNA_STORAGE")
         or f"sqlite:///{tracking.home() / 'optuna.db'}"
     )
+
+
+# a trial whose heartbeat stops for a minute is failed, and asked again once (a retry that stops too is not)
+HEARTBEAT = {"heartbeat_interval": 10, "grace_period": 60}
+STALE_RETRIES = 1
 
 
 def open_storage(url: str):
@@ -39,18 +46,44 @@ def open_storage(url: str):
         try:  # records.first_use makes an SQLite database's folder
             with warnings.catch_warnings(), records.first_use(url):
                 warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
+                if schema_of(url) == "foreign":  # Optuna would add its tables, then refuse them ("pip install -U")
+                    raise ValueError(f"the Optuna storage {redact_url(url)} {FOREIGN}")
                 return optuna.storages.RDBStorage(
                     url,
-                    heartbeat_interval=10,
-                    grace_period=60,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+                    **HEARTBEAT,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(STALE_RETRIES),
                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 )
+        except ValueError:
+            raise
         except Exception as err:
             attempt += 1
             if attempt == SCHEMA_ATTEMPTS or not _lost_the_schema_race(err):
                 raise
             time.sleep(0.2 * attempt)
+
+
+FOREIGN = "is another program's database (it has an alembic_version table, not Optuna's): give Optuna its own"
+
+
+def schema_of(url: str) -> str:
+    """What an existing RDB storage holds: "optuna" (Optuna's tables), "none" (no Optuna tables yet: a search
+    makes them), or "foreign": Optuna keeps its schema's version in a table named alembic_version, as MLflow and
+    every other Alembic user does, so a database whose alembic_version holds another program's revision (not one
+    of Optuna's, v3.2.0.a and the like) cannot take Optuna's tables (Optuna would add them, then refuse them)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            tables = set(sqlalchemy.inspect(connection).get_table_names())
+            if "alembic_version" in tables:
+                revision = connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+                if revision and not re.match(r"v\d+\.\d+\.\d+\.", revision):
+                    return "foreign"
+    finally:
+        engine.dispose()
+    return "optuna" if "version_info" in tables else "none"
 
 
 # Optuna creates a new storage's schema (its tables, then Alembic's version row) on first use. Our processes take

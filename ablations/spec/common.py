@@ -140,10 +140,12 @@ def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: t
 
 
 def key_not_text(key: Any) -> str:
-    """`3:`, `true:` or `null:` as a key: YAML reads a number, true/false or nothing, not a name."""
-    word = yaml_word(key)
-    read = "nothing" if key is None else "true/false" if isinstance(key, bool) else "a number"
-    return f"the key {word} reads as {read}, not as text: quote it ('{word}')"
+    """`3:`, `yes:`, `null:` or `2020-01-01:` as a key: YAML reads a number, true/false, nothing or a date."""
+    if key is None or isinstance(key, bool):
+        read = "nothing" if key is None else "true/false"
+    else:
+        read = "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}"
+    return f"this key reads as {read} ({yaml_word(key)}), not as text: write it in quotes"
 
 
 def _error_path(e: dict[str, Any]):

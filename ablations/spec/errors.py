@@ -52,7 +52,7 @@ def dotted(path: Sequence[Any]) -> str:
     """("design", "variants", 2, "set") -> "design.variants[2].set"."""
     out = ""
     for part in path:
-        if isinstance(part, bool) or part is None:  # a key YAML read as true/false or null
+        if not isinstance(part, (str, int)) or isinstance(part, bool):  # a key YAML read as true, null, 1.5, a date
             out += f"[{yaml_word(part)}]"
         elif isinstance(part, int):
             out += f"[{part}]"

@@ -67,7 +67,7 @@ def unknown_metric(metric: str, known: Iterable[str]) -> str | None:
     if metric in known:
         return None
     close = closest(metric, known, 0.6)
-    hint = f"did you mean {' or '.join(close)}?" if close else "the runs log: " + ", ".join(known)
+    hint = f"did you mean {' or '.join(close)}?" if close else "the runs log: " + ", ".join(in_order(known))
     return f"{metric!r} is not a metric these runs log; {hint}"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -183,12 +184,13 @@ def _check_graph(root: yaml.Node) -> dict[Path_, int]:
 
 
 def _scalar_key(name: str) -> Any:
-    """The key as the data will hold it (YAML keys are mostly strings; ``1: x`` is an int key)."""
+    """The key as the data will hold it (YAML keys are mostly strings; ``1: x`` is an int key, ``2020-01-01: x`` a
+    date)."""
     try:
         value = yaml.load(name, Loader=Loader)  # noqa: S506  (Loader is a SafeLoader)
     except yaml.YAMLError:
         return name
-    return value if isinstance(value, (str, int, float, bool)) or value is None else name
+    return value if isinstance(value, (str, int, float, bool, date)) or value is None else name
 
 
 def _flow_depth_guard(text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -584,14 +585,21 @@ def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store)
 
 
 @pytest.mark.parametrize(
-    ("key", "word", "reads"), [(3, "3", "a number"), (True, "true", "true/false"), (None, "null", "nothing")]
+    ("key", "word", "reads"),
+    [
+        (3, "3", "a number"),
+        (1.5, "1.5", "a number"),
+        (True, "true", "true/false"),
+        (None, "null", "nothing"),
+        (date(2020, 1, 1), "2020-01-01", "a date"),
+    ],
 )
 def test_a_key_yaml_reads_as_a_number_or_true_or_null_is_named_once(tmp_path, key, word, reads):
     """`3:`, `true:` or `null:` as an axis of a design or a parameter of a search: one line each, which says how
     YAML read it and how to write it (it was named two or three times, once per check that refused it)."""
     from ablations.spec import load_search
 
-    said = f"the key {word} reads as {reads}, not as text: quote it ('{word}')"
+    said = f"this key reads as {reads} ({word}), not as text: write it in quotes"
 
     def line(path: Path) -> int:  # where the file says it
         return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith(word))
