@@ -3,6 +3,7 @@ no Ray and writes nothing: a storage that is not there is not created, one that 
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections import Counter
@@ -47,6 +48,16 @@ def _open(url: str, path: Path | None):
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
+        # Optuna reads past a last line that does not decode (another process may be writing it); the search's
+        # first write would put a line after it, and then no process can read the journal
+        with path.open("rb") as f:
+            for number, line in enumerate(f, 1):
+                if not line.endswith(b"\n"):  # being written
+                    break
+                try:
+                    json.loads(line)
+                except ValueError:
+                    return None, f"is not an Optuna journal: its line {number} is not JSON"
         return optuna.storages.JournalStorage(JournalFileBackend(str(path))), None
     schema = schema_of(url)
     if schema != "optuna":

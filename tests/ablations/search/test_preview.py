@@ -134,6 +134,8 @@ def test_a_journal_storage_is_read_too(tmp_path, capsys):
     storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
     study = optuna.create_study(study_name="srch", storage=storage)
     study.tell(study.ask(), 0.5)
+    with journal.open("a") as f:  # a line another process is writing: not judged
+        f.write('{"op_code": ')
     size = journal.stat().st_size
     code, out, err = dry_run(tmp_path, capsys, "--storage", f"journal:{journal}")
     assert code == 0, err
@@ -254,3 +256,6 @@ def test_what_the_search_checks_before_it_starts_the_dry_run_checks(tmp_path, ca
     journal.write_text('{"x": 1}\n')  # JSON lines, but not Optuna's journal
     code, _, err = dry_run(tmp_path, capsys, "--storage", f"journal:{journal}")
     assert code == 1 and err.strip().endswith("cannot be read: 'op_code' (KeyError)"), err
+    journal.write_text("not JSON\n")  # Optuna reads past it (a line being written); the search's first write would not
+    code, _, err = dry_run(tmp_path, capsys, "--storage", f"journal:{journal}")
+    assert code == 1 and err.strip().endswith("is not an Optuna journal: its line 1 is not JSON"), err
