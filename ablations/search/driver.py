@@ -19,11 +19,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ablations import records, tracking
 from ablations.search.results import best_trials, counts, finish_parent
-from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_url
+from ablations.search.setup import journal_problem, make_pruner, make_sampler, open_storage, process_seed, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
@@ -91,6 +92,9 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
     samplers with one seed would propose the same trials)."""
     import optuna
 
+    journal = Path(url.removeprefix("journal:")).expanduser() if url.startswith("journal:") else None
+    if journal is not None and journal.exists() and (problem := journal_problem(journal)):
+        raise ValueError(f"the Optuna storage {redact_url(url)} {problem}")
     storage = open_storage(url)
     pruner = make_pruner(spec.pruner, spec.warmup_trials, spec.warmup_steps)
     try:

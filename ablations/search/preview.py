@@ -3,7 +3,6 @@ no Ray and writes nothing: a storage that is not there is not created, one that 
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections import Counter
@@ -43,21 +42,13 @@ def _open(url: str, path: Path | None):
     """The storage, read only (no tables made), or a line that says why the search would not use it as it is."""
     import optuna
 
-    from ablations.search.setup import FOREIGN, HEARTBEAT, schema_of
+    from ablations.search.setup import FOREIGN, HEARTBEAT, journal_problem, schema_of
 
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        # Optuna reads past a last line that does not decode (another process may be writing it); the search's
-        # first write would put a line after it, and then no process can read the journal
-        with path.open("rb") as f:
-            for number, line in enumerate(f, 1):
-                if not line.endswith(b"\n"):  # being written
-                    break
-                try:
-                    json.loads(line)
-                except ValueError:
-                    return None, f"is not an Optuna journal: its line {number} is not JSON"
+        if problem := journal_problem(path):
+            return None, problem
         return optuna.storages.JournalStorage(JournalFileBackend(str(path))), None
     schema = schema_of(url)
     if schema != "optuna":

@@ -5,6 +5,7 @@ The storage keeps no sampler or pruner: the driver and every trial process build
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -61,6 +62,20 @@ def open_storage(url: str):
             if attempt == SCHEMA_ATTEMPTS or not _lost_the_schema_race(err):
                 raise
             time.sleep(0.2 * attempt)
+
+
+def journal_problem(path: Path) -> str | None:
+    """Optuna reads past a line of a journal that does not decode (another process may be writing it); a write
+    after it would make the file unreadable to every process. A finished line that is not JSON: not a journal."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):  # being written
+                break
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"is not an Optuna journal: its line {number} is not JSON"
+    return None
 
 
 FOREIGN = "is another program's database (it has an alembic_version table, not Optuna's): give Optuna its own"

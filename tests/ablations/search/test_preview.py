@@ -259,3 +259,9 @@ def test_what_the_search_checks_before_it_starts_the_dry_run_checks(tmp_path, ca
     journal.write_text("not JSON\n")  # Optuna reads past it (a line being written); the search's first write would not
     code, _, err = dry_run(tmp_path, capsys, "--storage", f"journal:{journal}")
     assert code == 1 and err.strip().endswith("is not an Optuna journal: its line 1 is not JSON"), err
+    from ablations.search.driver import _open_study
+    from ablations.spec import load_search
+
+    with pytest.raises(ValueError, match="is not an Optuna journal: its line 1 is not JSON"):  # the search too
+        _open_study(load_search(tmp_path / "srch.yaml"), f"journal:{journal}", out=lambda _: None)
+    assert journal.read_text() == "not JSON\n"  # before it wrote a line after it
