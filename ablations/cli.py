@@ -155,14 +155,15 @@ def _report(args: argparse.Namespace) -> int:
         )
     except (NoResults, ValueError) as err:
         return error(str(err))
-    print(RENDERERS[args.format](report.table))
+    table = RENDERERS[args.format](report.table)  # alone on stdout: `--format csv > table.csv` is the table
+    print(table, end="" if table.endswith("\n") else "\n")
     beside = ", ".join(sorted(p.name for k, p in report.files.items() if k != "html"))
-    print(f"report: {report.files['html'].resolve()}  (beside it: {beside})")
+    print(f"report: {report.files['html'].resolve()}  (beside it: {beside})", file=sys.stderr)
     if report.parent_run_id:
         from ablations.ui import browse_hint
 
         hint = browse_hint(uri, args.study, report.parent_run_id)
-        print(f"in MLflow: {hint}  (the parent run's artifacts: report/report.html)")
+        print(f"in MLflow: {hint}  (the parent run's artifacts: report/report.html)", file=sys.stderr)
     return EXIT_OK
 
 

@@ -49,7 +49,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError, found
-from ablations.spec.metrics import in_order, variant_metrics
+from ablations.spec.metrics import in_order, logged_metrics, variant_metrics
 from ablations.spec.run import (
     RunConfig,
     apply_overrides,
@@ -256,6 +256,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     skipped: list[Skipped] = []
     seen: dict[str, Cell] = {}
     invalid: list[SpecError] = []
+    named: set[str] = set()  # the variants refused: names the analysis may still give
     in_base: set[str] | None = None
     every_trial = trial_overrides(file.resources, file.budget)
     for label, settings, where in variants:
@@ -266,6 +267,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 reason, refused = c.reason, c.action == "refuse"
                 if refused:  # named beside the variants the model refuses
                     invalid.append(origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}"))
+                    named.add(label)
                 break
         if refused:
             continue
@@ -285,6 +287,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                     invalid += [
                         variant_error(e, label, settings, where, origin, base_origin, in_base) for e in err.every()
                     ]
+                    named.add(label)
                     break
                 skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
                 continue
@@ -293,21 +296,36 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 continue
             seen[cell.cell_id] = cell
             cells.append(cell)
-    if invalid:  # the way out of a variant's mistakes said once, after the last; the study's file first
-        errors = found(sorted(invalid, key=lambda e: e.source != origin.source)).every()
+    if not cells and not invalid:
+        reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in skipped))  # why, not only that
+        shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+        raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
+    # the second pass, at once: every variant refused, then the metric and the names the analysis gives (judged by
+    # the variants that are valid; a refused variant is still a name the analysis may give)
+    problems = list(invalid)
+    metrics: set[str] = set()
+    named |= {c.variant for c in cells}
+    labels = [label for label, _, _ in variants if label in named]
+    tune = analysis = None
+    try:
+        tune = _tune(origin, file, base)
+        if cells:
+            metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
+    except SpecError as err:
+        problems += err.every()
+        metrics = set.intersection(*(logged_metrics(c.run) for c in cells)) if cells else set()
+    try:
+        analysis = _analysis(origin, file, labels, axes, metrics)
+    except SpecError as err:
+        problems += err.every()
+    if problems:  # the way out of a variant's mistakes said once, after the last; the study's file first
+        errors = found(sorted(problems, key=lambda e: e.source != origin.source)).every()
         last = max((i for i, e in enumerate(errors) if (e.key or "").startswith("variant ")), default=None)
         if last is not None:
             errors[last] = SpecError(
                 errors[last].source, errors[last].key, f"{errors[last].message} {FIX}", errors[last].line
             )
         raise found(errors)
-    if not cells:
-        reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in skipped))  # why, not only that
-        shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
-        raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
-    tune = _tune(origin, file, base)
-    metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
-    analysis = _analysis(origin, file, [v for v in dict.fromkeys(c.variant for c in cells)], axes, metrics)
     return Study(
         name=file.name,
         description=file.description,

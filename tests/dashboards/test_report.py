@@ -314,8 +314,19 @@ def test_compare_finds_the_conclusions_that_changed(store):
 
 
 @pytest.mark.slow
-def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path):
+def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path, capsys):
+    import csv
+    import io
+
+    from ablations.cli import main
+
     three_variants(store)
+    # stdout is the table alone, in every format (`--format csv > t.csv`); where the files went is on stderr
+    assert main(["report", "abl", "--tracking-uri", store, "--format", "csv", "--no-log", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr()
+    rows = list(csv.reader(io.StringIO(printed.out)))
+    assert rows[0][0] == "variant" and len(rows) == 4 and {len(r) for r in rows} == {len(rows[0])}, printed.out
+    assert "report.html" in printed.err
     out = subprocess.run(
         [
             sys.executable,
@@ -333,7 +344,8 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path)
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert "| baseline |" in out.stdout and "report.html" in out.stdout and "report/report.html" in out.stdout
+    assert "| baseline |" in out.stdout and "report.html" in out.stderr and "report/report.html" in out.stderr
+    assert "report.html" not in out.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "report", "nope", "--tracking-uri", store],
         capture_output=True,

@@ -613,3 +613,17 @@ def test_a_key_yaml_reads_as_a_number_or_true_or_null_is_named_once(tmp_path, ke
     with pytest.raises(SpecError) as info:
         load_search(path)
     assert [str(e) for e in info.value.every()] == [f"{path}:{line(path)}: space[{word}]: {said}"]
+
+
+def test_refused_variants_the_metric_and_the_analysis_names_come_in_one_pass(tmp_path):
+    """The second pass names every variant the model refuses, the metric no run logs and the names the analysis
+    gives that the study lacks, at once (the metric and the analysis each waited for the variants to be fixed). A
+    refused variant is still a name the analysis may give."""
+    design = {"variants": [{"name": "base", "set": {}}, {"name": "heads3", "set": {"model.n_heads": 3}}]}
+    analysis = {"contrasts": {"pairs": [["bas", "heads3"], ["heads3", "base"]]}}
+    err = refused(tmp_path, design=design, metric="test/exact_mtch", analysis=analysis)
+    said = [(e.key, e.message) for e in err.every()]
+    assert [key for key, _ in said] == ["analysis.contrasts.pairs[0]", "variant 'heads3'", "metric"]  # file order
+    assert said[0][1].startswith("'bas' is not a variant (did you mean 'base'?)")
+    assert "d_model=16 is not divisible by n_heads=3" in said[1][1] and said[1][1].endswith("skip_invalid: true)")
+    assert said[2][1] == "'test/exact_mtch' is not a metric these runs log; did you mean test/exact_match?"
