@@ -170,12 +170,13 @@ def _report(args: argparse.Namespace) -> int:
 def _heads(args: argparse.Namespace) -> int:
     """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module."""
     from ablations import tracking
-    from ablations.heads import format_heads, head_ablation, save_heads
+    from ablations.heads import check_options, format_heads, head_ablation, save_heads
     from ablations.pruning import format_pruning, save_pruning, study_pruning
     from dashboards.load import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
+        check_options(uri, args.study, args.metric, args.prune)  # before minutes of evaluation
         effects, info = head_ablation(uri, args.study, args.metric)
         text = format_heads(effects, info)
         print(text)

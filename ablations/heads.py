@@ -203,6 +203,28 @@ def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str
     return [(v, int(seed), run_id) for v, seed, run_id in cells], from_design(runs.design).test
 
 
+def check_options(uri: str, study: str, metric: str, prune: str | None = None) -> None:
+    """Before any model is evaluated: ``metric`` (--metric) and ``prune`` (--prune) must be what the trained runs
+    evaluate (val/<name>, <test split>/<name>); pruning measures on another split than the one that chooses the
+    heads (validation). Raises ValueError naming the option, with the names there are."""
+    from ablations.spec.metrics import split_names, unknown_metric
+
+    cells, _ = trained_cells(uri, study)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = records.client(uri).download_artifacts(cells[0][2], "config.yaml", tmp)
+        except Exception:  # noqa: BLE001  (no config kept: load_trained says what to do)
+            return
+        run = resolve_run(yaml.safe_load(Path(path).read_text()), f"run {cells[0][2]}")
+    splits = ["val"] + [s for s in run.task.splits if s not in ("train", "validation")]
+    known = [f"{split}/{name}" for split in splits for name in split_names(run)]
+    for option, value, allowed in (("--metric", metric, known), ("--prune", prune, known[len(split_names(run)) :])):
+        if value is not None and (problem := unknown_metric(value, allowed)):
+            if value in known:  # a validation metric for --prune
+                problem = f"pruning chooses its heads on the validation split: measure on another ({', '.join(allowed[:3])}, ...)"
+            raise ValueError(f"{option} {value}: {problem.replace(' these runs log', ' these runs evaluate')}")
+
+
 def each_model(cells: list[tuple[str, int, str]], what: str, work: Callable[[str, int, str], T]) -> list[T]:
     """``work(variant, seed, run_id)`` for every trained cell, with a progress line per model (minutes each)."""
     out, start = [], time.monotonic()

@@ -35,6 +35,7 @@ from dashboards.load import load_study
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
 RANDOM_ORDERS = 5
+ALPHA = 0.05  # the level of the pruning curves' tests, Holm over the fractions
 
 
 @dataclass(kw_only=True)
@@ -123,7 +124,7 @@ def prune_model(
     split, key = metric.split("/", 1)
     if split in ("val", "validation"):
         raise ValueError(
-            f"--metric {metric}: pruning chooses heads on the validation split, so measure on another one "
+            f"{metric}: pruning chooses heads on the validation split, so measure on another one "
             "(test/loss, test/exact_match, ...)"
         )
     _, data, module = load_trained(run_id, uri)
@@ -187,7 +188,7 @@ def study_pruning(uri: str, study: str, metric: str = "test/loss") -> tuple[list
 
 
 def compare_orders(
-    models: list[ModelPruning], metric: str, test: str = "permutation", alpha: float = 0.05
+    models: list[ModelPruning], metric: str, test: str = "permutation", alpha: float = ALPHA
 ) -> list[dict]:
     """At each pruned fraction: the mean metric by importance and at random over seeds, their paired difference
     (importance - random) with its t interval, the study's paired test over seeds and Holm over the fractions
@@ -256,12 +257,20 @@ def _format_variant(variant: str, models: list[ModelPruning], info: dict[str, An
             f"| {r['fraction']:.0%} | {r['importance']:.4g} | {r['random']:.4g} | {r['diff']:+.3g}{interval} | {p} | "
             f"{r.get('verdict', '–')} |"
         )
+    tested = sum("p_holm" in r for r in rows)
+    floor = stats.holm_floor(len(models), ALPHA, tested) if tested and info.get("test", "permutation") != "t" else None
+    if floor:  # an interval that excludes 0 beside "not resolved" is this, not a contradiction
+        lines += [
+            "",
+            f"**Too few seeds:** {floor}: no fraction can come out different whatever the data; at least "
+            f"{stats.smallest_exact_n(ALPHA / tested)} seeds can (`ablate sweep STUDY --seeds N` trains only the new ones).",
+        ]
     lines += [
         "",
         f"One head per module (Michel et al. Table 2): each module keeps only its best head on the validation split; "
         f"the change of {metric} on the test split (every other module whole), mean over seeds with the 95% t interval.",
         "",
-        "| module | change with one head | heads kept, per seed |",
+        "| module | change with one head | the head kept (its index), per seed |",
         "|---|---:|---|",
     ]
     for name in models[0].one_head:

@@ -108,9 +108,26 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
         )
         assert set(m["one_head"]) == {"layers.0.attn", "dec_layers.0.attn", "dec_layers.0.cross"}
     assert "| 50% |" in out.stdout and "One head per module" in out.stdout
+    assert "**Too few seeds:** with 2 seeds the exact test's smallest p is 0.5" in out.stdout
     parent = c.search_runs([c.get_experiment_by_name("mh").experiment_id], "tags.kind = 'study'")[0]
     logged = {a.path for a in c.list_artifacts(parent.info.run_id, "heads")}
     assert {"heads/pruning.md", "heads/pruning.json", "heads/pruning.png"} <= logged
+
+    # the options are judged before any model is evaluated, with the names the runs evaluate
+    from ablations.heads import check_options
+
+    check_options(store, "mh", "val/loss", "test/exact_match")  # what the runs evaluate: fine
+    for metric, prune, said in [
+        ("test/exact_matc", None, "--metric test/exact_matc: 'test/exact_matc' is not a metric these runs evaluate; "
+         "did you mean test/exact_match?"),
+        ("val/loss", "test/los", "--prune test/los: 'test/los' is not a metric these runs evaluate; did you mean "
+         "test/loss?"),
+        ("val/loss", "val/loss", "--prune val/loss: pruning chooses its heads on the validation split: measure on "
+         "another (test/"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError) as info:
+            check_options(store, "mh", metric, prune)
+        assert str(info.value).startswith(said), info.value
 
 
 def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
@@ -265,3 +282,36 @@ def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_he
             assert got[(name, h)] == pytest.approx(float(v), rel=1e-4, abs=1e-9)
     assert got[("dec_layers.0.cross", 2)] == 0.0
     assert min(got, key=got.get) in {("dec_layers.0.cross", 2), ("layers.0.attn", 1)}
+
+
+@pytest.mark.parametrize("seeds", [3, 9])
+def test_the_pruning_table_says_when_its_seeds_cannot_resolve_any_fraction(seeds):
+    """Holm over the 9 fractions that remove heads: the first step is 0.05/9, and the exact sign-flip test over n
+    seeds cannot go below 2/2^n (0.25 at 3 seeds, 0.0039 at 9). Below that, every row reads "not resolved" whatever
+    the data, even beside an interval that excludes 0: the table says so, and how many seeds can."""
+    from ablations.pruning import FRACTIONS, ModelPruning, format_pruning
+
+    models = [
+        ModelPruning(
+            variant="",
+            seed=s,
+            run_id=f"r{s}",
+            heads=6,
+            fractions=list(FRACTIONS),
+            by_importance=[1.0 + f for f in FRACTIONS],
+            at_random=[1.0 + 1.5 * f + 0.001 * s for f in FRACTIONS],  # importance better on every seed
+            one_head={"layers.0.attn": 0.1},
+            one_head_kept={"layers.0.attn": s % 2},
+        )
+        for s in range(seeds)
+    ]
+    text = format_pruning(models, {"study": "s", "metric": "test/loss", "test": "permutation"})
+    smallest = 2 / 2**seeds
+    assert (smallest > 0.05 / 9) == (seeds == 3)  # the independent arithmetic
+    warning = (
+        f"**Too few seeds:** with {seeds} seeds the exact test's smallest p is {smallest:.3g}, above Holm's first "
+        "step 0.05/9: no fraction can come out different whatever the data; at least 9 seeds can"
+    )
+    assert (warning in text) == (seeds == 3), text
+    assert ("different (importance better)" in text) == (seeds == 9)  # nine seeds do resolve it
+    assert "| the head kept (its index), per seed |" in text
