@@ -276,6 +276,29 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
     return Caveat("resolution", text, contrasts=labels)
 
 
+def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
+    """A caveat when contrasts with a declared margin cannot come out equivalent whatever the data: the exact
+    form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, and
+    Holm over the contrasts with a margin starts at alpha / their number. Those contrasts are named."""
+    margined = [c for c in family if c.testable and math.isfinite(c.margin)]
+    if test == "t" or not margined:
+        return None
+    level = alpha / len(margined)
+    stuck = [c for c in margined if 0.5**c.n > level]
+    if not stuck:
+        return None
+    n = max(c.n for c in stuck)
+    need = math.ceil(math.log2(1 / level) - 1e-9)
+    labels = tuple(c.label for c in stuck)
+    text = (
+        f"too few seeds to show equivalence: with {n} seed{'s' if n != 1 else ''} the exact two one-sided tests' "
+        f"smallest p is {0.5**n:.3g}, above Holm's first step {alpha:g}/{len(margined)} for the contrasts with a "
+        f"margin, so {', '.join(labels)} cannot come out equivalent whatever the data ({need} seeds can); their "
+        "'not resolved' says nothing about whether they are equivalent"
+    )
+    return Caveat("resolution", text, contrasts=labels)
+
+
 # --- best ----------------------------------------------------------------------------------------------------
 
 
@@ -328,4 +351,5 @@ __all__ = [
     "recent_fall",
     "trend_fall",
     "unresolvable",
+    "unshowable_equivalence",
 ]

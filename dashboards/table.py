@@ -482,6 +482,7 @@ def _caveats(
     ]
     found.append(caveats.few_seeds(intervals, warn, analysis.test))
     found.append(caveats.unresolvable([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
+    found.append(caveats.unshowable_equivalence([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
     out = [c for c in found if c is not None]
     effects = tuple(c.label for c in contrasts if c.kind != "pair")
     for i, c in enumerate(out):  # a variant's caveat concerns its contrasts and every factorial effect

@@ -343,3 +343,22 @@ def test_best_only_where_the_family_shows_it_better_than_every_other_variant():
         caveats.best_variant({"a": 0.5, "b": 0.5}, [pair("a", "b", "different (better)")], "minimize").variant is None
     )
     assert caveats.best_variant({"a": 0.5}, [], "minimize").variant is None
+
+
+def test_equivalence_its_seeds_cannot_show():
+    """The exact two one-sided tests cannot go below 1/2^n (differences well inside the margin on every seed reach
+    exactly that: the independent check below); Holm over the contrasts with a margin starts at 0.05/k. 5 seeds
+    and 3 margins: 1/32 = 0.031 > 0.0167, so no equivalence whatever the data, 6 seeds can (0.0156)."""
+    for n in (4, 5, 6):  # the floor, from the test itself
+        assert stats.tost_p(np.full(n, 0.001), margin=1.0) == pytest.approx(0.5**n)
+
+    def margined(n: int, seed: int) -> stats.Contrast:
+        return dataclasses.replace(contrast(n, seed=seed), label=f"c{seed}", margin=0.05)
+
+    c = caveats.unshowable_equivalence([margined(5, s) for s in range(3)], 0.05, "permutation")
+    assert c is not None and c.contrasts == ("c0", "c1", "c2")
+    assert "smallest p is 0.0312, above Holm's first step 0.05/3" in c.text and "(6 seeds can)" in c.text
+    assert caveats.unshowable_equivalence([margined(6, s) for s in range(3)], 0.05, "permutation") is None
+    assert caveats.unshowable_equivalence([margined(5, 0)], 0.05, "permutation") is None  # 0.031 <= 0.05/1
+    assert caveats.unshowable_equivalence([contrast(3)], 0.05, "permutation") is None  # no margin, no equivalence
+    assert caveats.unshowable_equivalence([margined(3, 0)], 0.05, "t") is None  # the t form can reach any p
