@@ -279,12 +279,13 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
 def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
     """A caveat when contrasts with a declared margin cannot come out equivalent whatever the data: the exact
     form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, and
-    Holm over the contrasts with a margin starts at alpha / their number. Those contrasts are named."""
+    Holm over the contrasts with a margin starts at alpha / their number. Those contrasts are named (factorial
+    effects fitted by OLS are not: their t form can reach any p)."""
     margined = [c for c in family if c.testable and math.isfinite(c.margin)]
     if test == "t" or not margined:
         return None
-    level = alpha / len(margined)
-    stuck = [c for c in margined if 0.5**c.n > level]
+    level = alpha / len(margined)  # exact: the pairs, and effects without residual spread (OLS's t reaches any p)
+    stuck = [c for c in margined if c.min_p > 0 and 0.5**c.n > level]
     if not stuck:
         return None
     n = max(c.n for c in stuck)

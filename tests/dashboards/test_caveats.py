@@ -362,3 +362,6 @@ def test_equivalence_its_seeds_cannot_show():
     assert caveats.unshowable_equivalence([margined(5, 0)], 0.05, "permutation") is None  # 0.031 <= 0.05/1
     assert caveats.unshowable_equivalence([contrast(3)], 0.05, "permutation") is None  # no margin, no equivalence
     assert caveats.unshowable_equivalence([margined(3, 0)], 0.05, "t") is None  # the t form can reach any p
+    effect = dataclasses.replace(margined(3, 9), label="effect", min_p=0.0)  # OLS: its t form reaches any p
+    c = caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation")  # 0.031 > 0.05/2
+    assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
