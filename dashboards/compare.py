@@ -86,7 +86,7 @@ def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -
     head = ("contrast", f"{ref_a} (Δ {metric})", f"{ref_b} (Δ)", "changed", "")
     rows = [
         (c.variant, f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})", "YES" if c.changed else "no",
-         "".join(f"[{warnings.index(x) + 1}]" for x in c.warnings))
+         "".join(f"[{i}]" for i in sorted(warnings.index(x) + 1 for x in c.warnings)))
         for c in changes
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(4)]  # every column as wide as its widest

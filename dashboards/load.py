@@ -117,9 +117,12 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     )
     filt = kind_filter(KIND_CELL, **({"submission": str(submission)} if submission is not None else {}))
     runs = sorted(search_all(uri, [exp.experiment_id], filt), key=lambda r: r.info.start_time)
+    if not runs and submission is not None:  # the submissions there are, not "run ablate sweep"
+        numbers = [p.data.tags.get("submission", "?") for p in parents]
+        there = f"its submissions: {', '.join(numbers)}" if numbers else "it has no submission yet"
+        raise NoResults(f"submission {submission} of study {study!r} trained no cell in {redact_url(uri)}; {there}")
     if not runs:
-        which = f"submission {submission} of " if submission is not None else ""
-        raise NoResults(f"{which}study {study!r} has no cell runs in {redact_url(uri)} yet: run `ablate sweep` first")
+        raise NoResults(f"study {study!r} has no cell runs in {redact_url(uri)} yet: run `ablate sweep` first")
     by_cell: dict[str, list] = {}
     for run in runs:
         by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)

@@ -201,8 +201,10 @@ def _changed(design: dict[str, Any], variant: str, baseline: str) -> str:
         return "(baseline)"
     if mine is None:
         return "?"
-    diff = {k: v for k, v in mine.items() if base.get(k) != v and not k.startswith(TUNED)}
-    return ", ".join(f"{_short(k)}={v}" for k, v in diff.items()) or "-"
+    diff = [f"{_short(k)}={v}" for k, v in mine.items() if base.get(k) != v and not k.startswith(TUNED)]
+    # what another baseline (--baseline) sets and this variant leaves at the study's base run
+    diff += [f"{_short(k)}=(base run's)" for k in base if k not in mine and not k.startswith(TUNED)]
+    return ", ".join(diff) or "-"
 
 
 def _tuned(design: dict[str, Any], variant: str) -> str:
@@ -276,8 +278,10 @@ def build(
         raise stats_error(runs, metric)
     baseline = baseline or runs.baseline
     if baseline not in runs.variants:
+        close = difflib.get_close_matches(str(baseline), runs.variants, 1, 0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
-            f"baseline {baseline!r} is not a variant of {runs.name!r}; variants: {', '.join(runs.variants)}"
+            f"baseline {baseline!r} is not a variant of {runs.name!r}; {hint}variants: {', '.join(runs.variants)}"
         )
     notes: list[str] = []
     study_direction = runs.design.get("direction", "minimize")

@@ -365,3 +365,14 @@ def test_equivalence_its_seeds_cannot_show():
     effect = dataclasses.replace(margined(3, 9), label="effect", min_p=0.0)  # OLS: its t form reaches any p
     c = caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation")  # 0.031 > 0.05/2
     assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
+
+
+def test_the_warning_marks_of_a_contrast_are_in_their_order():
+    from dashboards.compare import Change
+
+    changes = [
+        Change("x", "not resolved", "not resolved", 0.1, 0.2, ["a@1: one", "a@2: two"]),
+        Change("y", "not resolved", "not resolved", 0.1, 0.2, ["a@2: three", "a@1: one"]),  # [3] met before [1]
+    ]
+    rows = format_changes("a@1", "a@2", "m", changes).splitlines()[1:3]
+    assert rows[0].endswith("[1][2]") and rows[1].endswith("[1][3]"), rows

@@ -409,3 +409,23 @@ def test_the_report_draws_the_decoded_error_by_target_position(store, tmp_path):
     assert (tmp_path / "out" / "error_by_position.png").stat().st_size > 1000 and "error_by_position" in report.files
     three_variants(store)  # a study whose runs log no error by position: no figure
     assert error_by_position(load_study(store, "abl")) == {}
+
+
+def test_a_misspelt_baseline_gets_the_nearest_variant(store):
+    three_variants(store)
+    with pytest.raises(ValueError) as info:
+        build(load_study(store, "abl"), baseline="bettr")
+    assert (
+        str(info.value)
+        == "baseline 'bettr' is not a variant of 'abl'; did you mean 'better'? variants: baseline, better, same"
+    )
+
+
+def test_a_submission_that_trained_nothing_is_named_with_the_submissions_there(store):
+    from dashboards.load import NoResults
+
+    three_variants(store)
+    with pytest.raises(NoResults) as info:
+        load_study(store, "abl", submission=5)
+    assert str(info.value).startswith("submission 5 of study 'abl' trained no cell in ")
+    assert str(info.value).endswith("; its submissions: 1")

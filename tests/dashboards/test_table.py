@@ -319,3 +319,21 @@ def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
         n = stats.seeds_needed(d, 0.01, family_size=2)
         assert f"  {a} vs {b}: {n} (pilot: 5 seeds, sd of Δ {np.std(d, ddof=1):.3g})" in text
     assert "at 0.05/2 (Holm's strictest step" in text
+
+
+def test_changed_says_what_differs_from_the_baseline_chosen():
+    """With --baseline another variant, `changed` is what differs from that variant: its settings the row leaves
+    at the study's base run count too (a row showed only its own settings, and the study's base row '-')."""
+    from dashboards.table import _changed
+
+    design = {
+        "variants": [
+            {"name": "base", "settings": {}},
+            {"name": "wide", "settings": {"model.d_ff": 128}},
+            {"name": "slow", "settings": {"training.lr": "1e-05"}},
+        ]
+    }
+    assert _changed(design, "slow", "base") == "lr=1e-05"
+    assert _changed(design, "slow", "wide") == "lr=1e-05, d_ff=(base run's)"
+    assert _changed(design, "base", "wide") == "d_ff=(base run's)"
+    assert _changed(design, "wide", "wide") == "(baseline)"
