@@ -187,16 +187,20 @@ class Analysis(BaseModel):
 
     def unresolvable_pairs(self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int) -> str | None:
         """Before any run: why the declared paired contrasts cannot come out different whatever the data (the
-        exact test's smallest p with ``seeds`` seeds is above Holm's first step), or None when they can."""
+        exact test's smallest p with ``seeds`` seeds is above the largest step Holm can give them), or None when
+        they can."""
         from dashboards import stats
 
         if self.test == "t" or n_pairs == 0 or seeds < 1:
             return None
         size = self.family_size(n_pairs, levels, is_grid)
-        why = stats.holm_floor(seeds, self.alpha, size)
+        # the factorial effects (OLS) can reach any p: where they come out first, Holm's step for a pair rises
+        floors = [stats.min_p(seeds)] * n_pairs + [0.0] * (size - n_pairs)
+        step = stats.holm_best_steps(floors, self.alpha)[0]
+        why = stats.holm_floor(seeds, self.alpha, size, step=step)
         if why is None:
             return None
-        need = stats.smallest_exact_n(self.alpha / size)
+        need = stats.smallest_exact_n(step)
         return (
             f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
             f"different whatever the data; use at least {need} seeds (seeds: {need})"

@@ -246,28 +246,37 @@ def few_seeds(intervals: Iterable[tuple[str, tuple[str, ...], int]], warn: Warn,
     return Caveat("seeds", text, names, labels)
 
 
+def _stuck(
+    family: Sequence[stats.Contrast], floors: list[float], alpha: float
+) -> list[tuple[stats.Contrast, float, float]]:
+    """(contrast, floor, its best Holm step) of the testable contrasts that cannot pass whatever the data."""
+    steps = stats.holm_best_steps(floors, alpha)
+    return [(c, f, st) for c, f, st in zip(family, floors, steps) if c.testable and f > st]
+
+
 def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
     """A caveat when contrasts of the family cannot come out different whatever the data: their smallest
-    attainable p (the exact test's 2/2^n) is above Holm's first step, alpha / (family size). Every testable one
-    (nothing can be resolved), or some of them (the paired ones, where the family's factorial effects, tested by
-    OLS, can reach any p): those are named."""
+    attainable p (the exact test's 2/2^n) is above the largest step Holm can give them (``stats.holm_best_steps``:
+    alpha / family size, raised where other tests, factorial effects by OLS say, can be rejected first). Every
+    testable one (nothing can be resolved), or some of them: those are named."""
     testable = [c for c in family if c.testable]
     if test == "t" or not testable:
         return None
-    level = alpha / len(family)
-    stuck = [c for c in testable if math.isfinite(c.min_p) and c.min_p > level]
+    floors = [(c.min_p if math.isfinite(c.min_p) else 0.0) if c.testable else 1.0 for c in family]
+    stuck = _stuck(family, floors, alpha)
     if not stuck:
         return None
-    n = max(c.n for c in stuck)
-    need = stats.smallest_exact_n(level)
-    why = stats.holm_floor(n, alpha, len(family), smallest=max(c.min_p for c in stuck if c.n == n))
+    n = max(c.n for c, _, _ in stuck)
+    _, floor, step = max((x for x in stuck if x[0].n == n), key=lambda x: x[1])
+    need = stats.smallest_exact_n(step)
+    why = stats.holm_floor(n, alpha, len(family), floor, step=step)
     if len(stuck) == len(testable):
         text = (
             f"too few seeds to resolve anything: {why}, so no contrast of the family can come out different "
             f"whatever the data ({need} seeds can); its 'not resolved' says nothing about the size of a difference"
         )
         return Caveat("resolution", text)
-    labels = tuple(c.label for c in stuck)
+    labels = tuple(c.label for c, _, _ in stuck)
     text = (
         f"too few seeds for the paired contrasts: {why}, so {', '.join(labels)} cannot come out different whatever "
         f"the data ({need} seeds can, or a smaller family); their 'not resolved' says nothing about the size of a "
@@ -278,24 +287,26 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
 
 def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
     """A caveat when contrasts with a declared margin cannot come out equivalent whatever the data: the exact
-    form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, and
-    Holm over the contrasts with a margin starts at alpha / their number. Those contrasts are named (factorial
-    effects fitted by OLS are not: their t form can reach any p)."""
-    margined = [c for c in family if c.testable and math.isfinite(c.margin)]
-    if test == "t" or not margined:
+    form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, above
+    the largest step Holm over the contrasts with a margin can give them (as ``correct`` corrects: every one in
+    the family, an untestable one at p 1). Those contrasts are named; factorial effects fitted by OLS cannot be
+    stuck (their t form reaches any p)."""
+    margined = [c for c in family if math.isfinite(c.margin)]
+    if test == "t" or not any(c.testable for c in margined):
         return None
-    level = alpha / len(margined)  # exact: the pairs, and effects without residual spread (OLS's t reaches any p)
-    stuck = [c for c in margined if c.min_p > 0 and 0.5**c.n > level]
+    floors = [(0.5**c.n if c.min_p > 0 else 0.0) if c.testable else 1.0 for c in margined]
+    stuck = _stuck(margined, floors, alpha)
     if not stuck:
         return None
-    n = max(c.n for c in stuck)
-    need = math.ceil(math.log2(1 / level) - 1e-9)
-    labels = tuple(c.label for c in stuck)
+    n = max(c.n for c, _, _ in stuck)
+    _, floor, step = max((x for x in stuck if x[0].n == n), key=lambda x: x[1])
+    need = math.ceil(math.log2(1 / step) - 1e-9)
+    labels = tuple(c.label for c, _, _ in stuck)
+    why = stats.holm_floor(n, alpha, len(margined), floor, step=step, what="exact two one-sided tests'")
     text = (
-        f"too few seeds to show equivalence: with {n} seed{'s' if n != 1 else ''} the exact two one-sided tests' "
-        f"smallest p is {0.5**n:.3g}, above Holm's first step {alpha:g}/{len(margined)} for the contrasts with a "
-        f"margin, so {', '.join(labels)} cannot come out equivalent whatever the data ({need} seeds can); their "
-        "'not resolved' says nothing about whether they are equivalent"
+        f"too few seeds to show equivalence (Holm over the contrasts with a margin): {why}, so {', '.join(labels)} cannot "
+        f"come out equivalent whatever the data ({need} seeds can); their 'not resolved' says nothing about whether "
+        "they are equivalent"
     )
     return Caveat("resolution", text, contrasts=labels)
 

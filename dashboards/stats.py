@@ -353,16 +353,42 @@ def detectable(sd: float, n: int, level: float, power: float = 0.8, test: str = 
     return float(brentq(lambda es: _t_power(es, n, level) - power, 1e-9, hi) * sd)
 
 
-def holm_floor(n: int, alpha: float, family_size: int, smallest: float | None = None) -> str | None:
-    """Why a paired contrast over ``n`` seeds cannot come out different in a Holm family of ``family_size``
-    whatever the data (the test's smallest p, ``smallest`` or the exact test's 2/2^n, above Holm's first step),
-    or None when it can."""
+def holm_best_steps(floors: Sequence[float], alpha: float) -> list[float]:
+    """For each test of a Holm family whose p cannot go below its ``floors`` entry (the exact test's 2/2^n; 0 for a
+    t-test): the largest step Holm can give it, alpha / (m - k), where k is the most other tests that can be
+    rejected before it (the smallest floors first, each within its own step). A test whose floor is above its
+    best step cannot be rejected whatever the data; one below may be, where the others come out first."""
+    m, steps = len(floors), []
+    for j, floor in enumerate(floors):
+        k = 0
+        for other in sorted(f for i, f in enumerate(floors) if i != j and f <= floor):
+            if other <= alpha / (m - k):
+                k += 1
+        steps.append(alpha / (m - k))
+    return steps
+
+
+def holm_floor(
+    n: int,
+    alpha: float,
+    family_size: int,
+    smallest: float | None = None,
+    *,
+    step: float | None = None,
+    what: str = "exact test's",
+) -> str | None:
+    """Why a contrast over ``n`` seeds cannot come out different in a Holm family of ``family_size`` whatever the
+    data (the test's smallest p, ``smallest`` or the exact test's 2/2^n, above ``step``: the largest step Holm can
+    give it, ``holm_best_steps``; by default its first step, alpha / family_size), or None when it can."""
     smallest = min_p(n) if smallest is None else smallest
-    if smallest <= alpha / family_size:
+    step = alpha / family_size if step is None else step
+    if smallest <= step:
         return None
+    seeds = f"with {n} seed{'s' if n != 1 else ''} the {what} smallest p is {smallest:.3g}"
+    if round(alpha / step) == family_size:
+        return f"{seeds}, above Holm's first step {alpha:g}/{family_size}"
     return (
-        f"with {n} seed{'s' if n != 1 else ''} the exact test's smallest p is {smallest:.3g}, above Holm's first "
-        f"step {alpha:g}/{family_size}"
+        f"{seeds}, above {alpha:g}/{round(alpha / step)}, the largest step Holm can give it (the others rejected first)"
     )
 
 

@@ -303,17 +303,20 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     # the second pass, at once: every variant refused, then the metric and the names the analysis gives (judged by
     # the variants that are valid; a refused variant is still a name the analysis may give)
     problems = list(invalid)
-    metrics: set[str] = set()
     named |= {c.variant for c in cells}
-    labels = [label for label, _, _ in variants if label in named]
+    labels = list(dict.fromkeys(label for label, _, _ in variants if label in named))
     tune = analysis = None
+    metrics: set[str] | None = None  # with no valid cell, the analysis's metrics are not judged
     try:
         tune = _tune(origin, file, base)
-        if cells:
-            metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
     except SpecError as err:
         problems += err.every()
-        metrics = set.intersection(*(logged_metrics(c.run) for c in cells)) if cells else set()
+    if cells:
+        try:
+            metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
+        except SpecError as err:
+            problems += err.every()
+            metrics = set.intersection(*(logged_metrics(c.run) for c in cells))
     try:
         analysis = _analysis(origin, file, labels, axes, metrics)
     except SpecError as err:
@@ -345,7 +348,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         analysis=analysis,
         vary_data=file.vary_data,
         reuse_any_code=file.reuse_results == "any_code",
-        metrics=in_order(metrics),
+        metrics=in_order(metrics or ()),
     )
 
 
@@ -364,7 +367,7 @@ def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
 
 
 def _analysis(
-    origin: Origin, file: StudyFile, variants: list[str], axes: list[str], metrics: set[str]
+    origin: Origin, file: StudyFile, variants: list[str], axes: list[str], metrics: set[str] | None
 ) -> dict[str, Any] | None:
     """The ``analysis:`` section, checked against the study's variants, axes and metrics before anything runs."""
     if file.analysis is None:

@@ -301,16 +301,20 @@ def test_a_family_its_seeds_cannot_resolve():
 
 
 def test_paired_contrasts_their_seeds_cannot_resolve_beside_effects_that_can():
-    """A family of paired contrasts and factorial effects (OLS: any p is attainable): with 8 seeds the exact
-    test's smallest p 2/2^8 = 0.0078 is above 0.05/8, so the four pairs can never be 'different' while the
-    effects can; the caveat names the pairs only (the attention_score study of the catalogue, 8 seeds)."""
-    pairs = [dataclasses.replace(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
+    """A family of paired contrasts and factorial effects (OLS: any p is attainable). Where the effects come out
+    first, Holm's step for a pair rises (stats.holm_best_steps): with 4 effects and 4 pairs, a pair can face
+    0.05/4 at best, and then each pair rejected first lifts the others. 8 seeds (2/2^8 = 0.0078 <= 0.0125) can
+    resolve the pairs whatever the first step (0.05/8) says; 5 seeds (0.0625 > 0.05/4) cannot, and the caveat
+    names the pairs only, with the step they could at best face."""
     effects = [dataclasses.replace(contrast(8, seed=9), label=f"effect {k}", min_p=0.0) for k in range(4)]
+    eight = [dataclasses.replace(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
+    assert caveats.unresolvable(eight + effects, 0.05, "permutation") is None
+    pairs = [dataclasses.replace(contrast(5, seed=s), label=f"pair {s}") for s in range(4)]
     c = caveats.unresolvable(pairs + effects, 0.05, "permutation")
     assert c is not None and c.contrasts == tuple(p.label for p in pairs)
-    assert f"{2 / 2**8:.3g}" in c.text and "(9 seeds can" in c.text
+    assert f"smallest p is {2 / 2**5:.3g}, above 0.05/4, the largest step Holm can give it" in c.text
+    assert "(8 seeds can" in c.text  # 2/2^8 <= 0.05/4 < 2/2^7
     assert not c.concerns("effect 0") and c.concerns(pairs[0].label)
-    assert caveats.unresolvable([contrast(9, seed=s) for s in range(4)] + effects, 0.05, "permutation") is None
 
 
 # --- best ---------------------------------------------------------------------------------------------------
@@ -348,7 +352,8 @@ def test_best_only_where_the_family_shows_it_better_than_every_other_variant():
 def test_equivalence_its_seeds_cannot_show():
     """The exact two one-sided tests cannot go below 1/2^n (differences well inside the margin on every seed reach
     exactly that: the independent check below); Holm over the contrasts with a margin starts at 0.05/k. 5 seeds
-    and 3 margins: 1/32 = 0.031 > 0.0167, so no equivalence whatever the data, 6 seeds can (0.0156)."""
+    and 3 contrasts with a margin: 1/32 = 0.031 > 0.0167, so no equivalence whatever the data, 6 seeds can (0.0156).
+    An untestable contrast with a margin stays in Holm's family (p 1, as ``correct`` counts it)."""
     for n in (4, 5, 6):  # the floor, from the test itself
         assert stats.tost_p(np.full(n, 0.001), margin=1.0) == pytest.approx(0.5**n)
 
@@ -360,11 +365,14 @@ def test_equivalence_its_seeds_cannot_show():
     assert "smallest p is 0.0312, above Holm's first step 0.05/3" in c.text and "(6 seeds can)" in c.text
     assert caveats.unshowable_equivalence([margined(6, s) for s in range(3)], 0.05, "permutation") is None
     assert caveats.unshowable_equivalence([margined(5, 0)], 0.05, "permutation") is None  # 0.031 <= 0.05/1
+    untestable = dataclasses.replace(margined(5, 1), label="u", n=0, method="untestable: no paired seed")
+    c = caveats.unshowable_equivalence([margined(5, 0), untestable], 0.05, "permutation")  # 0.031 > 0.05/2
+    assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
     assert caveats.unshowable_equivalence([contrast(3)], 0.05, "permutation") is None  # no margin, no equivalence
     assert caveats.unshowable_equivalence([margined(3, 0)], 0.05, "t") is None  # the t form can reach any p
     effect = dataclasses.replace(margined(3, 9), label="effect", min_p=0.0)  # OLS: its t form reaches any p
-    c = caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation")  # 0.031 > 0.05/2
-    assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
+    # the effect shown equivalent first lifts the pair's step to 0.05/1: 0.031 can pass it
+    assert caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation") is None
 
 
 def test_the_warning_marks_of_a_contrast_are_in_their_order():

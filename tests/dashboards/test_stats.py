@@ -453,3 +453,32 @@ def test_effects_of_a_four_axis_grid_with_a_failed_cell():
     assert all(math.isfinite(c.mde) and c.mde > 0 for c in effects)
     main = {c.label: c for c in effects}["lr: c vs a"]
     assert "averaged over the 7 of 8 combinations" in main.note
+
+
+def test_holms_best_step_is_what_holm_itself_can_reach():
+    """A test whose p cannot go below its floor can be rejected by Holm for some data exactly when its floor is at
+    most its best step (stats.holm_best_steps). The oracle: Holm's procedure as defined (reject in order of p while
+    p_(i) <= alpha / (m - i + 1)) over every choice of p-values, each test at its floor or at 1 (before or after the
+    others), for families of up to five."""
+    import itertools
+
+    def holm_rejects(ps: tuple[float, ...], alpha: float = 0.05) -> list[bool]:
+        out = [False] * len(ps)
+        for i, j in enumerate(sorted(range(len(ps)), key=lambda k: ps[k])):
+            if ps[j] > alpha / (len(ps) - i):
+                break
+            out[j] = True
+        return out
+
+    assert holm_rejects((0.01, 0.02, 0.3)) == [True, True, False]  # 0.01 <= 0.05/3, 0.02 <= 0.05/2, 0.3 > 0.05
+    assert holm_rejects((0.01, 0.04, 0.3)) == [True, False, False]  # 0.04 > 0.05/2: Holm stops there
+    rng = np.random.default_rng(7)
+    options = [0.0, 1 / 128, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 0.25, 1.0]
+    for _ in range(400):
+        floors = [float(f) for f in rng.choice(options, size=int(rng.integers(1, 6)))]
+        steps = stats.holm_best_steps(floors, 0.05)
+        reachable = [False] * len(floors)
+        for ps in itertools.product(*[(f, 1.0) for f in floors]):
+            for j, rejected in enumerate(holm_rejects(ps)):
+                reachable[j] |= rejected and ps[j] == floors[j]
+        assert [f <= s for f, s in zip(floors, steps)] == reachable, (floors, steps)
