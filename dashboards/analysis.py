@@ -30,6 +30,7 @@ anything runs (``parse_analysis`` then ``check_analysis``), and the report reads
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from typing import Any, Literal
 
@@ -184,6 +185,29 @@ class Analysis(BaseModel):
             size += sum(levels[a] - 1 for a in self.main_effect_axes(axes))
             size += sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interaction_pairs(axes))
         return max(1, size)
+
+    def unshowable_equivalence(
+        self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int, metric: str
+    ) -> str | None:
+        """Before any run: why the declared paired contrasts cannot come out equivalent within ``metric``'s margin
+        whatever the data (the exact two one-sided tests' smallest p, 1/2^seeds, above the largest step Holm over
+        the contrasts with a margin can give them), or None when they can or no margin is declared."""
+        from dashboards import stats
+
+        if self.test == "t" or metric not in self.margins or n_pairs == 0 or seeds < 1:
+            return None
+        size = self.family_size(n_pairs, levels, is_grid)
+        floors = [0.5**seeds] * n_pairs + [0.0] * (size - n_pairs)  # effects (OLS): any p
+        step = stats.holm_best_steps(floors, self.alpha)[0]
+        why = stats.holm_floor(seeds, self.alpha, size, 0.5**seeds, step=step, what="exact two one-sided tests'")
+        if why is None:
+            return None
+        need = math.ceil(math.log2(1 / step) - 1e-9)
+        return (
+            f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
+            f"equivalent within ±{self.margins[metric]:g} on {metric} whatever the data; use at least {need} seeds "
+            f"(seeds: {need})"
+        )
 
     def unresolvable_pairs(self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int) -> str | None:
         """Before any run: why the declared paired contrasts cannot come out different whatever the data (the

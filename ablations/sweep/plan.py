@@ -38,16 +38,21 @@ def plan(study: Study, uri: str, code: str | None = None) -> Plan:
 
 
 def unresolvable_warning(study: Study) -> str | None:
-    """Before any run: a warning when the study's seeds cannot resolve its declared paired contrasts (the exact
-    test's smallest p, 2/2^seeds, above Holm's first step for the declared family), or None."""
+    """Before any run: a warning when the study's seeds cannot resolve its declared paired contrasts, and one when
+    they cannot show them equivalent within the metric's declared margin (the exact tests' smallest p above the
+    largest step Holm can give them in the declared family), or None."""
     from dashboards.analysis import parse_analysis
 
     analysis = parse_analysis(study.analysis)
     levels = {a: len({repr(c.settings.get(a)) for c in study.cells}) for a in study.axes}
     n_pairs = len(analysis.pairs(study.variants, study.variants[0]))
     seeds = min(sum(c.variant == v for c in study.cells) for v in study.variants)
-    why = analysis.unresolvable_pairs(n_pairs, levels, study.design == "grid", seeds)
-    return f"warning: {study.source}: {why}" if why else None
+    grid = study.design == "grid"
+    said = [
+        analysis.unresolvable_pairs(n_pairs, levels, grid, seeds),
+        analysis.unshowable_equivalence(n_pairs, levels, grid, seeds, study.metric),
+    ]
+    return "\n".join(f"warning: {study.source}: {why}" for why in said if why) or None
 
 
 def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> None:

@@ -638,3 +638,30 @@ def test_a_study_whose_every_variant_is_refused_gets_no_false_analysis_error(tmp
     design = {"variants": [{"name": "h3", "set": {"model.n_heads": 3}}, {"name": "h5", "set": {"model.n_heads": 5}}]}
     err = refused(tmp_path, design=design, analysis={"margins": {"test/loss": 0.1}})
     assert [e.key for e in err.every()] == ["variant 'h3'", "variant 'h5'"]
+
+
+def test_a_margin_its_seeds_cannot_show_is_named_before_the_runs(tmp_path):
+    """Two pairs against the baseline with a margin on the study's metric: the exact two one-sided tests cannot go
+    below 1/2^n (independent: tost_p of differences well inside the margin), against Holm's first step 0.05/2.
+    5 seeds (0.031) cannot show equivalence whatever the data, 6 (0.016) can; without a margin nothing is said."""
+    import numpy as np
+
+    from ablations.sweep import unresolvable_warning
+    from dashboards.stats import tost_p
+
+    design = {"variants": [{"name": n, "set": {"model.norm": v}} for n, v in (("a", "pre"), ("b", "post"))]}
+    design["variants"].append({"name": "c", "set": {"training.lr": 0.002}})
+    analysis = {"margins": {"final/val_loss": 0.01}}
+    for seeds in (5, 6):
+        floor = tost_p(np.full(seeds, 0.001), margin=1.0)
+        warning = unresolvable_warning(load_study(write(tmp_path, design=design, seeds=seeds, analysis=analysis)))
+        said = warning.splitlines()[-1] if warning else ""
+        if floor > 0.05 / 2:
+            assert f"with {seeds} seeds the exact two one-sided tests' smallest p is {floor:.3g}" in said
+            assert "can come out equivalent within ±0.01 on final/val_loss whatever the data" in said
+            assert said.endswith("use at least 6 seeds (seeds: 6)")
+        else:
+            assert "equivalent" not in (warning or "")
+    assert tost_p(np.full(5, 0.001), margin=1.0) > 0.025 >= tost_p(np.full(6, 0.001), margin=1.0)  # both branches
+    plain = unresolvable_warning(load_study(write(tmp_path, design=design, seeds=5)))
+    assert "equivalent" not in (plain or "")
