@@ -64,6 +64,22 @@ class ModelHeads:
     heads: list[HeadEffect]
 
 
+KEPT_NOTHING = (
+    "run {run_id} kept no weights (checkpoint/model.pt and config.yaml): train the study with "
+    "`tracking: {{checkpoint: true}}` in its base run"
+)
+
+
+def trained_run(run_id: str, uri: str):
+    """The resolved run configuration a trained run kept (config.yaml). LookupError if it kept none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = records.client(uri).download_artifacts(run_id, "config.yaml", tmp)
+        except Exception as err:
+            raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
+        return resolve_run(yaml.safe_load(Path(path).read_text()), f"run {run_id}")
+
+
 def load_trained(run_id: str, uri: str):
     """(the resolved run, its data (set up), the LitTransformer with the run's kept weights, in eval mode)."""
     import torch
@@ -71,18 +87,13 @@ def load_trained(run_id: str, uri: str):
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
 
-    c = records.client(uri)
+    run = trained_run(run_id, uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            config = yaml.safe_load(Path(c.download_artifacts(run_id, "config.yaml", tmp)).read_text())
-            weights = c.download_artifacts(run_id, "checkpoint/model.pt", tmp)
+            weights = records.client(uri).download_artifacts(run_id, "checkpoint/model.pt", tmp)
         except Exception as err:
-            raise LookupError(
-                f"run {run_id} kept no weights (checkpoint/model.pt and config.yaml): train the study "
-                "with `tracking: {checkpoint: true}` in its base run"
-            ) from err
+            raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
         state = torch.load(weights, map_location="cpu", weights_only=True)
-    run = resolve_run(config, f"run {run_id}")
     data = TaskDataModule(run.task, run.training.batch_size, run.seed, run.training.eval_batch_size)
     data.setup()
     module = LitTransformer(run.model, run.training, run.task.kind)
@@ -210,15 +221,14 @@ def check_options(uri: str, study: str, metric: str, prune: str | None = None) -
     from ablations.spec.metrics import split_names, unknown_metric
 
     cells, _ = trained_cells(uri, study)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = records.client(uri).download_artifacts(cells[0][2], "config.yaml", tmp)
-        except Exception:  # noqa: BLE001  (no config kept: load_trained says what to do)
-            return
-        run = resolve_run(yaml.safe_load(Path(path).read_text()), f"run {cells[0][2]}")
+    try:
+        run = trained_run(cells[0][2], uri)
+    except LookupError:  # no config kept: load_trained says what to do
+        return
     splits = ["val"] + [s for s in run.task.splits if s not in ("train", "validation")]
     known = [f"{split}/{name}" for split in splits for name in split_names(run)]
-    for option, value, allowed in (("--metric", metric, known), ("--prune", prune, known[len(split_names(run)) :])):
+    measured = [m for m in known if not m.startswith("val/")]  # --prune: never the split that chooses the heads
+    for option, value, allowed in (("--metric", metric, known), ("--prune", prune, measured)):
         if value is not None and (problem := unknown_metric(value, allowed)):
             if value in known:  # a validation metric for --prune
                 problem = f"pruning chooses its heads on the validation split: measure on another ({', '.join(allowed[:3])}, ...)"

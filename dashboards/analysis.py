@@ -30,7 +30,6 @@ anything runs (``parse_analysis`` then ``check_analysis``), and the report reads
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from typing import Any, Literal
 
@@ -186,23 +185,33 @@ class Analysis(BaseModel):
             size += sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interaction_pairs(axes))
         return max(1, size)
 
+    def _pairs_stuck(
+        self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int, tails: int
+    ) -> tuple[str, int, int] | None:
+        """Before any run: why the declared pairs, whose exact test cannot go below tails / 2^seeds, cannot pass
+        the largest step Holm can give them in the declared family (its factorial effects, by OLS, reach any p and
+        may come out first), the seeds that can and the family's size; None when they can."""
+        from dashboards import stats
+
+        if self.test == "t" or n_pairs == 0 or seeds < 1:
+            return None
+        size = self.family_size(n_pairs, levels, is_grid)
+        floor = 0.5**seeds if tails == 1 else stats.min_p(seeds)  # the two one-sided tests: 1 / 2^n
+        step = stats.holm_best_steps([floor] * n_pairs + [0.0] * (size - n_pairs), self.alpha)[0]
+        what = "exact test's" if tails == 2 else "exact two one-sided tests'"
+        why = stats.holm_floor(seeds, self.alpha, size, floor, step=step, what=what)
+        return (why, stats.smallest_exact_n(step, tails=tails), size) if why else None
+
     def unshowable_equivalence(
         self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int, metric: str
     ) -> str | None:
-        """Before any run: why the declared paired contrasts cannot come out equivalent within ``metric``'s margin
-        whatever the data (the exact two one-sided tests' smallest p, 1/2^seeds, above the largest step Holm over
-        the contrasts with a margin can give them), or None when they can or no margin is declared."""
-        from dashboards import stats
-
-        if self.test == "t" or metric not in self.margins or n_pairs == 0 or seeds < 1:
+        """Before any run: why the declared pairs cannot come out equivalent within ``metric``'s margin whatever
+        the data (the exact two one-sided tests' smallest p, 1/2^seeds), or None when they can or no margin is
+        declared."""
+        stuck = self._pairs_stuck(n_pairs, levels, is_grid, seeds, 1) if metric in self.margins else None
+        if stuck is None:
             return None
-        size = self.family_size(n_pairs, levels, is_grid)
-        floors = [0.5**seeds] * n_pairs + [0.0] * (size - n_pairs)  # effects (OLS): any p
-        step = stats.holm_best_steps(floors, self.alpha)[0]
-        why = stats.holm_floor(seeds, self.alpha, size, 0.5**seeds, step=step, what="exact two one-sided tests'")
-        if why is None:
-            return None
-        need = math.ceil(math.log2(1 / step) - 1e-9)
+        why, need, size = stuck
         return (
             f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
             f"equivalent within ±{self.margins[metric]:g} on {metric} whatever the data; use at least {need} seeds "
@@ -211,20 +220,11 @@ class Analysis(BaseModel):
 
     def unresolvable_pairs(self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int) -> str | None:
         """Before any run: why the declared paired contrasts cannot come out different whatever the data (the
-        exact test's smallest p with ``seeds`` seeds is above the largest step Holm can give them), or None when
-        they can."""
-        from dashboards import stats
-
-        if self.test == "t" or n_pairs == 0 or seeds < 1:
+        exact test's smallest p, 2/2^seeds), or None when they can."""
+        stuck = self._pairs_stuck(n_pairs, levels, is_grid, seeds, 2)
+        if stuck is None:
             return None
-        size = self.family_size(n_pairs, levels, is_grid)
-        # the factorial effects (OLS) can reach any p: where they come out first, Holm's step for a pair rises
-        floors = [stats.min_p(seeds)] * n_pairs + [0.0] * (size - n_pairs)
-        step = stats.holm_best_steps(floors, self.alpha)[0]
-        why = stats.holm_floor(seeds, self.alpha, size, step=step)
-        if why is None:
-            return None
-        need = stats.smallest_exact_n(step)
+        why, need, size = stuck
         return (
             f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
             f"different whatever the data; use at least {need} seeds (seeds: {need})"

@@ -247,11 +247,18 @@ def few_seeds(intervals: Iterable[tuple[str, tuple[str, ...], int]], warn: Warn,
 
 
 def _stuck(
-    family: Sequence[stats.Contrast], floors: list[float], alpha: float
-) -> list[tuple[stats.Contrast, float, float]]:
-    """(contrast, floor, its best Holm step) of the testable contrasts that cannot pass whatever the data."""
+    family: Sequence[stats.Contrast], floors: list[float], alpha: float, what: str = "exact test's", tails: int = 2
+) -> tuple[tuple[stats.Contrast, ...], str, int]:
+    """The testable contrasts that cannot pass whatever the data (their floor above the best step Holm can give
+    them), why (said for those with the most seeds, the highest floor), and the seeds that can."""
     steps = stats.holm_best_steps(floors, alpha)
-    return [(c, f, st) for c, f, st in zip(family, floors, steps) if c.testable and f > st]
+    stuck = [(c, f, st) for c, f, st in zip(family, floors, steps) if c.testable and f > st]
+    if not stuck:
+        return (), "", 0
+    n = max(c.n for c, _, _ in stuck)
+    _, floor, step = max((x for x in stuck if x[0].n == n), key=lambda x: x[1])
+    why = stats.holm_floor(n, alpha, len(family), floor, step=step, what=what) or ""
+    return tuple(c for c, _, _ in stuck), why, stats.smallest_exact_n(step, tails=tails)
 
 
 def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
@@ -263,20 +270,16 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
     if test == "t" or not testable:
         return None
     floors = [(c.min_p if math.isfinite(c.min_p) else 0.0) if c.testable else 1.0 for c in family]
-    stuck = _stuck(family, floors, alpha)
+    stuck, why, need = _stuck(family, floors, alpha)
     if not stuck:
         return None
-    n = max(c.n for c, _, _ in stuck)
-    _, floor, step = max((x for x in stuck if x[0].n == n), key=lambda x: x[1])
-    need = stats.smallest_exact_n(step)
-    why = stats.holm_floor(n, alpha, len(family), floor, step=step)
     if len(stuck) == len(testable):
         text = (
             f"too few seeds to resolve anything: {why}, so no contrast of the family can come out different "
             f"whatever the data ({need} seeds can); its 'not resolved' says nothing about the size of a difference"
         )
         return Caveat("resolution", text)
-    labels = tuple(c.label for c, _, _ in stuck)
+    labels = tuple(c.label for c in stuck)
     text = (
         f"too few seeds for the paired contrasts: {why}, so {', '.join(labels)} cannot come out different whatever "
         f"the data ({need} seeds can, or a smaller family); their 'not resolved' says nothing about the size of a "
@@ -295,14 +298,10 @@ def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test:
     if test == "t" or not any(c.testable for c in margined):
         return None
     floors = [(0.5**c.n if c.min_p > 0 else 0.0) if c.testable else 1.0 for c in margined]
-    stuck = _stuck(margined, floors, alpha)
+    stuck, why, need = _stuck(margined, floors, alpha, "exact two one-sided tests'", tails=1)
     if not stuck:
         return None
-    n = max(c.n for c, _, _ in stuck)
-    _, floor, step = max((x for x in stuck if x[0].n == n), key=lambda x: x[1])
-    need = math.ceil(math.log2(1 / step) - 1e-9)
-    labels = tuple(c.label for c, _, _ in stuck)
-    why = stats.holm_floor(n, alpha, len(margined), floor, step=step, what="exact two one-sided tests'")
+    labels = tuple(c.label for c in stuck)
     text = (
         f"too few seeds to show equivalence (Holm over the contrasts with a margin): {why}, so {', '.join(labels)} cannot "
         f"come out equivalent whatever the data ({need} seeds can); their 'not resolved' says nothing about whether "

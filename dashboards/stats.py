@@ -392,11 +392,12 @@ def holm_floor(
     )
 
 
-def smallest_exact_n(level: float, test: str = "permutation") -> int:
-    """The fewest seeds at which the test can reach ``level`` at all (2 / 2^n <= level for the sign-flip test)."""
+def smallest_exact_n(level: float, test: str = "permutation", *, tails: int = 2) -> int:
+    """The fewest seeds at which the test can reach ``level`` at all (tails / 2^n <= level for the sign-flip test:
+    2 / 2^n two-sided; 1 / 2^n for the two one-sided tests of equivalence, ``tails=1``)."""
     if test == "t":
         return 2
-    return max(2, math.ceil(math.log2(2 / level) - 1e-12))
+    return max(2, math.ceil(math.log2(tails / level) - 1e-12))
 
 
 def seeds_needed(

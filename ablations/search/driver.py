@@ -19,12 +19,11 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ablations import records, tracking
 from ablations.search.results import best_trials, counts, finish_parent
-from ablations.search.setup import journal_problem, make_pruner, make_sampler, open_storage, process_seed, storage_url
+from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
@@ -86,14 +85,24 @@ def fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
     study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
 
 
+def other_objectives(study, spec: SearchSpec, url: str) -> str | None:
+    """A study of the spec's name created with other objectives: the search refuses to join it."""
+    known = study.user_attrs.get("objectives")
+    if not known or [tuple(o) for o in known] == spec.objectives:
+        return None
+    return (
+        f"the Optuna study {spec.name!r} in {redact_url(url)} was created with objectives {known}; this spec has "
+        f"{spec.objectives}: give the search another name"
+    )
+
+
 def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
     """The Optuna study (created, or joined and resumed), its lost trials failed and asked again. The process that
     creates it samples with the spec's seed; a process that joins or resumes it with a seed of its own (two
     samplers with one seed would propose the same trials)."""
     import optuna
 
-    journal = Path(url.removeprefix("journal:")).expanduser() if url.startswith("journal:") else None
-    if journal is not None and journal.exists() and (problem := journal_problem(journal)):
+    if problem := storage_problem(url):  # before anything is written to it
         raise ValueError(f"the Optuna storage {redact_url(url)} {problem}")
     storage = open_storage(url)
     pruner = make_pruner(spec.pruner, spec.warmup_trials, spec.warmup_steps)
@@ -111,12 +120,8 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
         study = optuna.load_study(
             study_name=spec.name, storage=storage, sampler=make_sampler(spec, seed), pruner=pruner
         )
-    known = study.user_attrs.get("objectives")
-    if known and [tuple(o) for o in known] != spec.objectives:
-        raise ValueError(
-            f"the Optuna study {spec.name!r} in {redact_url(url)} was created with objectives {known}; this spec has "
-            f"{spec.objectives}: give the search another name"
-        )
+    if problem := other_objectives(study, spec, url):
+        raise ValueError(problem)
     study.set_user_attr("objectives", [list(o) for o in spec.objectives])
     with warnings.catch_warnings():  # optuna-dashboard labels the axes with these (not "Objective 0")
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

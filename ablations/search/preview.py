@@ -5,30 +5,15 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from ablations import tracking
-from ablations.search.driver import counted_trials, describe_sampler, preflight, stale_trials
-from ablations.search.setup import storage_url
+from ablations.search.driver import counted_trials, describe_sampler, other_objectives, preflight, stale_trials
+from ablations.search.results import counts
+from ablations.search.setup import local_file, storage_url
 from ablations.secrets import redact_url
 from ablations.spec import SearchSpec
-
-
-def _local_file(url: str) -> Path | None:
-    """The file of a SQLite or journal storage, however the URL spells it (None for a server's URL)."""
-    if url.startswith("journal:"):
-        return Path(url.removeprefix("journal:")).expanduser()
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001  (not a URL SQLAlchemy reads: opening it names the problem)
-        return None
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
 
 
 def _root(err: BaseException) -> BaseException:
@@ -39,20 +24,20 @@ def _root(err: BaseException) -> BaseException:
 
 
 def _open(url: str, path: Path | None):
-    """The storage, read only (no tables made), or a line that says why the search would not use it as it is."""
+    """The storage, read only (no tables made), or a line that says why the search would not use it as it is:
+    ``storage_problem``, the search's own check, or "" for a database without Optuna's tables."""
     import optuna
 
-    from ablations.search.setup import FOREIGN, HEARTBEAT, journal_problem, schema_of
+    from ablations.search.setup import HEARTBEAT, schema_of, storage_problem
 
+    if problem := storage_problem(url):
+        return None, problem
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        if problem := journal_problem(path):
-            return None, problem
         return optuna.storages.JournalStorage(JournalFileBackend(str(path))), None
-    schema = schema_of(url)
-    if schema != "optuna":
-        return None, FOREIGN if schema == "foreign" else ""
+    if schema_of(url) == "none":
+        return None, ""
     return optuna.storages.RDBStorage(url, skip_table_creation=True, **HEARTBEAT), None
 
 
@@ -82,7 +67,7 @@ def storage_state(spec: SearchSpec, url: str) -> tuple[str, str | None]:
 
     shown = redact_url(url)
     every = f"; every trial of {spec.n_trials} to ask" if spec.n_trials else ""
-    path = _local_file(url)
+    path = local_file(url)
     if path is not None and not path.exists():
         return f"Optuna storage {shown}: not there yet (the search creates it){every}", None
     try:
@@ -102,21 +87,14 @@ def storage_state(spec: SearchSpec, url: str) -> tuple[str, str | None]:
         words = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         reason = f"{words} ({type(err).__name__})" if words else type(err).__name__
         return "", f"the Optuna storage {shown} cannot be read: {reason}"
-    states = Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False))
-    held = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no trials"
+    held = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts(study).items())) or "no trials"
     line = f"Optuna storage {shown}: study {spec.name!r} holds {held}"
     if spec.n_trials:  # a lost trial asked again: its retry counts instead
         line += f"; {max(spec.n_trials - counted_trials(study) + again, 0)} of {spec.n_trials} to ask"
     if again or failed:
         line += f" ({again + failed} left running by a process that stopped or whose heartbeat did: failed"
         line += f", {again} asked again)" if failed else ", and asked again)"
-    known = study.user_attrs.get("objectives")
-    if known and [tuple(o) for o in known] != spec.objectives:
-        return line, (
-            f"the Optuna study {spec.name!r} in {shown} was created with objectives {known}; this spec has "
-            f"{spec.objectives}: give the search another name"
-        )
-    return line, None
+    return line, other_objectives(study, spec, url)
 
 
 def describe_search(

@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 from ablations import records, tracking
-from ablations.secrets import redact_url
 from ablations.spec import SearchSpec
 
 
@@ -39,7 +38,7 @@ def open_storage(url: str):
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        path = Path(url.removeprefix("journal:")).expanduser().resolve()
+        path = local_file(url).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     attempt = 0
@@ -47,21 +46,43 @@ def open_storage(url: str):
         try:  # records.first_use makes an SQLite database's folder
             with warnings.catch_warnings(), records.first_use(url):
                 warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
-                if schema_of(url) == "foreign":  # Optuna would add its tables, then refuse them ("pip install -U")
-                    raise ValueError(f"the Optuna storage {redact_url(url)} {FOREIGN}")
                 return optuna.storages.RDBStorage(
                     url,
                     **HEARTBEAT,
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(STALE_RETRIES),
                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 )
-        except ValueError:
-            raise
         except Exception as err:
             attempt += 1
             if attempt == SCHEMA_ATTEMPTS or not _lost_the_schema_race(err):
                 raise
             time.sleep(0.2 * attempt)
+
+
+def local_file(url: str) -> Path | None:
+    """The file of a journal or SQLite storage, however the URL spells it (None for a server's URL)."""
+    if url.startswith("journal:"):
+        return Path(url.removeprefix("journal:")).expanduser()
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001  (not a URL SQLAlchemy reads: opening it names the problem)
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def storage_problem(url: str) -> str | None:
+    """Before a search opens its storage (the driver, once; and its dry run): what would make an existing one
+    unusable, said before anything is written to it. None for a storage that is not there yet."""
+    path = local_file(url)
+    if path is not None and not path.exists():
+        return None
+    if url.startswith("journal:"):
+        return journal_problem(path)
+    return FOREIGN if schema_of(url) == "foreign" else None
 
 
 def journal_problem(path: Path) -> str | None:

@@ -231,7 +231,8 @@ def test_a_storage_spelled_another_way_is_read_and_never_made(tmp_path, capsys, 
 def test_another_programs_database_is_named_by_the_dry_run_and_refused_by_the_search_untouched(tmp_path, capsys):
     from mlflow import MlflowClient
 
-    from ablations.search.setup import open_storage
+    from ablations.search.driver import _open_study
+    from ablations.spec import load_search
 
     url = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(url).search_experiments()  # an MLflow store: MLflow's Alembic revision in alembic_version
@@ -242,7 +243,7 @@ def test_another_programs_database_is_named_by_the_dry_run_and_refused_by_the_se
     code, _, err = dry_run(tmp_path, capsys, "--storage", url)
     assert (code, err.strip()) == (1, f"error: the Optuna storage {url} {said}")
     with pytest.raises(ValueError, match="another program's database"):  # Optuna's own words: "pip install -U"
-        open_storage(url)
+        _open_study(load_search(tmp_path / "srch.yaml"), url, out=lambda _: None)
     with sqlite3.connect(tmp_path / "mlflow.db") as conn:  # no Optuna tables added to it
         assert sorted(r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")) == tables
 
