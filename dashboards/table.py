@@ -592,7 +592,10 @@ def p_text(c: stats.Contrast | None) -> str:
         return "–"
     if not c.testable:
         return "1 (untestable)"
-    return number_text(c.p_holm, 3)
+    text = number_text(c.p_holm, 3)
+    if math.isfinite(c.p_tost_holm):  # the evidence an "equivalent" rests on, beside the difference test's
+        text += f"; TOST {number_text(c.p_tost_holm, 3)}"
+    return text
 
 
 def mde_text(c: stats.Contrast | None) -> str:
@@ -706,7 +709,13 @@ def legend(t: Table) -> list[str]:
         'interval can exclude 0 while the test cannot resolve it); "same in all n seeds": no spread, no interval.',
         f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
-        + "; * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001.",
+        + "; * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
+        + (
+            "; TOST: the two one-sided tests of equivalence within the margin, Holm-corrected over the contrasts "
+            "with a margin (equivalent where it is at most alpha)."
+            if math.isfinite(t.margin)
+            else "."
+        ),
         f"verdict at alpha {a.alpha:g}: different (better / worse), "
         + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if math.isfinite(t.margin) else "")
         + "not resolved (neither), untestable (no paired seed; p = 1 in the family)"

@@ -222,6 +222,11 @@ def test_equivalence_is_a_test_and_the_words_come_from_it(store):
         assert not any(f" {w} " in low or f"({w}" in low for w in FORBIDDEN), name
         verdict = "equivalent within $\\pm$0.01" if name == "latex" else "equivalent within ±0.01"
         assert verdict in text and "not resolved" in text, name
+    # the p an "equivalent" rests on is printed beside it (before, only the difference test's p_holm was, so the
+    # table read "p 0.6, equivalent"), in the row that carries the verdict
+    row = next(line for line in to_markdown(table).splitlines() if line.startswith("| close |"))
+    close = rec["close"]
+    assert f"{close['p_holm']:.3g}; TOST {close['p_tost_holm']:.3g}" in row and "equivalent within ±0.01" in row
 
 
 def flips_one(d, alternative):
