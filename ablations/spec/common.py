@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ablations.spec.errors import SpecError, dotted, found, suggest, unknown_key_message, yaml_word
+from ablations.spec.errors import NOT_TEXT, SpecError, dotted, found, suggest, unknown_key_message, yaml_word
 from ablations.spec.yamlfile import Document
 
 NAME = re.compile(r"[\w.\-]+")
@@ -134,18 +134,21 @@ def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: t
         loc = loc + _error_path(e)
     if loc and loc[-1] == "[key]":  # a mapping's key that is not text (`3:`): named once, as check_axes does
         return origin.error((*path, *loc[:-2], e.get("input")), key_not_text(e.get("input")))
+    if e["type"] == "invalid_key":  # the same in a model's own keys (`true: 1` at the top: pydantic's loc says 1)
+        return origin.error((*path, *loc[:-1], e.get("input")), key_not_text(e.get("input")))
     full = (*path, *loc)
     section = ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
     return origin.error(full, _message(e, valid, section))
 
 
 def key_not_text(key: Any) -> str:
-    """`3:`, `yes:`, `null:` or `2020-01-01:` as a key: YAML reads a number, true/false, nothing or a date."""
+    """`3:`, `yes:`, `null:` or `2020-01-01:` as a key: YAML reads a number, true/false, nothing or a date.
+    (``errors.found`` drops the other errors at a key named so: "unknown key" says nothing more.)"""
     if key is None or isinstance(key, bool):
         read = "nothing" if key is None else "true/false"
     else:
         read = "a number" if isinstance(key, (int, float)) else f"a {type(key).__name__}"
-    return f"this key reads as {read} ({yaml_word(key)}), not as text: write it in quotes"
+    return f"{NOT_TEXT}{read} ({yaml_word(key)}), not as text: write it in quotes"
 
 
 def _error_path(e: dict[str, Any]):

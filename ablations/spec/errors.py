@@ -29,13 +29,18 @@ class SpecError(ValueError):
         return [self, *self.also]
 
 
+NOT_TEXT = "this key reads as "  # common.key_not_text: a key YAML read as a number, true/false, null or a date
+
+
 def found(errors: Sequence[SpecError]) -> SpecError:
     """The error to raise for mistakes found in one pass: the first in the file's order, carrying the others
-    (repeats dropped; a second file's, a study's base, after the first's; those without a line, ``--set``'s,
-    last)."""
+    (repeats dropped; a key YAML did not read as text named once, by what it reads as; a second file's, a study's
+    base, after the first's; those without a line, ``--set``'s, last)."""
     files: dict[str | None, int] = {}
     for e in errors:
         files.setdefault(e.source, len(files))
+    not_text = {(e.source, e.key) for e in errors if e.message.startswith(NOT_TEXT)}
+    errors = [e for e in errors if e.message.startswith(NOT_TEXT) or (e.source, e.key) not in not_text]
     unique = sorted({str(e): e for e in errors}.values(), key=lambda e: (e.line is None, files[e.source], e.line or 0))
     for e in unique:
         e.also = ()

@@ -616,6 +616,29 @@ def test_a_key_yaml_reads_as_a_number_or_true_or_null_is_named_once(tmp_path, ke
     with pytest.raises(SpecError) as info:
         load_search(path)
     assert [str(e) for e in info.value.every()] == [f"{path}:{line(path)}: space[{word}]: {said}"]
+    # ... and anywhere else, once (each of these was also named as an unknown key, or by pydantic's "Keys should
+    # be strings" under a key path that said 1 for true)
+    base = {**BASE, "model": {**BASE["model"], key: 1}}
+    grid = {"grid": {"model.norm": ["pre"]}}
+    for data, where in (
+        ({"name": "t", "base": BASE, "design": grid, key: 1}, f"[{word}]"),
+        ({"name": "t", "base": base, "design": grid}, f"base.model[{word}]"),
+        ({"name": "t", "base": BASE, "design": grid, "budget": {key: 1}}, f"budget[{word}]"),
+    ):
+        study.write_text(yaml.safe_dump(data))
+        with pytest.raises(SpecError) as info:
+            load_study(study)
+        assert [str(e) for e in info.value.every()] == [f"{study}:{line(study)}: {where}: {said}"]
+    lr = {"type": "float", "low": 0.1, "high": 0.2}
+    for param, where in (
+        ({**lr, key: 1}, f"space.training.lr[{word}]"),
+        ({**lr, "when": {key: "x"}}, f"space.training.lr.when[{word}]"),
+    ):
+        space = {"model.norm": {"type": "categorical", "choices": ["pre", "post"]}, "training.lr": param}
+        path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "n_trials": 2, "space": space}))
+        with pytest.raises(SpecError) as info:
+            load_search(path)
+        assert [str(e) for e in info.value.every()] == [f"{path}:{line(path)}: {where}: {said}"]
 
 
 def test_refused_variants_the_metric_and_the_analysis_names_come_in_one_pass(tmp_path):
