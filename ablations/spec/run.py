@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from ablations.records import flatten
-from ablations.spec.common import Origin, Strict, check_name, validate
+from ablations.spec.common import Origin, Strict, check_name, key_not_text, validate
 from ablations.spec.errors import SpecError, found, unknown_key_message
 from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
 from models.config import ConfigError, ModelConfig
@@ -158,8 +158,18 @@ def parse_overrides(overrides: list[str] | None, source: str | None = None) -> l
     return out
 
 
+def _plain(value: Any) -> Any:
+    """A deep copy of YAML data with its values made JSON's (a date becomes its text), its keys kept as YAML read
+    them: a key `3:` or `yes:` stays 3 or True, for the check that names it (JSON would make it "3", "true")."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return json.loads(json.dumps(value, default=str))
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]) -> dict[str, Any]:
-    data = json.loads(json.dumps(data, default=str))  # a deep copy of plain YAML data
+    data = _plain(data)
     for path, value in overrides:
         node = data
         for part in path[:-1]:
@@ -242,7 +252,9 @@ def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[Sp
     task = data.get("task")
     named = isinstance(task, dict) and isinstance(task.get("name"), str) and task["name"] in TASKS
     return [
-        origin.error((section, key), unknown_key_message(str(key), valid, section))
+        origin.error(
+            (section, key), unknown_key_message(key, valid, section) if isinstance(key, str) else key_not_text(key)
+        )
         for section in (("task",) if named else ()) + ("model", "training")
         if isinstance(data.get(section), dict)
         for key in data[section]

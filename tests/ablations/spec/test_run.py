@@ -214,6 +214,19 @@ def test_cli_exits_2_with_one_line_and_logs_nothing(tmp_path):
     assert not (tmp_path / ".ablate").exists()  # no store was even created
 
 
+def test_a_key_yaml_does_not_read_as_text_is_named_as_such_in_a_run_file(tmp_path):
+    """`3:` in model and `yes:` at the top of a run file: each named once, by what YAML read (a copy of the data
+    through JSON had made them "3" and "true", named as unknown keys, the top one without its line)."""
+    path = tmp_path / "run.yaml"
+    path.write_text("task: {name: copy}\nmodel: {3: 1, d_model: 32, n_heads: 2}\nyes: 2\n")
+    with pytest.raises(SpecError) as info:
+        load_run(path, ["training.max_steps=3"])  # with an override, as without
+    assert [str(e) for e in info.value.every()] == [
+        f"{path}:2: model[3]: this key reads as a number (3), not as text: write it in quotes",
+        f"{path}:3: [true]: this key reads as true/false (true), not as text: write it in quotes",
+    ]
+
+
 def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_path, capsys):
     """One pass over a file names every key no section knows, each with its line and the nearest valid name, so
     a user fixes them all before the next try (and no value is judged until the keys are right)."""
