@@ -91,11 +91,11 @@ def _sweep(args: argparse.Namespace) -> int:
     from ablations import sweep
 
     if args.dry_run:
-        from ablations import tracking
+        from ablations import stores, tracking
         from ablations.secrets import redact_url
 
         uri = tracking.resolve_uri(args.tracking_uri, create=False)
-        if not tracking.store_exists(uri):  # a dry run writes nothing, not even an empty store
+        if not stores.store_exists(uri):  # a dry run writes nothing, not even an empty store
             sweep.describe_plan(study, sweep.Plan(todo=list(study.cells), done={}, stale=[]))
             print(f"(no store yet at {redact_url(uri)}: every cell is to train)")
             return EXIT_OK
@@ -432,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT
+    if hasattr(args, "tracking_uri") and not getattr(args, "optuna", False):  # in seconds, not after MLflow's retries
+        from ablations import stores, tracking
+
+        if problem := stores.store_problem(tracking.resolve_uri(args.tracking_uri, create=False)):
+            return error(problem, EXIT_FAILED)
     try:
         return args.func(args)
     except BrokenPipeError:  # `ablate report | head`: the reader has what it wanted; no traceback, no more output

@@ -88,11 +88,6 @@ def resolve_uri(uri: str | None = None, root: str | Path | None = None, *, creat
     return embedded_uri(root)
 
 
-def store_exists(uri: str) -> bool:
-    """False for a SQLite store whose file is not there yet (nothing to read; reading would create it)."""
-    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
-
-
 def ray_storage() -> str:
     """Where Ray Train keeps a data-parallel trial's state: ABLATE_RAY_STORAGE (a path or URI every node of a
     cluster reaches), else .ablate/ray_results on this machine."""

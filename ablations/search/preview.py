@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from ablations import tracking
+from ablations import stores, tracking
 from ablations.search.driver import counted_trials, describe_sampler, other_objectives, preflight, stale_trials
 from ablations.search.results import counts
 from ablations.search.setup import local_file, storage_url
@@ -137,7 +137,7 @@ def describe_search(
     if line:
         out(line)
     uri = tracking.resolve_uri(tracking_uri, create=False)
-    there = "" if tracking.store_exists(uri) else " (no store yet: the search creates it)"
+    there = "" if stores.store_exists(uri) else " (no store yet: the search creates it)"
     out(f"MLflow: experiment {spec.name!r} in {redact_url(uri)}{there}")
     try:
         preflight(spec, address or os.environ.get("RAY_ADDRESS") or None, uri, url, num_cpus)

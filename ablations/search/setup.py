@@ -13,7 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ablations import records, tracking
+from ablations import records, stores, tracking
 from ablations.spec import SearchSpec
 
 
@@ -63,15 +63,7 @@ def local_file(url: str) -> Path | None:
     """The file of a journal or SQLite storage, however the URL spells it (None for a server's URL)."""
     if url.startswith("journal:"):
         return Path(url.removeprefix("journal:")).expanduser()
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001  (not a URL SQLAlchemy reads: opening it names the problem)
-        return None
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
+    return stores.sqlite_file(url)
 
 
 def storage_problem(url: str) -> str | None:

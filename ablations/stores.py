@@ -1,0 +1,95 @@
+"""Where the records live, asked before any work: is an MLflow store there yet (a dry run must not create one),
+and can it be reached at all (MLflow's client retries a store that does not answer for minutes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL stores (mlflow.store.db.db_types)
+
+
+def _database(uri: str) -> str | None:
+    """The kind of database a store's URI names (``postgresql+psycopg://`` -> postgresql), None for a server."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    return scheme if scheme in DATABASES else None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, however it is spelt (``sqlite+pysqlite:///``, ``?timeout=5``); None otherwise."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001  (not a URL SQLAlchemy reads: opening it names the problem)
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def store_exists(uri: str) -> bool:
+    """Whether the store holds MLflow's tables yet. False for a SQLite file not there and for a database without
+    them: MLflow creates them in a database it opens, so a dry run, which writes nothing, must not open it. A
+    server is there (``store_problem`` asks whether it answers)."""
+    if _database(uri) is None:
+        return True
+    path = sqlite_file(uri)
+    if path is not None and not path.exists():
+        return False
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.connect() as connection:
+            return sqlalchemy.inspect(connection).has_table("experiments")
+    finally:
+        engine.dispose()
+
+
+def store_problem(uri: str, timeout: float = 10.0) -> str | None:
+    """Why the MLflow store at ``uri`` cannot be reached, in one line, or None. Asked once, before any work:
+    MLflow's client retries a server that does not answer for minutes (4 minutes for a refused port, measured) and
+    a database for more than one, then ends in a traceback. Any HTTP answer will do (a refusal of the credentials
+    is MLflow's to name); a SQLite file is this machine's."""
+    from ablations.secrets import redact_url
+
+    kind = _database(uri)
+    where = redact_url(uri)
+    fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+    if kind is None and uri.split("://", 1)[0].lower() in ("http", "https"):
+        import requests
+
+        try:
+            requests.get(uri.rstrip("/") + "/health", timeout=timeout)
+        except requests.exceptions.SSLError:  # MLflow's own TLS settings (MLFLOW_TRACKING_INSECURE_TLS...) decide
+            return None
+        except requests.RequestException as err:
+            return f"{where}: the MLflow server does not answer ({_reason(err)}): start it, or {fix}"
+    elif kind not in (None, "sqlite"):
+        import sqlalchemy
+
+        wait = {"connect_timeout": int(timeout)} if kind in ("postgresql", "mysql") else {}
+        engine = sqlalchemy.create_engine(uri, connect_args=wait)
+        try:
+            with engine.connect():
+                pass
+        except Exception as err:  # noqa: BLE001  (any driver's refusal: its first line says why)
+            return (
+                f"{where}: the database cannot be reached ({_reason(err)}): start it and create the database, or {fix}"
+            )
+        finally:
+            engine.dispose()
+    return None
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, in a few words: the operating system's (Connection refused), else the driver's first line."""
+    seen: BaseException | None = err
+    while seen is not None:
+        for e in (seen, getattr(seen, "reason", None), getattr(seen, "orig", None)):
+            if isinstance(e, OSError) and e.strerror:
+                return e.strerror
+        seen = seen.__cause__ or seen.__context__
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()
+    first = text[0] if text else type(err).__name__
+    return first.removeprefix("connection failed: ")

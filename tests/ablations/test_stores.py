@@ -1,0 +1,95 @@
+"""A tracking store that cannot be reached is named in one line before any work, by every command that uses one
+(MLflow's client retried a refused port for 4 minutes and a PostgreSQL server for 1.5, then printed a
+traceback); a dry run creates no store, on SQLite or on PostgreSQL (MLflow makes its tables in any database it
+opens)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+import sqlalchemy
+
+from ablations import stores
+from ablations.cli import main
+from tests.conftest import ROOT, free_port, postgres_reachable
+
+STUDY = str(ROOT / "ablations" / "studies" / "quickstart.yaml")
+SEARCH = str(ROOT / "ablations" / "searches" / "quickstart_lr.yaml")
+RUN = str(ROOT / "ablations" / "runs" / "quickstart.yaml")
+COMMANDS = [
+    ["sweep", STUDY],
+    ["sweep", STUDY, "--dry-run"],
+    ["search", SEARCH],
+    ["search", SEARCH, "--dry-run"],
+    ["run", RUN],
+    ["report", "quickstart"],
+    ["compare", "quickstart", "quickstart"],
+    ["heads", "quickstart"],
+    ["ui", "quickstart"],
+]
+
+
+@pytest.fixture
+def credentials_restored(monkeypatch):
+    """The CLI moves a URL's credentials into MLFLOW_TRACKING_USERNAME/PASSWORD of this process: put back after."""
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(a for a in c if "/" not in a))
+def test_a_server_that_does_not_answer_is_named_before_any_work(command, capsys, credentials_restored):
+    port = free_port()  # nothing listens there
+    assert main([*command, "--tracking-uri", f"http://alice:s3cret-pw@127.0.0.1:{port}"]) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"error: http://127.0.0.1:{port}: the MLflow server does not answer (Connection refused): start it, or name "
+        "the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+    ]
+    assert out == "" and "s3cret-pw" not in err
+
+
+def test_any_http_answer_is_a_server_and_a_database_that_refuses_says_why():
+    class Nothing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (a server that is not MLflow's: 404 for /health)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Nothing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        # it answers: whether it is MLflow, and takes the credentials, is MLflow's client's to say
+        assert stores.store_problem(f"http://127.0.0.1:{server.server_address[1]}") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    port = free_port()
+    said = stores.store_problem(f"postgresql+psycopg://ablate:pw@127.0.0.1:{port}/mlflow")
+    assert said.startswith(f"postgresql+psycopg://ablate:***@127.0.0.1:{port}/mlflow: the database cannot be reached")
+    assert "Connection refused" in said and "pw@" not in said
+    assert stores.store_problem("sqlite:////no/such/folder/mlflow.db") is None  # this machine's file: MLflow's
+    if postgres_reachable():
+        said = stores.store_problem("postgresql+psycopg://postgres@127.0.0.1:5432/ablate_no_such_database")
+        assert 'database "ablate_no_such_database" does not exist' in said
+
+
+def test_a_dry_run_on_a_new_database_writes_nothing(new_database, capsys, tmp_path):
+    """`ablate sweep --dry-run` on a database MLflow has not used: every cell to train, and no table made (MLflow
+    migrates a database it opens: the dry run made its 40 tables in an empty PostgreSQL database)."""
+    assert main(["sweep", STUDY, "--dry-run", "--tracking-uri", new_database]) == 0
+    assert "(no store yet at " in capsys.readouterr().out
+    file = stores.sqlite_file(new_database)
+    if file is not None:
+        assert not file.exists()
+        return
+    engine = sqlalchemy.create_engine(new_database)
+    try:
+        with engine.connect() as connection:
+            assert sqlalchemy.inspect(connection).get_table_names() == []
+    finally:
+        engine.dispose()
