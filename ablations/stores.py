@@ -64,7 +64,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
         except requests.exceptions.SSLError:  # MLflow's own TLS settings (MLFLOW_TRACKING_INSECURE_TLS...) decide
             return None
         except requests.RequestException as err:
-            return f"{where}: the MLflow server does not answer ({_reason(err)}): start it, or {fix}"
+            return f"{where}: the MLflow server does not answer ({reason(err)}): start it, or {fix}"
     elif kind not in (None, "sqlite"):
         import sqlalchemy
 
@@ -75,14 +75,14 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
                 pass
         except Exception as err:  # noqa: BLE001  (any driver's refusal: its first line says why)
             return (
-                f"{where}: the database cannot be reached ({_reason(err)}): start it and create the database, or {fix}"
+                f"{where}: the database cannot be reached ({reason(err)}): start it and create the database, or {fix}"
             )
         finally:
             engine.dispose()
     return None
 
 
-def _reason(err: BaseException) -> str:
+def reason(err: BaseException) -> str:
     """What went wrong, in a few words: the operating system's (Connection refused), else the driver's first line."""
     seen: BaseException | None = err
     while seen is not None:

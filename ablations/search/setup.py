@@ -74,7 +74,16 @@ def storage_problem(url: str) -> str | None:
         return None
     if url.startswith("journal:"):
         return journal_problem(path)
-    return FOREIGN if schema_of(url) == "foreign" else None
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        schema = schema_of(url)
+    except OperationalError as err:  # a server that refuses, a database that is not there: one line, no traceback
+        return (
+            f"cannot be reached ({stores.reason(err)}): start it and create the database, or name the right one "
+            "(--storage, ABLATE_OPTUNA_STORAGE)"
+        )
+    return FOREIGN if schema == "foreign" else None
 
 
 def journal_problem(path: Path) -> str | None:

@@ -93,3 +93,19 @@ def test_a_dry_run_on_a_new_database_writes_nothing(new_database, capsys, tmp_pa
             assert sqlalchemy.inspect(connection).get_table_names() == []
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["search", "search --dry-run"])
+def test_an_optuna_storage_that_cannot_be_reached_is_one_line(dry_run, capsys, tmp_path, monkeypatch):
+    """The search's storage, as the tracking store: the refusal in one line, no traceback, the password hidden."""
+    monkeypatch.chdir(tmp_path)  # the embedded MLflow store: here, not in the repository
+    port = free_port()
+    url = f"postgresql+psycopg://optuna:s3cret-pw@127.0.0.1:{port}/optuna"
+    code = main(["search", SEARCH, "--storage", url, *(["--dry-run"] if dry_run else [])])
+    err = capsys.readouterr().err
+    assert code == (1 if dry_run else 2)
+    assert err.splitlines() == [
+        f"error: the Optuna storage postgresql+psycopg://optuna:***@127.0.0.1:{port}/optuna cannot be reached "
+        f'(connection to server at "127.0.0.1", port {port} failed: Connection refused): start it and create the '
+        "database, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
+    ]
