@@ -187,15 +187,34 @@ def node_addresses() -> list[str]:
     return [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
 
 
+def check_answers(address: str, timeout: float = 10.0) -> None:
+    """Something listens at a cluster's address (its GCS; its Ray Client server for ray://), asked in seconds: Ray's
+    driver waits for an address where nothing listens for minutes (5 min 30 s, measured), printing C++ warnings,
+    then the sweep said only that it did not finish. "auto" (a cluster of this machine) is Ray's to find."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+            return
+    except OSError as err:
+        why = err.strerror or f"no answer in {timeout:g} s"
+        raise ValueError(
+            f"no Ray cluster answers at {address} ({why}): start it (ray start --head), or name the right one "
+            "(--address, RAY_ADDRESS)"
+        ) from None
+
+
 class DoesNotFit(ValueError):
     """A trial asks for more than the Ray cluster that was started for it has: it would wait forever."""
 
 
 def check_fits(address: str | None, num_cpus: int | None, cpus: float, gpus: float) -> None:
     """Before anything starts: refuse a trial that a local Ray could never hold (it would wait forever). A
-    cluster at an address is not checked: it may grow."""
+    cluster at an address is not checked (it may grow), only asked whether it answers."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        check_answers(address)
         return
     have_cpus = num_cpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
     if cpus > have_cpus:

@@ -136,10 +136,12 @@ def run_study(
     """Run the cells of a study that MLflow does not hold yet (trained by this code, unless ``reuse_any_code``);
     return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
     study may run at once, each training what it claims and waiting for the rest."""
-    from ablations.cluster import check_fits, connect, is_loopback_address
+    from ablations.cluster import check_answers, check_fits, connect, is_loopback_address
 
-    uri = tracking.resolve_uri(tracking_uri)
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:  # before the store is made or read
+        check_answers(address)
+    uri = tracking.resolve_uri(tracking_uri)
     if not is_loopback_address(address) and uri.startswith(("sqlite:", "file:")):
         raise ValueError(
             f"the Ray cluster at {address} cannot write to the local store {redact_url(uri)}; start an MLflow "

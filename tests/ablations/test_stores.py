@@ -109,3 +109,20 @@ def test_an_optuna_storage_that_cannot_be_reached_is_one_line(dry_run, capsys, t
         f'(connection to server at "127.0.0.1", port {port} failed: Connection refused): start it and create the '
         "database, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
     ]
+
+
+@pytest.mark.parametrize("command", [["sweep", STUDY], ["search", SEARCH], ["search", SEARCH, "--dry-run"]])
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_a_ray_address_where_nothing_listens_is_one_line(command, address, capsys, tmp_path, monkeypatch):
+    """Ray's driver waited 5 min 30 s for 127.0.0.1:9, printing C++ warnings; the sweep then said only that it did
+    not finish. Now: one line, exit 2 (1 from a dry run, as its other refusals), nothing written."""
+    monkeypatch.chdir(tmp_path)
+    address = address.format(port=free_port())
+    code = main([*command, "--address", address, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err
+    assert code == (1 if "--dry-run" in command else 2)
+    assert err.splitlines()[-1] == (
+        f"error: no Ray cluster answers at {address} (Connection refused): start it (ray start --head), or name the "
+        "right one (--address, RAY_ADDRESS)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
