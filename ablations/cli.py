@@ -394,28 +394,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def guard_secrets(args: argparse.Namespace) -> None:
-    """Credentials in a tracking URI go to MLflow's own variables, so that no URI this process holds (or MLflow
-    prints) carries them; a storage URL's password is registered for masking; stdout and stderr are masked."""
-    from ablations import secrets
-
-    given = getattr(args, "tracking_uri", None)
-    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        clean, user, password = secrets.split_credentials(uri)
-        if password is not None:
-            os.environ["MLFLOW_TRACKING_USERNAME"] = user or ""
-            os.environ["MLFLOW_TRACKING_PASSWORD"] = password
-            if given:
-                args.tracking_uri = clean
-            else:
-                os.environ["MLFLOW_TRACKING_URI"] = clean
-    for url in (getattr(args, "storage", None), os.environ.get("ABLATE_OPTUNA_STORAGE")):
-        secrets.register_url(url)
-    if not isinstance(sys.stdout, secrets.RedactingStream):
-        sys.stdout, sys.stderr = secrets.RedactingStream(sys.stdout), secrets.RedactingStream(sys.stderr)
-
-
 def _sigterm(signum, frame) -> None:
     """SIGTERM stops a command the way Ctrl-C does: runs are recorded as killed, servers and Ray stopped."""
     raise KeyboardInterrupt("SIGTERM")
@@ -428,15 +406,20 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _sigterm)
     parser = build_parser()
     args = parser.parse_args(argv)
-    guard_secrets(args)
+    from ablations import secrets
+
+    secrets.guard(args)
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT
     if hasattr(args, "tracking_uri") and not getattr(args, "optuna", False):  # in seconds, not after MLflow's retries
         from ablations import stores, tracking
 
-        if problem := stores.store_problem(tracking.resolve_uri(args.tracking_uri, create=False)):
+        uri = tracking.resolve_uri(args.tracking_uri, create=False)
+        if problem := stores.store_problem(uri):
             return error(problem, EXIT_FAILED)
+        if args.command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
+            return error(nothing)
     try:
         return args.func(args)
     except BrokenPipeError:  # `ablate report | head`: the reader has what it wanted; no traceback, no more output

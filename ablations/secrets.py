@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
@@ -269,3 +270,24 @@ class RedactingStream(io.TextIOBase):
     @property
     def encoding(self):
         return getattr(self.stream, "encoding", "utf-8")
+
+
+def guard(args) -> None:
+    """Credentials in a tracking URI go to MLflow's own variables, so that no URI this process holds (or MLflow
+    prints) carries them; a storage URL's password is registered for masking; stdout and stderr are masked.
+    ``args``: the command's parsed arguments (``tracking_uri``, ``storage``), the tracking URI made clean there."""
+    given = getattr(args, "tracking_uri", None)
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        clean, user, password = split_credentials(uri)
+        if password is not None:
+            os.environ["MLFLOW_TRACKING_USERNAME"] = user or ""
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = password
+            if given:
+                args.tracking_uri = clean
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = clean
+    for url in (getattr(args, "storage", None), os.environ.get("ABLATE_OPTUNA_STORAGE")):
+        register_url(url)
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)

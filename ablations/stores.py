@@ -46,6 +46,19 @@ def store_exists(uri: str) -> bool:
         engine.dispose()
 
 
+def nothing_recorded(uri: str) -> str | None:
+    """For a command that only reads the store (report, compare, heads, ui): a store with nothing in it yet, said
+    in one line, and not made (opening it would create an empty one, which the next command would then read)."""
+    from ablations.secrets import redact_url
+
+    if store_exists(uri):
+        return None
+    return (
+        f"nothing recorded at {redact_url(uri)} yet (no MLflow store there): train first (ablate sweep STUDY, "
+        "ablate run RUN.yaml), or name the store that holds it (--tracking-uri, MLFLOW_TRACKING_URI)"
+    )
+
+
 def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     """Why the MLflow store at ``uri`` cannot be reached, in one line, or None. Asked once, before any work:
     MLflow's client retries a server that does not answer for minutes (4 minutes for a refused port, measured) and

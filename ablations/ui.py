@@ -100,13 +100,10 @@ def serve_mlflow(
     experiment: str | None = None,
     run_id: str | None = None,
 ) -> int:
-    uri = tracking.resolve_uri(uri)
+    uri = tracking.resolve_uri(uri, create=False)  # a store with nothing recorded: the CLI said so already
     if uri.startswith(("http://", "https://")):
         print(f"the tracking store is a server already: open {browse_hint(uri, experiment) if experiment else uri}")
         return 0
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
-        print(f"no runs yet: {redact_url(uri)} does not exist (run `ablate run ablations/runs/quickstart.yaml` first)")
-        return 2
     exp_id = None
     if experiment:
         exp = records.client(uri).get_experiment_by_name(experiment)

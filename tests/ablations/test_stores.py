@@ -126,3 +126,13 @@ def test_a_ray_address_where_nothing_listens_is_one_line(command, address, capsy
         "right one (--address, RAY_ADDRESS)"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["report", "quickstart"], ["compare", "a", "b"], ["heads", "quickstart"]])
+def test_a_command_that_reads_makes_no_store_where_there_is_none(command, capsys, tmp_path, monkeypatch):
+    """`ablate report` in a folder with nothing recorded said "no study 'quickstart' ...; studies there: none" and
+    left an empty 1 MB store in .ablate/, which `ablate ui` then served as if it were the user's."""
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    assert capsys.readouterr().err.startswith(f"error: nothing recorded at sqlite:///{tmp_path}/.ablate/mlflow.db yet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -133,7 +133,12 @@ def test_ablate_ui_without_runs_says_so(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 2 and "no runs yet" in out.stdout
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (
+        f"error: nothing recorded at sqlite:///{tmp_path}/none.db yet (no MLflow store there): train first (ablate "
+        "sweep STUDY, ablate run RUN.yaml), or name the store that holds it (--tracking-uri, MLFLOW_TRACKING_URI)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made, not even .ablate/
 
 
 @pytest.mark.slow
