@@ -217,6 +217,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a port from 1 to 65535")
+    return int(text)
+
+
 def _seeds(text: str) -> list[int]:
     """``--seeds``: a count (3: seeds 0, 1, 2) or a list of non-negative seeds (0,4,7); argparse names it."""
     parts = [p.strip() for p in text.split(",")]
@@ -258,9 +264,12 @@ def _search(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     from ablations.ui import serve_mlflow, serve_optuna
 
-    if args.optuna:
-        return serve_optuna(args.storage, args.host, args.port)
-    return serve_mlflow(args.tracking_uri, args.host, args.port, experiment=args.experiment, run_id=args.run)
+    try:
+        if args.optuna:
+            return serve_optuna(args.storage, args.host, args.port)
+        return serve_mlflow(args.tracking_uri, args.host, args.port, experiment=args.experiment, run_id=args.run)
+    except ValueError as err:  # a --host it cannot serve on
+        return error(str(err))
 
 
 def add_tracking_uri(p: argparse.ArgumentParser) -> None:
@@ -373,14 +382,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_tracking_uri(p)
     p.set_defaults(func=_compare)
 
-    p = sub.add_parser("ui", help="start the MLflow UI on the tracking store (loopback only)")
+    p = sub.add_parser(
+        "ui",
+        help="the MLflow UI on the tracking store (--optuna: optuna-dashboard on the searches), on 127.0.0.1 unless --host",
+    )
     p.add_argument("experiment", nargs="?", default=None, help="open this study's (or run's) experiment")
     p.add_argument("--run", default=None, help="open this run of the experiment")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=None,
         help="default 5000 (MLflow; $ABLATE_UI_PORT), 8080 (--optuna), else a free one",
     )
@@ -391,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (no tracking)")
     p.add_argument("--steps", type=_count, default=30, help="optimisation steps per variant (default 30)")
     p.set_defaults(func=_demo)
+    for action in sub._choices_actions:  # `ablate ui --help` says what the command does, as `ablate --help` does
+        sub.choices[action.dest].description = action.help
     return parser
 
 
@@ -422,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
             return error(nothing)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # where a command has no word of its own for it (report, compare, heads): no traceback
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `ablate report | head`: the reader has what it wanted; no traceback, no more output
         with contextlib.suppress(OSError, ValueError):  # a stream without a file (a test's capture)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

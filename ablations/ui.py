@@ -5,6 +5,7 @@ printed once the server answers, with the port it actually uses."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -64,32 +65,50 @@ def browse_hint(uri: str, experiment: str, run_id: str | None = None) -> str:
     return f"ablate ui {experiment}" + (f" --run {run_id}" if run_id else "") + flag
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+class CannotBind(ValueError):
+    """The host given to ``--host`` is not an address of this machine (or not one at all)."""
+
+
+def _bound(host: str, port: int) -> int | None:
+    """The port, bound as the servers bind it (SO_REUSEADDR: a port a stopped server left in TIME_WAIT is free,
+    and it took the UI to another port after every restart), then let go; None when another program holds it."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise CannotBind(f"--host {host}: not an address to serve on ({err.strerror})") from None
+    with socket.socket(family, kind) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+            s.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return None
+            raise CannotBind(f"--host {host}: cannot serve there ({err.strerror})") from None
+        return s.getsockname()[1]
 
 
 def choose_port(host: str, asked: int | None, kind: str) -> tuple[int | None, str]:
     """The port to serve on: the one asked for (refused if taken), else the default, else a free one."""
     if asked is not None:
-        if _port_free(host, asked):
+        if _bound(host, asked):
             return asked, ""
         return None, f"port {asked} on {host} is in use; pick another with --port"
-    default = int(os.environ.get("ABLATE_UI_PORT", DEFAULT_PORTS[kind])) if kind == "mlflow" else DEFAULT_PORTS[kind]
-    if _port_free(host, default):
+    default = DEFAULT_PORTS[kind]
+    if kind == "mlflow" and "ABLATE_UI_PORT" in os.environ:
+        text = os.environ["ABLATE_UI_PORT"].strip()
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            return None, f"ABLATE_UI_PORT={text!r} is not a port: give a number from 1 to 65535, or unset it"
+        default = int(text)
+    if _bound(host, default):
         return default, ""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
+    port = _bound(host, 0)
     return port, f"port {default} is in use; serving on {port}"
 
 
 def _shown_host(host: str) -> str:
-    return "127.0.0.1" if host in ("127.0.0.1", "localhost", "0.0.0.0") else host
+    if host in ("127.0.0.1", "localhost", "0.0.0.0"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
 
 
 def serve_mlflow(
@@ -105,14 +124,26 @@ def serve_mlflow(
         print(f"the tracking store is a server already: open {browse_hint(uri, experiment) if experiment else uri}")
         return 0
     exp_id = None
+    if run_id:  # its experiment, which the link needs (without one it read #/experiments/runs/ID)
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run_experiment = records.client(uri).get_run(run_id).info.experiment_id
+        except MlflowException:
+            print(f"error: no run {run_id!r} in {redact_url(uri)}", file=sys.stderr)
+            return 2
+        exp_id = run_experiment
     if experiment:
         exp = records.client(uri).get_experiment_by_name(experiment)
         if exp is None:
             names = sorted(e.name for e in records.client(uri).search_experiments())
             print(
-                f"no experiment {experiment!r} in {redact_url(uri)}; experiments there: {', '.join(names)}",
+                f"error: no experiment {experiment!r} in {redact_url(uri)}; experiments there: {', '.join(names)}",
                 file=sys.stderr,
             )
+            return 2
+        if run_id and exp.experiment_id != exp_id:
+            print(f"error: run {run_id!r} is not in experiment {experiment!r}: give the run alone", file=sys.stderr)
             return 2
         exp_id = exp.experiment_id
     port, note = choose_port(host, port, "mlflow")
@@ -147,6 +178,11 @@ def serve_optuna(storage: str | None, host: str = "127.0.0.1", port: int | None 
         print(
             f"no searches yet: {redact_url(url)} does not exist (run `ablate search ablations/searches/quickstart_lr.yaml` first)"
         )
+        return 2
+    from ablations.search.setup import storage_problem
+
+    if problem := storage_problem(url):  # an MLflow store, say: optuna-dashboard would fail with a traceback
+        print(f"error: the Optuna storage {redact_url(url)} {problem}", file=sys.stderr)
         return 2
     port, note = choose_port(host, port, "optuna")
     if port is None:

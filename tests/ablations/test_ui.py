@@ -177,3 +177,48 @@ def test_ablate_ui_optuna_without_searches_says_so(tmp_path):
         text=True,
     )
     assert out.returncode == 2 and "no searches yet" in out.stdout
+
+
+def test_a_port_a_stopped_server_left_in_time_wait_is_free_again():
+    """A server that closed a browser's connection leaves its port in TIME_WAIT for a minute: the UI, restarted,
+    moved to a random port ("port 5000 is in use") though nothing listened there. Bound as servers bind it
+    (SO_REUSEADDR), the port is free; one another program listens on is not."""
+    from ablations.ui import _bound, choose_port
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server closes first: its side of the connection waits in TIME_WAIT
+    time.sleep(0.2)
+    client.close()
+    server.close()
+    with socket.socket() as plain, pytest.raises(OSError):  # what the UI checked before
+        plain.bind(("127.0.0.1", port))
+    assert _bound("127.0.0.1", port) == port and choose_port("127.0.0.1", port, "mlflow") == (port, "")
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        taken = listening.getsockname()[1]
+        assert _bound("127.0.0.1", taken) is None
+        assert choose_port("127.0.0.1", taken, "mlflow") == (
+            None,
+            f"port {taken} on 127.0.0.1 is in use; pick another with --port",
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--port", "0"], "argument --port: '0': give a port from 1 to 65535"),
+        (["--port", "70000"], "argument --port: '70000': give a port from 1 to 65535"),
+        (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid: not an address to serve on"),
+        (["--run", "nosuchrun"], "error: no run 'nosuchrun' in sqlite:///"),
+    ],
+)
+def test_ui_options_it_cannot_use_are_one_line(args, said, tmp_path, store):
+    """Each was a traceback (OverflowError, gaierror), a wait of 120 s then a link to port 0, or a link to a run
+    that is not there."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", store, *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and said in out.stderr.splitlines()[-1] and "Traceback" not in out.stderr, out.stderr
