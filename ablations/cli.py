@@ -91,24 +91,9 @@ def _sweep(args: argparse.Namespace) -> int:
     from ablations import sweep
 
     if args.dry_run:
-        from ablations import stores, tracking
-        from ablations.secrets import redact_url
+        from ablations.sweep.preview import dry_run
 
-        uri = tracking.resolve_uri(args.tracking_uri, create=False)
-        if not stores.store_exists(uri):  # a dry run writes nothing, not even an empty store
-            sweep.describe_plan(study, sweep.Plan(todo=list(study.cells), done={}, stale=[]))
-            print(f"(no store yet at {redact_url(uri)}: every cell is to train)")
-            return EXIT_OK
-        code = None if args.reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
-        sweep.describe_plan(study, sweep.plan(study, uri, code))
-        for note in sweep.live_notes(study, uri, args.claims):
-            print(f"note: {note}")
-        from dashboards.analysis import parse_analysis
-        from dashboards.plan import pilot_plan
-
-        pilot = pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
-        if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
-            print(pilot)
+        dry_run(study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code)
         return EXIT_OK
     try:
         result = sweep.run_study(

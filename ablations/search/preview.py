@@ -97,6 +97,32 @@ def storage_state(spec: SearchSpec, url: str) -> tuple[str, str | None]:
     return line, other_objectives(study, spec, url)
 
 
+def finished_best(spec: SearchSpec, url: str) -> dict | None:
+    """The best trial's parameters of a search that would ask no more trials (all of its trials counted, none to
+    be asked again), read only; None otherwise (what would stop it, ``storage_state`` says)."""
+    import optuna
+
+    from ablations.search.results import best_trials
+
+    path = local_file(url)
+    if not spec.n_trials or (path is not None and not path.exists()):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            storage, _ = _open(url, path)
+            if storage is None or spec.name not in {s.study_name for s in storage.get_all_studies()}:
+                return None
+            study = optuna.load_study(study_name=spec.name, storage=storage)
+            again, _ = _lost(study, storage)
+            if counted_trials(study) - again < spec.n_trials:
+                return None
+            best = best_trials(study, spec)
+    except Exception:  # noqa: BLE001  (storage_state names it)
+        return None
+    return best[0]["params"] if best else None
+
+
 def describe_search(
     spec: SearchSpec,
     storage: str | None = None,

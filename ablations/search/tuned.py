@@ -10,7 +10,7 @@ from typing import Any
 
 from ablations.records import TUNED_SETTING
 from ablations.search.driver import run_search
-from ablations.spec import Cell, Study, load_search, resolve_run
+from ablations.spec import Cell, SearchSpec, Study, load_search, resolve_run
 from ablations.spec.run import apply_overrides
 
 
@@ -33,19 +33,8 @@ def tune_study(
     best: dict[str, dict[str, Any]] = {}
     tuning: dict[str, dict[str, Any]] = {}
     seed = tuning_seed(study)
-    for variant in study.variants:
-        cell = next(c for c in study.cells if c.variant == variant)
-        base = cell.run.to_dict()
-        base.pop("name", None)
-        base["seed"] = seed
-        if study.vary_data:
-            base["task"] = {**base["task"], "data_seed": seed}
-        slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
-        spec = load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base)
-        out(
-            f"tuning {variant!r}: {spec.n_trials} trial(s) of {', '.join(p.key for p in spec.space)} "
-            f"({spec.sampler}, {spec.pruner} pruner) on {', '.join(m for m, _ in spec.objectives)}"
-        )
+    for variant, spec in variant_searches(study):
+        out(describe(variant, spec))
         result = run_search(
             spec,
             address=address,
@@ -59,11 +48,43 @@ def tune_study(
             raise RuntimeError(f"tuning {variant!r} completed no trial; see the MLflow experiment {study.name}.tuning")
         best[variant] = result.best[0]["params"]
         tuning[variant] = {p.key: position(p, best[variant][p.key]) for p in spec.space if p.key in best[variant]}
-        shown = ", ".join(
-            (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") + _where(tuning[variant].get(k))
-            for k, v in best[variant].items()
+        out(f"  best for {variant!r} (tuned on seed {seed}): {shown(best[variant], tuning[variant])}")
+    return tuned_study(study, best, tuning)
+
+
+def variant_searches(study: Study) -> list[tuple[str, SearchSpec]]:
+    """Each variant's search: the study's ``tune:`` section over the variant's run, on the tuning seed."""
+    seed = tuning_seed(study)
+    searches = []
+    for variant in study.variants:
+        cell = next(c for c in study.cells if c.variant == variant)
+        base = cell.run.to_dict()
+        base.pop("name", None)
+        base["seed"] = seed
+        if study.vary_data:
+            base["task"] = {**base["task"], "data_seed": seed}
+        slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
+        searches.append(
+            (variant, load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base))
         )
-        out(f"  best for {variant!r} (tuned on seed {seed}): {shown}")
+    return searches
+
+
+def describe(variant: str, spec: SearchSpec) -> str:
+    return (
+        f"tuning {variant!r}: {spec.n_trials} trial(s) of {', '.join(p.key for p in spec.space)} "
+        f"({spec.sampler}, {spec.pruner} pruner) on {', '.join(m for m, _ in spec.objectives)}"
+    )
+
+
+def shown(best: dict[str, Any], tuning: dict[str, Any]) -> str:
+    return ", ".join(
+        (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") + _where(tuning.get(k)) for k, v in best.items()
+    )
+
+
+def tuned_study(study: Study, best: dict[str, dict[str, Any]], tuning: dict[str, dict[str, Any]]) -> Study:
+    """The study's cells at each variant's best values (their ids include them)."""
     cells = []
     for cell in study.cells:
         data = cell.run.to_dict()
@@ -71,7 +92,29 @@ def tune_study(
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
         settings = {**cell.settings, **{f"{TUNED_SETTING}{k}": v for k, v in best[cell.variant].items()}}
         cells.append(Cell(cell.variant, settings, cell.seed, run))
-    return dataclasses.replace(study, cells=cells, tuning={"seed": seed, "variants": tuning})
+    return dataclasses.replace(study, cells=cells, tuning={"seed": tuning_seed(study), "variants": tuning})
+
+
+def preview_tuning(study: Study, storage: str | None, out: Callable[[str], None] = print) -> Study | None:
+    """A tuned study's dry run: each variant's search as its storage holds it (read only). The study at the best
+    values where every search has asked all its trials (its cells, and which are done, are then known), else
+    None: a cell's id includes its tuned values."""
+    from ablations.search.preview import finished_best, storage_state
+    from ablations.search.setup import storage_url
+
+    best: dict[str, dict[str, Any]] = {}
+    tuning: dict[str, dict[str, Any]] = {}
+    for variant, spec in variant_searches(study):
+        url = storage_url(spec, storage)
+        line, problem = storage_state(spec, url)
+        out(describe(variant, spec))
+        out(f"  {line or problem}")
+        found = None if problem else finished_best(spec, url)
+        if found is not None:
+            best[variant] = found
+            tuning[variant] = {p.key: position(p, found[p.key]) for p in spec.space if p.key in found}
+            out(f"  best for {variant!r} (tuned on seed {tuning_seed(study)}): {shown(found, tuning[variant])}")
+    return tuned_study(study, best, tuning) if len(best) == len(study.variants) else None
 
 
 EDGE = 0.05  # a chosen value within 5% of either end of its range is "at the edge"

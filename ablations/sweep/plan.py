@@ -55,11 +55,14 @@ def unresolvable_warning(study: Study) -> str | None:
     return "\n".join(f"warning: {study.source}: {why}" for why in said if why) or None
 
 
-def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> None:
+def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print, *, tuned: bool = True) -> None:
+    """The cells and their states. ``tuned`` false: a tuned study whose searches have not all ended, whose cells'
+    ids (they hold the tuned values) and states are known only then."""
     width = max(len(c.variant) for c in study.cells)
+    states = f"{len(p.done)} done in MLflow, {len(p.todo)} to train" if tuned else "trained once every search has ended"
     out(
         f"study {study.name!r} ({study.design}, {len(study.variants)} variants x {len(study.seeds)} seeds): "
-        f"{len(study.cells)} cells, {len(p.done)} done in MLflow, {len(p.todo)} to train"
+        f"{len(study.cells)} cells, {states}"
     )
     budget = study.budget.as_dict() or "from the run file"
     out(f"each trial: {study.resources.describe()}; budget {budget}; metric {study.metric} ({study.direction})")
@@ -68,7 +71,8 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print) -> 
     out(f"{'variant':<{width}}  seed  cell id           state")
     for cell in study.cells:
         state = f"done ({records.cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
-        out(f"{cell.variant:<{width}}  {cell.seed:>4}  {cell.cell_id}  {state}")
+        cell_id = cell.cell_id if tuned else "(once tuned)".ljust(16)
+        out(f"{cell.variant:<{width}}  {cell.seed:>4}  {cell_id}  {state if tuned else 'to train after tuning'}")
     for s in study.skipped:
         out(f"{s.variant:<{width}}  {s.seed:>4}  {'-' * 16}  skipped: {s.reason}")
     if p.stale:

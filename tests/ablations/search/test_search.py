@@ -489,6 +489,14 @@ def test_postgresql_storage(tmp_path, store, local_ray):
         optuna.delete_study(study_name=name, storage=url)
 
 
+def _dry_run(study, store: str) -> str:
+    from ablations.sweep.preview import dry_run
+
+    lines: list[str] = []
+    dry_run(study, tracking_uri=store, claims_url=None, reuse_any_code=False, out=lines.append)
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch, local_ray):
     from ablations.spec import load_study
@@ -514,6 +522,9 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     )
     study = load_study(path)
     lines: list[str] = []
+    dry = _dry_run(study, store)  # before: the searches ask every trial; the cells' ids wait for their values
+    assert "4 cells, trained once every search has ended" in dry and "best for" not in dry, dry
+    assert not (tmp_path / "optuna.db").exists()
     # the cells one at a time (one Tune actor imports torch and Lightning once); the searches two trials at once
     result = run_study(study, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append)
     assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
@@ -546,6 +557,12 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     table = build(load_runs(store, "tuned"))  # the ablation table says what each variant's search chose
     assert {r["variant"]: r["tuned"] for r in table.as_records()} == {v: f"lr={lr:.3g}" for v, lr in best.items()}
     assert "| variant | changed | tuned | success" in to_markdown(table)
+    # the dry run says what the sweep then does: the searches have ended, each variant's best, every cell done (it
+    # said "0 done, 4 to train": it planned the cells without their tuned values)
+    dry = _dry_run(load_study(path), store)
+    assert "4 cells, 4 done in MLflow, 0 to train" in dry, dry
+    for variant, lr in best.items():
+        assert f"best for {variant!r} (tuned on seed 2): training.lr={lr:.4g}" in dry, dry
     # the same command again: the searches are complete, the cells are the same: nothing trains
     again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
     assert again.parent_run_id is None

@@ -1,0 +1,45 @@
+"""``ablate sweep STUDY --dry-run``: the cells, what MLflow already holds of them, and (a tuned study) what each
+variant's search holds. It starts no Ray and writes nothing: a store that is not there is not created."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ablations import stores, tracking
+from ablations.secrets import redact_url
+from ablations.spec import Study
+from ablations.sweep.plan import Plan, describe_plan, plan
+from ablations.sweep.submission import live_notes
+
+
+def dry_run(
+    study: Study,
+    *,
+    tracking_uri: str | None,
+    claims_url: str | None,
+    reuse_any_code: bool,
+    out: Callable[[str], None] = print,
+) -> None:
+    uri = tracking.resolve_uri(tracking_uri, create=False)
+    if study.tune:  # the searches come first, and the cells' ids hold the values they choose
+        from ablations.search.tuned import preview_tuning
+
+        tuned = preview_tuning(study, storage=None, out=out)
+        if tuned is None:
+            describe_plan(study, Plan(todo=list(study.cells), done={}, stale=[]), out, tuned=False)
+            return
+        study = tuned
+    if not stores.store_exists(uri):  # a dry run writes nothing, not even an empty store
+        describe_plan(study, Plan(todo=list(study.cells), done={}, stale=[]), out)
+        out(f"(no store yet at {redact_url(uri)}: every cell is to train)")
+        return
+    code = None if reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
+    describe_plan(study, plan(study, uri, code), out)
+    for note in live_notes(study, uri, claims_url):
+        out(f"note: {note}")
+    from dashboards.analysis import parse_analysis
+    from dashboards.plan import pilot_plan
+
+    pilot = pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
+    if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
+        out(pilot)
