@@ -57,6 +57,21 @@ K8S_HOLDERS = {
 }
 
 
+def test_the_cli_service_runs_and_ships_the_mounted_code():
+    """The `ablate` service mounts the repository where the image installed the package (editable), so that the
+    driver imports and fingerprints the code edited on the host, and ships it (cluster.ROOT, the package's folder)
+    to the workers. Mounted beside it (/workspace/project), the image's copy ran and travelled: edits were
+    silently ignored."""
+    from ablations.cluster import ROOT as SHIPPED
+
+    dockerfile = (ROOT / "platform" / "Dockerfile").read_text()
+    installed = re.findall(r"^WORKDIR (\S+)", dockerfile, re.M)[-1]
+    assert re.search(r"pip install [^\n]*-e \.", dockerfile)  # editable: the package is the folder's code
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["ablate"]
+    assert service["volumes"] == [f"./:{installed}"] and service["working_dir"] == installed
+    assert SHIPPED == ROOT  # what travels is the folder that holds the package, the mount point in the container
+
+
 def test_compose_services_ports_volumes_and_health_checks():
     raw = yaml.safe_load(COMPOSE.read_text())
     services = compose(env_values())["services"]
