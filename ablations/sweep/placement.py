@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import os
 import socket
+from urllib.parse import urlsplit
 
-from ablations.cluster import DoesNotFit
+from ablations.cluster import DoesNotFit, is_loopback_address
 from ablations.secrets import redact_url
 from ablations.spec import Resources
 
@@ -16,10 +17,18 @@ EPS = 1e-9
 
 
 def is_local(url: str) -> bool:
-    """A store only this machine reaches: a SQLite or file store, a journal file, a path on local disk."""
+    """A store only this machine reaches: a SQLite or file store, a journal file, a path on local disk, and a
+    server or database at a loopback address (a tunnel's end: on a worker, 127.0.0.1 is the worker)."""
     if os.environ.get("ABLATE_RAY_STORAGE") and url == os.environ["ABLATE_RAY_STORAGE"]:
         return False  # declared shared by the user
-    return url.startswith(("sqlite:", "file:", "journal:")) or "://" not in url
+    return url.startswith(("sqlite:", "file:", "journal:")) or "://" not in url or _at_loopback(url)
+
+
+def _at_loopback(url: str) -> bool:
+    if url.startswith(("sqlite:", "file:")) or "://" not in url:
+        return False
+    host = urlsplit(url).hostname
+    return bool(host) and is_loopback_address(f"{host}:0")
 
 
 def _nodes() -> list[dict]:
@@ -82,8 +91,9 @@ def check_placement(r: Resources, stores: dict[str, str], nodes: list[dict] | No
         "the Optuna storage": "use --storage postgresql://...",
         "Ray Train's storage": "set ABLATE_RAY_STORAGE to a path every node shares",
     }
+    loopback = "a loopback address reaches this machine only (a tunnel's end): name it as every node reaches it"
     local = [
-        f"{name} {redact_url(url)} ({fixes.get(name, 'use a shared store')})"
+        f"{name} {redact_url(url)} ({loopback if _at_loopback(url) else fixes.get(name, 'use a shared store')})"
         for name, url in stores.items()
         if is_local(url) and (name != "Ray Train's storage" or r.workers > 1)
     ]

@@ -55,6 +55,15 @@ def test_stores_only_this_machine_reaches_are_refused_on_a_cluster_of_several_ma
         )
     shared = {"the MLflow store": "http://mlflow:5000", "the claims store": "postgresql://ablate@db/claims"}
     check_placement(Resources(), shared, nodes=[node(2), node(2, host="other-machine")])
+    # a tunnel's end (`ssh -L 5000:...` then --tracking-uri http://127.0.0.1:5000): on a worker, 127.0.0.1 is the
+    # worker, and its trials would find no MLflow there
+    tunnel = {"the MLflow store": "http://127.0.0.1:5000", "the claims store": "postgresql://ablate:pw@localhost/c"}
+    with pytest.raises(DoesNotFit) as info:
+        check_placement(Resources(), tunnel, nodes=[node(2, host="head"), node(2, host="other-machine")])
+    said = str(info.value)
+    loopback = "(a loopback address reaches this machine only (a tunnel's end): name it as every node reaches it)"
+    assert f"the MLflow store http://127.0.0.1:5000 {loopback}" in said and "pw" not in said
+    assert f"the claims store postgresql://ablate:***@localhost/c {loopback}" in said
 
 
 def test_data_parallel_ranks_never_share_a_gpu_unless_asked(tmp_path):
