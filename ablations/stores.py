@@ -60,16 +60,26 @@ def nothing_recorded(uri: str) -> str | None:
 
 
 def store_problem(uri: str, timeout: float = 10.0) -> str | None:
-    """Why the MLflow store at ``uri`` cannot be reached, in one line, or None. Asked once, before any work:
-    MLflow's client retries a server that does not answer for minutes (4 minutes for a refused port, measured) and
-    a database for more than one, then ends in a traceback. Any HTTP answer will do (a refusal of the credentials
-    is MLflow's to name); a SQLite file is this machine's."""
+    """Why the MLflow store at ``uri`` cannot be used, in one line, or None. Asked once, before any work: MLflow's
+    client retries a server that does not answer for minutes (4 minutes for a refused port, measured) and a
+    database for more than one, then ends in a traceback; a path it takes for its retired file store; a file that
+    is not a database, or Optuna's, it fails on or adds its tables to. Any HTTP answer will do (a refusal of the
+    credentials is MLflow's to name)."""
     from ablations.secrets import redact_url
 
     kind = _database(uri)
     where = redact_url(uri)
     fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
-    if kind is None and uri.split("://", 1)[0].lower() in ("http", "https"):
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme == "file" or (not scheme and ("/" in uri or uri.endswith(".db") or Path(uri).exists())):
+        path = Path(uri.removeprefix("file://")).expanduser().resolve()
+        if path.is_dir():  # an mlruns folder: MLflow 3 refuses to open its file store
+            return (
+                f"{where}: a folder, not a tracking URI: give sqlite:///{path / 'mlflow.db'} for a SQLite store (a "
+                "folder of MLflow's retired file store, mlruns: convert it with mlflow migrate-filestore)"
+            )
+        return f"{where}: a path, not a tracking URI: give sqlite:///{path} for a SQLite store, or http://HOST:PORT"
+    if kind is None and scheme in ("http", "https"):
         import requests
 
         try:
@@ -78,20 +88,37 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
             return None
         except requests.RequestException as err:
             return f"{where}: the MLflow server does not answer ({reason(err)}): start it, or {fix}"
-    elif kind not in (None, "sqlite"):
+    elif kind is not None:
+        path = sqlite_file(uri)
+        if path is not None and not path.exists():
+            return None  # made on first use
         import sqlalchemy
 
         wait = {"connect_timeout": int(timeout)} if kind in ("postgresql", "mysql") else {}
         engine = sqlalchemy.create_engine(uri, connect_args=wait)
         try:
-            with engine.connect():
-                pass
+            with engine.connect() as connection:
+                tables = sqlalchemy.inspect(connection).get_table_names()
+                version = (
+                    connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+                    if "alembic_version" in tables
+                    else None
+                )
         except Exception as err:  # noqa: BLE001  (any driver's refusal: its first line says why)
+            if path is not None:  # a SQLite file: only one that is not a database (a busy one is MLflow's to wait on)
+                words = reason(err)
+                return (
+                    f"{where}: the file cannot be read as a database ({words}): {fix}"
+                    if "not a database" in words
+                    else None
+                )
             return (
                 f"{where}: the database cannot be reached ({reason(err)}): start it and create the database, or {fix}"
             )
         finally:
             engine.dispose()
+        if "experiments" not in tables and (version or "version_info" in tables):  # Optuna's: v3.2.0.a and the like
+            return f"{where} is another program's database (Optuna's, or another Alembic user's), not an MLflow store: {fix}"
     return None
 
 

@@ -136,3 +136,28 @@ def test_a_command_that_reads_makes_no_store_where_there_is_none(command, capsys
     assert main(command) == 2
     assert capsys.readouterr().err.startswith(f"error: nothing recorded at sqlite:///{tmp_path}/.ablate/mlflow.db yet")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_path_a_file_that_is_not_a_database_or_optuna_s_database_is_not_taken_for_a_store(tmp_path):
+    """MLflow read a path as its retired file store ("maintenance mode ... migrate-filestore"), printed a
+    traceback for a file that is not a database, and would add its tables to Optuna's (both keep their schema's
+    version in alembic_version)."""
+    import optuna
+
+    (tmp_path / "runs").mkdir()
+    assert stores.store_problem(str(tmp_path / "mlflow.db")) == (
+        f"{tmp_path / 'mlflow.db'}: a path, not a tracking URI: give sqlite:///{tmp_path / 'mlflow.db'} for a SQLite "
+        "store, or http://HOST:PORT"
+    )
+    assert stores.store_problem(str(tmp_path / "runs")).startswith(
+        f"{tmp_path / 'runs'}: a folder, not a tracking URI: give sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    )
+    (tmp_path / "notes.db").write_text("not a database " * 100)
+    assert "the file cannot be read as a database (file is not a database)" in stores.store_problem(
+        f"sqlite:///{tmp_path / 'notes.db'}"
+    )
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    said = stores.store_problem(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert said.endswith("is another program's database (Optuna's, or another Alembic user's), not an MLflow store: "
+                         "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)")  # fmt: skip
+    assert stores.store_problem("databricks") is None  # MLflow's own schemes are MLflow's to judge
