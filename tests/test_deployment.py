@@ -72,6 +72,14 @@ def test_the_cli_service_runs_and_ships_the_mounted_code():
     assert SHIPPED == ROOT  # what travels is the folder that holds the package, the mount point in the container
 
 
+def test_env_example_names_every_variable_compose_reads():
+    """platform/README.md: .env.example holds every credential and setting compose reads (set, or commented with
+    its default)."""
+    read = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", COMPOSE.read_text()))
+    named = set(re.findall(r"^#? *([A-Z_][A-Z0-9_]*)=", ENV_EXAMPLE.read_text(), re.M))
+    assert read and not read - named, sorted(read - named)
+
+
 def test_compose_services_ports_volumes_and_health_checks():
     raw = yaml.safe_load(COMPOSE.read_text())
     services = compose(env_values())["services"]
