@@ -100,6 +100,18 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
     return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
 
 
+def _hint(study: str, names: list[str]) -> str:
+    """A study's file given for its name (ablations/studies/heads.yaml: the name is heads), or a close name."""
+    import difflib
+    from pathlib import Path
+
+    if study.endswith((".yaml", ".yml")):
+        stem = Path(study).stem
+        return f" (give the study's name, not its file{f': {stem}' if stem in names else ''})"
+    close = difflib.get_close_matches(study, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:
     """The cells of a study (all submissions, or one) from the MLflow store at ``uri``."""
     import pandas as pd
@@ -110,7 +122,9 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         experiments = {e.experiment_id: e.name for e in c.search_experiments()}
         made = {r.info.experiment_id for r in search_all(uri, list(experiments), kind_filter(KIND_STUDY))}
         names = sorted(experiments[i] for i in made)
-        raise NoResults(f"no study {study!r} in {redact_url(uri)}; studies there: {', '.join(names) or 'none'}")
+        raise NoResults(
+            f"no study {study!r} in {redact_url(uri)}{_hint(study, names)}; studies there: {', '.join(names) or 'none'}"
+        )
     parents = sorted(
         search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),
         key=lambda r: int(r.data.tags.get("submission", 0)),

@@ -353,6 +353,13 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path,
         timeout=300,
     )
     assert bad.returncode == 2 and "no study 'nope'" in bad.stderr and "abl" in bad.stderr
+    # a close name, or the study's file for its name: the way out in the same line
+    for given, hint in (
+        ("ab", "(did you mean 'abl'?)"),
+        ("studies/abl.yaml", "(give the study's name, not its file: abl)"),
+    ):
+        assert main(["report", given, "--tracking-uri", store, "--no-log", "--out", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: no study {given!r} in {store} {hint}; studies there: abl")
 
 
 @pytest.mark.slow
