@@ -249,6 +249,10 @@ def _search(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     from ablations.ui import serve_mlflow, serve_optuna
 
+    if args.optuna and (args.experiment or args.run):
+        return error("an experiment or --run opens MLflow's UI, not optuna-dashboard: leave out --optuna, or them")
+    if args.storage and not args.optuna:
+        return error("--storage is the searches' Optuna storage: add --optuna to open optuna-dashboard on it")
     try:
         if args.optuna:
             return serve_optuna(args.storage, args.host, args.port)

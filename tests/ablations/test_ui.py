@@ -212,11 +212,13 @@ def test_a_port_a_stopped_server_left_in_time_wait_is_free_again():
         (["--port", "70000"], "argument --port: '70000': give a port from 1 to 65535"),
         (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid: not an address to serve on"),
         (["--run", "nosuchrun"], "error: no run 'nosuchrun' in sqlite:///"),
+        (["--storage", "sqlite:///o.db"], "error: --storage is the searches' Optuna storage: add --optuna"),
+        (["quickstart", "--optuna"], "error: an experiment or --run opens MLflow's UI, not optuna-dashboard"),
     ],
 )
 def test_ui_options_it_cannot_use_are_one_line(args, said, tmp_path, store):
-    """Each was a traceback (OverflowError, gaierror), a wait of 120 s then a link to port 0, or a link to a run
-    that is not there."""
+    """Each was a traceback (OverflowError, gaierror), a wait of 120 s then a link to port 0, a link to a run
+    that is not there, or an option silently ignored."""
     out = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", store, *args],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
