@@ -415,15 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT
-    if hasattr(args, "tracking_uri") and not getattr(args, "optuna", False):  # in seconds, not after MLflow's retries
-        from ablations import stores, tracking
-
-        uri = tracking.resolve_uri(args.tracking_uri, create=False)
-        if problem := stores.store_problem(uri):
-            return error(problem, EXIT_FAILED)
-        if args.command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
-            return error(nothing)
     try:
+        if hasattr(args, "tracking_uri") and not getattr(args, "optuna", False):  # seconds, not MLflow's retries
+            from ablations import stores, tracking
+
+            uri = tracking.resolve_uri(args.tracking_uri, create=False)
+            if problem := stores.store_problem(uri):
+                return error(problem, EXIT_FAILED)
+            if args.command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
+                return error(nothing)
         return args.func(args)
     except KeyboardInterrupt:  # where a command has no word of its own for it (report, compare, heads): no traceback
         print("\ninterrupted", file=sys.stderr)

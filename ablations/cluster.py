@@ -191,6 +191,11 @@ def check_answers(address: str, timeout: float = 10.0) -> None:
     """Something listens at a cluster's address (its GCS; its Ray Client server for ray://), asked in seconds: Ray's
     driver waits for an address where nothing listens for minutes (5 min 30 s, measured), printing C++ warnings,
     then the sweep said only that it did not finish. "auto" (a cluster of this machine) is Ray's to find."""
+    if "://" in address and not address.startswith("ray://"):  # Ray's docs set RAY_ADDRESS=http://...:8265 for jobs
+        raise ValueError(
+            f"{address} is an address of Ray's dashboard (its Jobs API), not of the cluster: give the head's "
+            "host:6379, or ray://host:10001 (--address, RAY_ADDRESS)"
+        )
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if address == "auto" or not port.isdigit():
         return

@@ -273,12 +273,15 @@ class RedactingStream(io.TextIOBase):
 
 
 def guard(args) -> None:
-    """Credentials in a tracking URI go to MLflow's own variables, so that no URI this process holds (or MLflow
-    prints) carries them; a storage URL's password is registered for masking; stdout and stderr are masked.
+    """Credentials in a tracking server's URI go to MLflow's own variables, so that no URI this process holds (or
+    MLflow prints) carries them; a database's password (MLflow's SQL store reads it from its URL only) and a
+    storage URL's are registered for masking; stdout and stderr are masked.
     ``args``: the command's parsed arguments (``tracking_uri``, ``storage``), the tracking URI made clean there."""
     given = getattr(args, "tracking_uri", None)
     uri = given or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
+    if uri and not uri.lower().startswith(("http://", "https://")):  # a database's: its URL is how it logs in
+        register_url(uri)
+    elif uri:
         clean, user, password = split_credentials(uri)
         if password is not None:
             os.environ["MLFLOW_TRACKING_USERNAME"] = user or ""

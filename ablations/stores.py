@@ -61,65 +61,113 @@ def nothing_recorded(uri: str) -> str | None:
 
 def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     """Why the MLflow store at ``uri`` cannot be used, in one line, or None. Asked once, before any work: MLflow's
-    client retries a server that does not answer for minutes (4 minutes for a refused port, measured) and a
-    database for more than one, then ends in a traceback; a path it takes for its retired file store; a file that
-    is not a database, or Optuna's, it fails on or adds its tables to. Any HTTP answer will do (a refusal of the
-    credentials is MLflow's to name)."""
+    client retries a server that does not answer (or a proxy's 502-504) for minutes (4 minutes for a refused port,
+    measured) and a database for more than one, then ends in a traceback; a path it takes for its retired file
+    store; a file that is not a database, or Optuna's, it fails on or adds its tables to. Any other HTTP answer will
+    do (a refusal of the credentials is MLflow's to name)."""
+    from urllib.parse import urlsplit
+
     from ablations.secrets import redact_url
 
     kind = _database(uri)
     where = redact_url(uri)
     fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme == "file" or (not scheme and ("/" in uri or uri.endswith(".db") or Path(uri).exists())):
-        path = Path(uri.removeprefix("file://")).expanduser().resolve()
+    parts = urlsplit(uri)
+    if parts.scheme == "file" or (not parts.scheme and ("/" in uri or uri.endswith(".db"))):
+        path = Path(parts.path if parts.scheme else uri).expanduser().resolve()
         if path.is_dir():  # an mlruns folder: MLflow 3 refuses to open its file store
             return (
                 f"{where}: a folder, not a tracking URI: give sqlite:///{path / 'mlflow.db'} for a SQLite store (a "
                 "folder of MLflow's retired file store, mlruns: convert it with mlflow migrate-filestore)"
             )
         return f"{where}: a path, not a tracking URI: give sqlite:///{path} for a SQLite store, or http://HOST:PORT"
-    if kind is None and scheme in ("http", "https"):
-        import requests
-
-        try:
-            requests.get(uri.rstrip("/") + "/health", timeout=timeout)
-        except requests.exceptions.SSLError:  # MLflow's own TLS settings (MLFLOW_TRACKING_INSECURE_TLS...) decide
-            return None
-        except requests.RequestException as err:
-            return f"{where}: the MLflow server does not answer ({reason(err)}): start it, or {fix}"
-    elif kind is not None:
-        path = sqlite_file(uri)
-        if path is not None and not path.exists():
-            return None  # made on first use
-        import sqlalchemy
-
-        wait = {"connect_timeout": int(timeout)} if kind in ("postgresql", "mysql") else {}
-        engine = sqlalchemy.create_engine(uri, connect_args=wait)
-        try:
-            with engine.connect() as connection:
-                tables = sqlalchemy.inspect(connection).get_table_names()
-                version = (
-                    connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
-                    if "alembic_version" in tables
-                    else None
-                )
-        except Exception as err:  # noqa: BLE001  (any driver's refusal: its first line says why)
-            if path is not None:  # a SQLite file: only one that is not a database (a busy one is MLflow's to wait on)
-                words = reason(err)
-                return (
-                    f"{where}: the file cannot be read as a database ({words}): {fix}"
-                    if "not a database" in words
-                    else None
-                )
+    if kind is None and parts.scheme in ("http", "https"):
+        return _server_problem(uri, where, fix, timeout)
+    if kind is None:
+        return None  # databricks and MLflow's other schemes: MLflow's to judge
+    path = sqlite_file(uri)
+    if path is not None and not path.exists():
+        return None  # made on first use
+    tables, version, refusal = _tables(uri, timeout)
+    if refusal is not None:
+        if path is not None:  # a SQLite file: only one that is not a database (a busy one is MLflow's to wait on)
             return (
-                f"{where}: the database cannot be reached ({reason(err)}): start it and create the database, or {fix}"
+                f"{where}: the file cannot be read as a database (file is not a database): {fix}"
+                if "not a database" in refusal
+                else None
             )
-        finally:
-            engine.dispose()
-        if "experiments" not in tables and (version or "version_info" in tables):  # Optuna's: v3.2.0.a and the like
-            return f"{where} is another program's database (Optuna's, or another Alembic user's), not an MLflow store: {fix}"
+        return f"{where}: the database {refusal}, or {fix}"
+    if "experiments" not in tables and (version or "version_info" in tables):  # Optuna's: v3.2.0.a and the like
+        return (
+            f"{where} is another program's database (Optuna's, or another Alembic user's), not an MLflow store: {fix}"
+        )
     return None
+
+
+def _server_problem(uri: str, where: str, fix: str, timeout: float) -> str | None:
+    import requests
+
+    try:
+        answer = requests.get(uri.rstrip("/") + "/health", timeout=timeout, allow_redirects=False)
+    except requests.exceptions.SSLError:  # MLflow's own TLS settings (MLFLOW_TRACKING_INSECURE_TLS...) decide
+        return None
+    except requests.Timeout:
+        return f"{where}: the MLflow server does not answer (no answer in {timeout:g} s): start it, or {fix}"
+    except requests.RequestException as err:
+        return f"{where}: the MLflow server does not answer ({reason(err)}): start it, or {fix}"
+    if answer.status_code in (502, 503, 504):  # a proxy whose MLflow is down: MLflow's client retries these for minutes
+        return f"{where}: the MLflow server does not answer (HTTP {answer.status_code} from what stands before it): start it, or {fix}"
+    return None
+
+
+def _tables(url: str, timeout: float) -> tuple[list[str], str | None, str | None]:
+    """A database's tables and Alembic revision, or why it cannot be opened (``refusal``: "cannot be reached
+    (Connection refused): start it", for the caller to finish with the way to name another)."""
+    import sqlalchemy
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+        psycopg = parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg", "psycopg2")
+        engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": int(timeout)} if psycopg else {})
+    except ImportError as err:  # a database whose driver is not installed (MySQLdb, pyodbc, pg8000)
+        return [], None, f"cannot be opened: its driver is not installed (No module named {err.name!r}): install it"
+    except Exception as err:  # noqa: BLE001  (a URL SQLAlchemy cannot read: a port that is not a number)
+        return (
+            [],
+            None,
+            f"cannot be opened ({reason(err)}): write the URL as dialect+driver://user:password@host:port/db",
+        )
+    try:
+        with engine.connect() as connection:
+            tables = sqlalchemy.inspect(connection).get_table_names()
+            version = (
+                connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+                if "alembic_version" in tables
+                else None
+            )
+        return tables, version, None
+    except Exception as err:  # noqa: BLE001  (any driver's refusal: its first line says why)
+        return [], None, refusal(err)
+    finally:
+        engine.dispose()
+
+
+UNREACHABLE = ("connection refused", "timed out", "timeout expired", "could not translate host name", "name or service",
+               "no route to host", "network is unreachable", "could not connect")  # fmt: skip
+
+
+def refusal(err: BaseException) -> str:
+    """Why a database refused a connection, and what to do: "cannot be reached (...): start it", "... does not
+    exist ...: create it", or "cannot be opened (...): check the user and password"."""
+    words = reason(err)
+    low = words.lower()
+    if "does not exist" in low or "unknown database" in low:
+        return f"cannot be opened ({words}): create it"
+    if any(w in low for w in UNREACHABLE):
+        return f"cannot be reached ({words}): start it"
+    if "password" in low or "authentication" in low or "access denied" in low:
+        return f"cannot be opened ({words}): check the user and password in the URL"
+    return f"cannot be opened ({words}): check it"
 
 
 def reason(err: BaseException) -> str:

@@ -108,6 +108,8 @@ def choose_port(host: str, asked: int | None, kind: str) -> tuple[int | None, st
 def _shown_host(host: str) -> str:
     if host in ("127.0.0.1", "localhost", "0.0.0.0"):
         return "127.0.0.1"
+    if host == "::":  # every IPv6 address: this machine's is the one to open
+        return "[::1]"
     return f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
 
 

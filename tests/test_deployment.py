@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -69,7 +70,10 @@ def test_the_cli_service_runs_and_ships_the_mounted_code():
     assert re.search(r"pip install [^\n]*-e \.", dockerfile)  # editable: the package is the folder's code
     service = yaml.safe_load(COMPOSE.read_text())["services"]["ablate"]
     assert service["volumes"] == [f"./:{installed}"] and service["working_dir"] == installed
-    assert SHIPPED == ROOT  # what travels is the folder that holds the package, the mount point in the container
+    import ablations.cluster
+
+    # what travels is the folder that holds the imported package (so, in the container, the mount)
+    assert (SHIPPED / "ablations" / "cluster.py").resolve() == Path(ablations.cluster.__file__).resolve()
 
 
 def test_env_example_names_every_variable_compose_reads():

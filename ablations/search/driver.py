@@ -177,13 +177,13 @@ def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpu
     """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
     never hold. Raises ValueError."""
     from ablations.cluster import check_fits, is_loopback_address
+    from ablations.sweep.placement import is_local
 
-    if not is_loopback_address(address) and (
-        uri.startswith(("sqlite:", "file:")) or url.startswith(("sqlite:", "journal:"))
-    ):
+    local = [redact_url(u) for u in (uri, url) if is_local(u)]  # files, or servers at this machine's 127.0.0.1
+    if not is_loopback_address(address) and local:
         raise ValueError(
-            f"the Ray cluster at {address} cannot write to local stores ({redact_url(uri)}, {redact_url(url)}); use an MLflow "
-            "server (--tracking-uri) and a shared Optuna storage (--storage postgresql://...)"
+            f"the Ray cluster at {address} cannot write to {', '.join(local)}, which only this machine reaches; use "
+            "an MLflow server (--tracking-uri) and an Optuna storage (--storage postgresql://...) every node reaches"
         )
     check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
 

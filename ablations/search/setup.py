@@ -79,10 +79,9 @@ def storage_problem(url: str) -> str | None:
     try:
         schema = schema_of(url)
     except OperationalError as err:  # a server that refuses, a database that is not there: one line, no traceback
-        return (
-            f"cannot be reached ({stores.reason(err)}): start it and create the database, or name the right one "
-            "(--storage, ABLATE_OPTUNA_STORAGE)"
-        )
+        if "locked" in stores.reason(err):
+            return None  # a busy SQLite file (another search writing): Optuna waits on it
+        return f"{stores.refusal(err)}, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
     return FOREIGN if schema == "foreign" else None
 
 

@@ -31,7 +31,7 @@ from ablations import records, tracking
 from ablations.claims import Claim, Claims
 from ablations.secrets import Credentials, redact_url
 from ablations.spec import Cell, Study
-from ablations.sweep.placement import check_placement, describe_cluster, trial_slots
+from ablations.sweep.placement import check_placement, describe_cluster, is_local, trial_slots
 from ablations.sweep.plan import format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, open_submission
 from ablations.sweep.trial import TrialContext, trainable
@@ -139,14 +139,15 @@ def run_study(
     from ablations.cluster import check_answers, check_fits, connect, is_loopback_address
 
     address = address or os.environ.get("RAY_ADDRESS") or None
+    uri = tracking.resolve_uri(tracking_uri, create=False)
+    if not is_loopback_address(address) and is_local(uri):  # a file, or a server at this machine's 127.0.0.1
+        raise ValueError(
+            f"the Ray cluster at {address} cannot write to {redact_url(uri)}, which only this machine reaches; give "
+            "an MLflow server every node reaches (--tracking-uri, or MLFLOW_TRACKING_URI)"
+        )
     if address:  # before the store is made or read
         check_answers(address)
     uri = tracking.resolve_uri(tracking_uri)
-    if not is_loopback_address(address) and uri.startswith(("sqlite:", "file:")):
-        raise ValueError(
-            f"the Ray cluster at {address} cannot write to the local store {redact_url(uri)}; start an MLflow "
-            "server and pass --tracking-uri (or MLFLOW_TRACKING_URI)"
-        )
     if warning := unresolvable_warning(study):  # said before anything runs: the seeds cannot resolve the pairs
         out(warning)
     fingerprint = tracking.code_fingerprint()

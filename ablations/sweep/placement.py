@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ablations.cluster import DoesNotFit, is_loopback_address
 from ablations.secrets import redact_url
@@ -25,10 +25,15 @@ def is_local(url: str) -> bool:
 
 
 def _at_loopback(url: str) -> bool:
+    """A server or database at 127.0.0.1, localhost or ::1, or a database through a Unix socket (no host, or
+    ``?host=/var/run/postgresql``): on a worker, each is the worker's own."""
     if url.startswith(("sqlite:", "file:")) or "://" not in url:
         return False
-    host = urlsplit(url).hostname
-    return bool(host) and is_loopback_address(f"{host}:0")
+    parts = urlsplit(url)
+    host = parts.hostname or parse_qs(parts.query).get("host", [""])[0]
+    if not host:
+        return not parts.scheme.startswith(("http", "ray"))  # a database with no host: this machine's socket
+    return host.startswith("/") or is_loopback_address(f"{host}:0")
 
 
 def _nodes() -> list[dict]:

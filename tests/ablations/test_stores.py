@@ -51,31 +51,66 @@ def test_a_server_that_does_not_answer_is_named_before_any_work(command, capsys,
     assert out == "" and "s3cret-pw" not in err
 
 
-def test_any_http_answer_is_a_server_and_a_database_that_refuses_says_why():
-    class Nothing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802  (a server that is not MLflow's: 404 for /health)
-            self.send_error(404)
+def _serving(status: int):
+    """A server that is not MLflow's, answering every GET with ``status`` (a redirect to nowhere for 302)."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Location", f"http://127.0.0.1:{free_port()}/login")  # followed, it would refuse
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Nothing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(("status", "answers"), [(404, True), (401, True), (302, True), (502, False), (503, False)])
+def test_an_http_answer_is_a_server_unless_a_proxy_says_its_server_is_down(status, answers):
+    """Whether it is MLflow, and takes the credentials, is MLflow's client's to say; but 502-504 (a proxy whose
+    MLflow is down) are what MLflow's client retries for minutes, and a redirect (an identity provider's login) is
+    not followed."""
+    server = _serving(status)
     try:
-        # it answers: whether it is MLflow, and takes the credentials, is MLflow's client's to say
-        assert stores.store_problem(f"http://127.0.0.1:{server.server_address[1]}") is None
+        uri = f"http://127.0.0.1:{server.server_address[1]}"
+        said = stores.store_problem(uri)
+        if answers:
+            assert said is None
+        else:
+            assert said == (
+                f"{uri}: the MLflow server does not answer (HTTP {status} from what stands before it): start it, or "
+                "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+            )
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_database_that_refuses_says_why_and_what_to_do(capsys, credentials_restored):
     port = free_port()
-    said = stores.store_problem(f"postgresql+psycopg://ablate:pw@127.0.0.1:{port}/mlflow")
-    assert said.startswith(f"postgresql+psycopg://ablate:***@127.0.0.1:{port}/mlflow: the database cannot be reached")
-    assert "Connection refused" in said and "pw@" not in said
+    fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+    # through the CLI: a database's URL keeps its user and password (MLflow's SQL store logs in with them); the
+    # password is masked in what is printed (it was moved to MLFLOW_TRACKING_PASSWORD, which SQLAlchemy never reads)
+    assert (
+        main(["report", "x", "--tracking-uri", f"postgresql+psycopg://ablate:s3cret-pw@127.0.0.1:{port}/mlflow"]) == 1
+    )
+    assert capsys.readouterr().err == (
+        f"error: postgresql+psycopg://ablate:***@127.0.0.1:{port}/mlflow: the database cannot be reached (connection "
+        f'to server at "127.0.0.1", port {port} failed: Connection refused): start it, or {fix}\n'
+    )
+    assert stores.store_problem(f"mysql://u@127.0.0.1:{port}/x") == (
+        f"mysql://u@127.0.0.1:{port}/x: the database cannot be opened: its driver is not installed (No module named "
+        f"'MySQLdb'): install it, or {fix}"
+    )
+    assert "cannot be opened (" in stores.store_problem("postgresql://u@h:abc/db")  # a port that is not a number
     assert stores.store_problem("sqlite:////no/such/folder/mlflow.db") is None  # this machine's file: MLflow's
     if postgres_reachable():
         said = stores.store_problem("postgresql+psycopg://postgres@127.0.0.1:5432/ablate_no_such_database")
-        assert 'database "ablate_no_such_database" does not exist' in said
+        assert 'database "ablate_no_such_database" does not exist): create it, or ' in said, said
 
 
 def test_a_dry_run_on_a_new_database_writes_nothing(new_database, capsys, tmp_path):
@@ -106,8 +141,8 @@ def test_an_optuna_storage_that_cannot_be_reached_is_one_line(dry_run, capsys, t
     assert code == (1 if dry_run else 2)
     assert err.splitlines() == [
         f"error: the Optuna storage postgresql+psycopg://optuna:***@127.0.0.1:{port}/optuna cannot be reached "
-        f'(connection to server at "127.0.0.1", port {port} failed: Connection refused): start it and create the '
-        "database, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
+        f'(connection to server at "127.0.0.1", port {port} failed: Connection refused): start it, or name the right '
+        "one (--storage, ABLATE_OPTUNA_STORAGE)"
     ]
 
 
@@ -161,3 +196,13 @@ def test_a_path_a_file_that_is_not_a_database_or_optuna_s_database_is_not_taken_
     assert said.endswith("is another program's database (Optuna's, or another Alembic user's), not an MLflow store: "
                          "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)")  # fmt: skip
     assert stores.store_problem("databricks") is None  # MLflow's own schemes are MLflow's to judge
+    assert stores.store_problem(f"file:{tmp_path / 'mlflow.db'}").endswith(f"give sqlite:///{tmp_path / 'mlflow.db'} "
+                                                                       "for a SQLite store, or http://HOST:PORT")  # fmt: skip
+
+
+def test_a_dashboard_address_given_for_the_cluster_s_is_named_as_such():
+    """Ray's docs set RAY_ADDRESS=http://127.0.0.1:8265 for `ray job submit`: it is not the cluster's address."""
+    from ablations.cluster import check_answers
+
+    with pytest.raises(ValueError, match=r"^http://127.0.0.1:8265 is an address of Ray's dashboard .* host:6379"):
+        check_answers("http://127.0.0.1:8265")

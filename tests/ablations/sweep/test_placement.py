@@ -64,6 +64,11 @@ def test_stores_only_this_machine_reaches_are_refused_on_a_cluster_of_several_ma
     loopback = "(a loopback address reaches this machine only (a tunnel's end): name it as every node reaches it)"
     assert f"the MLflow store http://127.0.0.1:5000 {loopback}" in said and "pw" not in said
     assert f"the claims store postgresql://ablate:***@localhost/c {loopback}" in said
+    socket_only = {"the claims store": "postgresql://ablate@/claims?host=/var/run/postgresql"}  # a Unix socket
+    with pytest.raises(DoesNotFit, match="the claims store postgresql://ablate@/claims"):
+        check_placement(Resources(), socket_only, nodes=[node(2, host="head"), node(2, host="other-machine")])
+    check_placement(Resources(), {"the claims store": "postgresql://ablate@/claims?host=db.internal"},
+                    nodes=[node(2, host="head"), node(2, host="other-machine")])  # fmt: skip
 
 
 def test_data_parallel_ranks_never_share_a_gpu_unless_asked(tmp_path):
