@@ -36,14 +36,8 @@ def store_exists(uri: str) -> bool:
     path = sqlite_file(uri)
     if path is not None and not path.exists():
         return False
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(uri)
-    try:
-        with engine.connect() as connection:
-            return sqlalchemy.inspect(connection).has_table("experiments")
-    finally:
-        engine.dispose()
+    tables, _, refusal = _tables(uri, 10.0)
+    return refusal is not None or "experiments" in tables  # one that refuses: store_problem's to say why
 
 
 def nothing_recorded(uri: str) -> str | None:
