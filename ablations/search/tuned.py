@@ -47,7 +47,7 @@ def tune_study(
         if not result.best:
             raise RuntimeError(f"tuning {variant!r} completed no trial; see the MLflow experiment {study.name}.tuning")
         best[variant] = result.best[0]["params"]
-        tuning[variant] = {p.key: position(p, best[variant][p.key]) for p in spec.space if p.key in best[variant]}
+        tuning[variant] = positions(spec, best[variant])
         out(f"  best for {variant!r} (tuned on seed {seed}): {shown(best[variant], tuning[variant])}")
     return tuned_study(study, best, tuning)
 
@@ -68,6 +68,11 @@ def variant_searches(study: Study) -> list[tuple[str, SearchSpec]]:
             (variant, load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base))
         )
     return searches
+
+
+def positions(spec: SearchSpec, best: dict[str, Any]) -> dict[str, Any]:
+    """Where each chosen value lies in its range (``position``)."""
+    return {p.key: position(p, best[p.key]) for p in spec.space if p.key in best}
 
 
 def describe(variant: str, spec: SearchSpec) -> str:
@@ -112,7 +117,7 @@ def preview_tuning(study: Study, storage: str | None, out: Callable[[str], None]
         found = None if problem else finished_best(spec, url)
         if found is not None:
             best[variant] = found
-            tuning[variant] = {p.key: position(p, found[p.key]) for p in spec.space if p.key in found}
+            tuning[variant] = positions(spec, found)
             out(f"  best for {variant!r} (tuned on seed {tuning_seed(study)}): {shown(found, tuning[variant])}")
     return tuned_study(study, best, tuning) if len(best) == len(study.variants) else None
 
