@@ -50,6 +50,17 @@ class Origin:
             self.source, self.doc, self.overrides, (*self.prefix, *path), self.label if label is None else label
         )
 
+    def _in_file(self, path: tuple) -> Any:
+        """What the file itself holds at ``path`` (None if nothing)."""
+        node: Any = self.doc.data if self.doc is not None else None
+        for part in (*self.prefix, *path):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def _mapping_at(self, path: tuple) -> bool:
+        """Whether the file itself holds a mapping at ``path`` (a section; not a value an override made one)."""
+        return isinstance(self._in_file(path), dict)
+
     def error(self, path: Sequence[Any], message: str, *, key: str | None = None) -> SpecError:
         """A SpecError at ``path`` (relative to this data): its key, its line, and ``--set`` if overridden there."""
         path = tuple(path)
@@ -59,7 +70,15 @@ class Origin:
         for over, item in self.overrides.items():  # a cross-field refusal that names an overridden key
             if over and over[:-1] == path[: len(over) - 1] and f"{over[-1]}=" in message:
                 return SpecError("--set", item, message)
-            if len(path) > 1 and over[: len(path)] == path:  # --set model.n_heads.x=1 made model.n_heads a mapping
+            if over[: len(path)] == path and len(over) > len(path) and (len(path) > 1 or not self._mapping_at(path)):
+                return SpecError("--set", item, message)  # --set model.n_heads.x=1 (or name.x=1) made it a mapping
+        for over, item in self.overrides.items():  # a section's refusal that names a key only --set gave
+            if (
+                len(over) == len(path) + 1
+                and over[:-1] == path
+                and re.search(rf"\b{re.escape(str(over[-1]))}\b", message)
+                and self._in_file(over) is None
+            ):
                 return SpecError("--set", item, message)
         full = (*self.prefix, *path)
         line = self.doc.line(full) if self.doc is not None else None

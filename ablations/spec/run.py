@@ -154,6 +154,13 @@ def parse_overrides(overrides: list[str] | None, source: str | None = None) -> l
             value = load_yaml(raw) if raw.strip() else None
         except YamlFileError as err:
             raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
+        if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:]:  # it would replace the section
+            first = f"{path[0]}.{next(iter(value))}={next(iter(value.values()))}" if value else f"{path[0]}.KEY=VALUE"
+            raise SpecError(
+                "--set",
+                item,
+                f"would replace the whole {path[0]} section, the file's keys with it: set one key at a time (--set {first})",
+            )
         out.append((path, value))
     return out
 
@@ -239,6 +246,9 @@ def _section(origin: Origin, section: str, build, data: dict[str, Any]):
         key = _key_of(str(err))
         if key not in data:  # a default refused beside a value the file set ("n_heads=3"): blame that value's line
             key = next((k for k in data if re.search(rf"\b{re.escape(k)}(\[\d+\])?=", str(err))), key)
+        if key not in data:  # "pattern 'local' ... needs window", "layer_windows has 3 entries": the key it names first
+            first = re.match(r"([a-z_]+)\b", str(err))
+            key = first.group(1) if first and first.group(1) in data else key
         raise origin.error((section, key) if key else (section,), str(err)) from None
     except TypeError as err:  # a dataclass given a value it cannot take
         raise origin.error((section,), str(err)) from None
@@ -355,6 +365,12 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
     if late:
         raise found(late)
     task_spec = task.to_dict()
+    if training.sampling == "scheduled" and model.non_autoregressive:  # the LightningModule refuses it: say it now
+        raise origin.error(
+            ("training", "sampling"),
+            "'scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' has none "
+            "(use sampling='teacher_forcing')",
+        )
     if training.sampling == "scheduled" and task.kind == "classify":
         raise origin.error(
             ("training", "sampling"),

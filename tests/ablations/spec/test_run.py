@@ -65,7 +65,34 @@ MALFORMED = [
         ("model", "lr"),
         r"did you mean training.lr\? \(lr belongs under training:\)",
     ),
-    ({**GOOD, "model": {"pattern": "local"}}, None, ("model",), r"model: pattern 'local' or 'dilated' needs window"),
+    # on the line of the key it names first (it was the model: line)
+    (
+        {**GOOD, "model": {"pattern": "local"}},
+        None,
+        ("model", "pattern"),
+        r"model.pattern: pattern 'local' or 'dilated' needs window",
+    ),
+    (
+        {**GOOD, "model": {"pattern": "full"}},
+        "model.pattern=local",
+        None,
+        r"^--set: model.pattern=local: pattern 'local'",
+    ),
+    # a section given whole would replace the file's keys: one key at a time
+    (
+        GOOD,
+        "model={n_heads: 4}",
+        None,
+        r"^--set: model={n_heads: 4}: would replace the whole model section, the file's keys with it: set one key at a time \(--set model.n_heads=4\)",
+    ),
+    # a refusal the LightningModule made only once training had started
+    (
+        {**GOOD, "model": {"decoding": "non_autoregressive"}, "training": {"sampling": "scheduled"}},
+        None,
+        ("training", "sampling"),
+        r"'scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' has none",
+    ),
+    (GOOD, "name.x=1", None, r"^--set: name.x=1: \{'x': 1\} must be text"),
     ({**GOOD, "model": {"window": 4}}, None, ("model", "window"), r"model.window: window=4 requires pattern"),
     (
         {**GOOD, "model": {"positions": "rotary", "score": "additive"}},

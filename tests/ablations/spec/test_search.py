@@ -53,7 +53,7 @@ def refused(tmp_path, **spec) -> SpecError:
         ({"prune_on": "train/loss"}, "prune_on", "validation"),
         (
             {"space": {"model.pattern": {"type": "categorical", "choices": ["full", "local"]}}},
-            "space (model)",
+            "space.model.pattern",  # the parameter whose value the model refuses (it was "space (model)")
             "window",
         ),
         ({"colour": 1}, "colour", "unknown key"),
