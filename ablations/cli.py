@@ -225,7 +225,7 @@ def _search(args: argparse.Namespace) -> int:
     except SpecError as err:
         return error(err)
     if args.n_trials is not None:
-        spec.n_trials = args.n_trials
+        spec.set_trials(args.n_trials)
     if args.dry_run:
         from ablations.search.preview import describe_search
 

@@ -230,6 +230,12 @@ class SearchSpec:
     startup_trials: int = 0  # random trials before the sampler's model (tpe, gp); 0 for the others
     diverged: str = "worst"
     warnings: list[str] = field(default_factory=list)  # said before the search starts (``refused_values``)
+    startup_given: int | None = None  # the file's startup_trials (None: fitted to n_trials)
+
+    def set_trials(self, n_trials: int) -> None:
+        """``--n-trials``: the budget, and the random startup trials fitted to it again unless the file gave them."""
+        self.n_trials = n_trials
+        self.startup_trials = _startup(self.startup_given, self.sampler, n_trials)
 
     @property
     def random_only(self) -> bool:
@@ -387,6 +393,7 @@ def load_search(
         warmup_trials=file.pruner_warmup.trials,
         warmup_steps=file.pruner_warmup.steps if file.pruner_warmup.steps is not None else _val_every(base),
         startup_trials=_startup(file.startup_trials, sampler, file.n_trials),
+        startup_given=file.startup_trials,
         diverged=file.diverged,
     )
     # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17),

@@ -211,3 +211,23 @@ def test_an_int_parameter_steps_by_whole_numbers(tmp_path):
         "space.training.warmup_steps.step",
         "0.5 must be a whole number for an int parameter",
     )
+
+
+def test_n_trials_from_the_command_line_fits_the_startup_trials_again(tmp_path):
+    """README: a model-based sampler's random startup trials are a quarter of n_trials, at least 2, unless the file
+    gives them. `--n-trials 20` on a file of 12 kept the file's 3 (and `--n-trials 2` was called random search)."""
+    from ablations.spec import load_search
+
+    spec = load_search(ROOT / "ablations" / "searches" / "quickstart_lr.yaml")
+    assert (spec.sampler, spec.n_trials, spec.startup_trials) == ("tpe", 12, 3)
+    for n, startup in ((20, 5), (2, 2), (100, 10)):
+        spec.set_trials(n)
+        assert (spec.n_trials, spec.startup_trials) == (n, startup)
+    given = yaml.safe_load((ROOT / "ablations" / "searches" / "quickstart_lr.yaml").read_text())
+    path = tmp_path / "given.yaml"
+    path.write_text(
+        yaml.safe_dump({**given, "base": str(ROOT / "ablations" / "runs" / "quickstart.yaml"), "startup_trials": 4})
+    )
+    spec = load_search(path)
+    spec.set_trials(40)
+    assert spec.startup_trials == 4  # the file's, kept
