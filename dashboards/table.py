@@ -55,8 +55,10 @@ class VariantRow:
 
     @property
     def marks(self) -> str:
+        """Stars after Δ by the Holm p (conventional levels), only where the verdict, at the study's alpha, says
+        "different": with alpha 0.01 a p of 0.03 got a star beside "not resolved"."""
         p = self.contrast.p_holm if self.contrast is not None else math.nan
-        if not math.isfinite(p):
+        if not math.isfinite(p) or "different" not in self.contrast.verdict:
             return ""
         return "***" if p <= 0.001 else "**" if p <= 0.01 else "*" if p <= 0.05 else ""
 
@@ -709,7 +711,7 @@ def legend(t: Table) -> list[str]:
         'interval can exclude 0 while the test cannot resolve it); "same in all n seeds": no spread, no interval.',
         f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
-        + "; * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
+        + "; after Δ, where the verdict is different: * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
         + (
             "; TOST: the two one-sided tests of equivalence within the margin, Holm-corrected over the contrasts "
             "with a margin (equivalent where it is at most alpha)."
@@ -865,6 +867,7 @@ def to_latex(t: Table) -> str:
         r"\caption{"
         + _tex(f"{t.study}: " + " ".join(legend(t)))
         + "".join(r" \textbf{Warning:} " + _tex(w) + "." for w in t.warnings)
+        + "".join(r" \textit{Note:} " + _tex(n) + "." for n in t.notes)  # as every other rendering has them
         + "}",
         r"\label{tab:" + t.study.replace("_", "-") + "}",
         r"\end{table}",

@@ -111,6 +111,8 @@ def test_a_variant_that_failed_on_every_seed_is_a_result(store):
     assert [rec["other"]["p_holm"], r["p_holm"]] == pytest.approx(holm_by_definition([p_other, flips(d)]))
     assert r["verdict"] == "different (worse)"  # every seed at the worst value: 2/256 before Holm
     assert any("dead: failed on every seed (4 diverged, 4 failed)" in n for n in table.notes)
+    for name, text in renderings(table).items():  # every table carries the notes (LaTeX's caption had none)
+        assert name == "csv" or "dead: failed on every seed (4 diverged, 4 failed)" in text, name
     # excluded instead: untestable, but it stays in the family with p = 1 (the family does not shrink)
     fill(store, "dead_excl", values, states=states, analysis={"failure_rule": "exclude"})
     excl = {r["variant"]: r for r in build(load_study(store, "dead_excl")).as_records()}
@@ -342,3 +344,19 @@ def test_changed_says_what_differs_from_the_baseline_chosen():
     assert _changed(design, "slow", "wide") == "lr=1e-05, d_ff=(base run's)"
     assert _changed(design, "base", "wide") == "d_ff=(base run's)"
     assert _changed(design, "wide", "wide") == "(baseline)"
+
+
+def test_stars_follow_the_verdict_at_the_study_s_alpha(store):
+    """Six seeds all one way: the exact test's p is 2/2^6 = 0.031. At alpha 0.05 that is "different" with one star
+    after Δ; at alpha 0.01 it is "not resolved", and a star beside it would say otherwise."""
+    rng = np.random.default_rng(7)
+    base = base_values(range(6), rng)
+    values = {"baseline": base, "higher": {s: v + 0.05 + 0.01 * rng.random() for s, v in base.items()}}
+    for alpha, verdict, star in ((0.05, "different (better)", True), (0.01, "not resolved", False)):
+        study = f"stars{int(alpha * 100)}"
+        fill(store, study, values, analysis={"alpha": alpha})
+        table = build(load_study(store, study))
+        row = next(r for r in table.rows if r.variant == "higher")
+        assert row.contrast.p_holm == pytest.approx(2 / 2**6) and row.contrast.verdict == verdict
+        line = next(x for x in to_markdown(table).splitlines() if x.startswith("| higher |"))
+        assert ("] * |" in line) is star and row.marks == ("*" if star else ""), line
