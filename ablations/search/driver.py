@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablations import records, tracking
-from ablations.search.results import best_trials, counts, finish_parent
+from ablations.search.results import best_trials, counts, finish_parent, last_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
@@ -35,7 +35,7 @@ HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial:
 class SearchResult:
     name: str
     storage: str
-    parent_run_id: str
+    parent_run_id: str | None  # None: nothing was asked and no parent run is in the store
     counts: dict[str, int]
     best: list[dict[str, Any]]  # the best trial (several on a Pareto front): number, params, values
     tracking_uri: str
@@ -213,6 +213,13 @@ def run_search(
     experiment = experiment or spec.name
     # runs of trials a dead process left (failed and asked again by _open_study)
     end_orphaned_trial_runs(uri, experiment, study, spec.name, "its search process stopped before the trial finished")
+    if spec.n_trials is not None and counted_trials(study) >= spec.n_trials:  # no Ray, no new parent run
+        out(f"search {spec.name!r}: its storage holds all {spec.n_trials} trials; nothing to ask (--n-trials for more)")
+        parent = last_parent(uri, experiment, spec.name)
+        best = best_trials(study, spec)
+        return SearchResult(
+            name=spec.name, storage=url, parent_run_id=parent, counts=counts(study), best=best, tracking_uri=uri
+        )
     parent_id = _open_parent(spec, uri, url, experiment, seed)
     code = tracking.code_version()
 

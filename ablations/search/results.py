@@ -122,6 +122,23 @@ def format_outcome(spec: SearchSpec, result, storage_given: bool = False) -> str
     return (
         f"\n{spec.name}: {states}\n{best}:\n{format_best(result.best)}\n"
         f"Optuna storage: {redact_url(result.storage)}   (ablate ui --optuna{' --storage URL' if storage_given else ''})\n"
-        f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are its "
-        "artifact optuna_plots.html"
+        + (
+            f"MLflow: parent run {result.parent_run_id} in experiment {spec.name!r} (ablate ui); Optuna's plots are "
+            "its artifact optuna_plots.html"
+            if result.parent_run_id
+            else f"MLflow: no parent run of this search in experiment {spec.name!r}"
+        )
     )
+
+
+def last_parent(uri: str, experiment: str, name: str) -> str | None:
+    """The latest parent run of search ``name`` in ``experiment`` (None if none): where a search with nothing left
+    to ask points, instead of opening one more."""
+    c = records.client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = records.search_all(
+        uri, [exp.experiment_id], records.kind_filter(records.KIND_SEARCH, **{records.TAG_STUDY: name})
+    )
+    return max(runs, key=lambda r: r.info.start_time).info.run_id if runs else None

@@ -564,8 +564,12 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     for variant, lr in best.items():
         assert f"best for {variant!r} (tuned on seed 2): training.lr={lr:.4g}" in dry, dry
     # the same command again: the searches are complete, the cells are the same: nothing trains
+    searches = c.search_runs([tuning.experiment_id], "tags.kind = 'search'")
     again = run_study(load_study(path), tracking_uri=store, num_cpus=2, out=lines.append)
     assert again.parent_run_id is None
+    # ... and the searches ask nothing: no Ray started for them, no parent run added (each added one before)
+    assert sum("its storage holds all 3 trials; nothing to ask" in line for line in lines) == 2, "\n".join(lines)
+    assert len(c.search_runs([tuning.experiment_id], "tags.kind = 'search'")) == len(searches) == 2
     assert len(c.search_runs([c.get_experiment_by_name("tuned").experiment_id], "tags.kind = 'cell'")) == 4
 
 
