@@ -154,7 +154,8 @@ def parse_overrides(overrides: list[str] | None, source: str | None = None) -> l
             value = load_yaml(raw) if raw.strip() else None
         except YamlFileError as err:
             raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
-        if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:]:  # it would replace the section
+        if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:] and path[0] != "task":
+            # it would replace the section (a task given whole is another task: its keys are its own)
             first = f"{path[0]}.{next(iter(value))}={next(iter(value.values()))}" if value else f"{path[0]}.KEY=VALUE"
             raise SpecError(
                 "--set",
