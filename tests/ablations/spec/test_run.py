@@ -323,3 +323,12 @@ def test_spec_error_without_a_file():
     err = SpecError(None, "model.window", "window=4 requires pattern 'local'")
     assert str(err) == "model.window: window=4 requires pattern 'local'"
     assert Path(__file__).exists()
+
+
+def test_a_task_given_whole_by_set_is_another_task(tmp_path):
+    """`--set task={name: copy}` on a file of the reverse task: the copy task, without reverse's keys; the model
+    and training sections given whole are refused instead (test_malformed_run_files_are_refused_with_one_clear_line)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "task": {"name": "reverse", "max_len": 5, "train_size": 64}}))
+    run = load_run(path, ["task={name: copy}"])
+    assert run.task_spec["name"] == "copy" and run.task_spec["train_size"] != 64
