@@ -100,7 +100,7 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
     return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
 
 
-def _hint(study: str, names: list[str]) -> str:
+def name_hint(study: str, names: list[str]) -> str:
     """A study's file given for its name (ablations/studies/heads.yaml: the name is heads), or a close name."""
     import difflib
     from pathlib import Path
@@ -123,7 +123,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         made = {r.info.experiment_id for r in search_all(uri, list(experiments), kind_filter(KIND_STUDY))}
         names = sorted(experiments[i] for i in made)
         raise NoResults(
-            f"no study {study!r} in {redact_url(uri)}{_hint(study, names)}; studies there: {', '.join(names) or 'none'}"
+            f"no study {study!r} in {redact_url(uri)}{name_hint(study, names)}; studies there: {', '.join(names) or 'none'}"
         )
     parents = sorted(
         search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),

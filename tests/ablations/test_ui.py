@@ -213,6 +213,7 @@ def test_a_port_a_stopped_server_left_in_time_wait_is_free_again():
         (["--host", "no-such-host.invalid"], "error: --host no-such-host.invalid: not an address to serve on"),
         (["--run", "nosuchrun"], "error: no run 'nosuchrun' in sqlite:///"),
         (["--storage", "sqlite:///o.db"], "error: --storage is the searches' Optuna storage: add --optuna"),
+        (["Defaul"], "(did you mean 'Default'?); experiments there: Default"),
         (["quickstart", "--optuna"], "error: an experiment or --run opens MLflow's UI, not optuna-dashboard"),
     ],
 )
