@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             from ablations import stores, tracking
 
             uri = tracking.resolve_uri(args.tracking_uri, create=False)
-            if problem := stores.store_problem(uri):
+            if problem := stores.usable(uri):
                 return error(problem, EXIT_FAILED)
             if args.command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
                 return error(nothing)

@@ -53,6 +53,29 @@ def nothing_recorded(uri: str) -> str | None:
     )
 
 
+def usable(uri: str) -> str | None:
+    """``store_problem``, waited out for ABLATE_STORE_WAIT seconds (unset: not at all) where the store may yet come
+    up: a job started beside its MLflow server or database, which MLflow's own retries used to ride out."""
+    import os
+    import sys
+    import time
+
+    problem = store_problem(uri)
+    text = os.environ.get("ABLATE_STORE_WAIT", "").strip()
+    if not problem or not text or not any(w in problem for w in ("does not answer", "cannot be reached")):
+        return problem
+    try:
+        wait = float(text)
+    except ValueError:
+        return f"ABLATE_STORE_WAIT={text!r} is not a number of seconds: give one (120), or unset it"
+    print(f"waiting up to {wait:g} s (ABLATE_STORE_WAIT) for the tracking store: {problem}", file=sys.stderr)
+    deadline = time.monotonic() + wait
+    while problem and time.monotonic() < deadline:
+        time.sleep(max(0.0, min(2.0, deadline - time.monotonic())))
+        problem = store_problem(uri)
+    return problem
+
+
 def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     """Why the MLflow store at ``uri`` cannot be used, in one line, or None. Asked once, before any work: MLflow's
     client retries a server that does not answer (or a proxy's 502-504) for minutes (4 minutes for a refused port,

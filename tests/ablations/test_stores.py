@@ -206,3 +206,44 @@ def test_a_dashboard_address_given_for_the_cluster_s_is_named_as_such():
 
     with pytest.raises(ValueError, match=r"^http://127.0.0.1:8265 is an address of Ray's dashboard .* host:6379"):
         check_answers("http://127.0.0.1:8265")
+
+
+def test_with_store_wait_a_store_that_comes_up_in_time_is_used(monkeypatch, capsys):
+    """ABLATE_STORE_WAIT: a job started beside its MLflow server waits for it (MLflow's own retries did), and one
+    that never comes is named after the wait; without it, the answer is at once (the tests above)."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("ABLATE_STORE_WAIT", "30")
+    server: list = []
+
+    def come_up():  # the server starts two seconds after the command
+        import time
+
+        time.sleep(2)
+
+        class Up(http.server.BaseHTTPRequestHandler):  # noqa: E306
+            def do_GET(self):  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        server.append(http.server.ThreadingHTTPServer(("127.0.0.1", port), Up))
+        server[0].serve_forever()
+
+    threading.Thread(target=come_up, daemon=True).start()
+    try:
+        assert stores.usable(uri) is None
+        assert capsys.readouterr().err.startswith(
+            f"waiting up to 30 s (ABLATE_STORE_WAIT) for the tracking store: {uri}"
+        )
+    finally:
+        if server:
+            server[0].shutdown()
+            server[0].server_close()
+    monkeypatch.setenv("ABLATE_STORE_WAIT", "1")
+    assert "does not answer (Connection refused)" in stores.usable(f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("ABLATE_STORE_WAIT", "soon")
+    assert stores.usable(f"http://127.0.0.1:{free_port()}").startswith("ABLATE_STORE_WAIT='soon' is not a number")
