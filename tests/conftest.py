@@ -168,7 +168,12 @@ def _sigint_left_as_found():
     """A test that leaves Ctrl-C handled differently (Ray Tune's handler, Lightning's SIG_IGN) fails, and the
     handler is put back: the next test's subprocesses and the session's own Ctrl-C depend on it."""
     before = _sigint_state()
+    on_term = signal.getsignal(signal.SIGTERM)
     yield
+    # `ablations.cli.main` called in-process makes SIGTERM a KeyboardInterrupt, as a command should: the session's
+    # own handler (which kills what the session started first) is put back silently.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not on_term:
+        signal.signal(signal.SIGTERM, on_term)
     after = _sigint_state()
     if after != before:
         signal.signal(signal.SIGINT, before[0])
@@ -184,10 +189,35 @@ def _one_thread():
     yield
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports nothing holds, picked between Ray's worker ports (10002-19999 by default, which any Ray
+    of the suite hands to its workers) and the kernel's range of ephemeral ports. A port picked by binding port 0
+    is an ephemeral one, which any outgoing connection of the machine (the other test process's clients, MLflow's,
+    Ray's) may take before the server that was given it binds it: a Ray head's runtime-env agent lost its port so
+    once, and the head exited with it."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    pick = random.SystemRandom()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = pick.randrange(20000, max(ephemeral, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def wait_for_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

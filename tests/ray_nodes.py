@@ -29,16 +29,9 @@ ENV = {
 
 
 def _free_ports(n: int) -> list[int]:
-    import socket
+    from tests.conftest import free_ports
 
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return free_ports(n)  # below the ephemeral range: no outgoing connection takes them before Ray binds them
 
 
 @dataclass

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from tests.conftest import free_port, postgres_reachable, stop, wait_for_http
+from tests.conftest import free_port, free_ports, postgres_reachable, stop, wait_for_http
 from tests.deployment.processes import (
     SUPERUSER,
     command_lines_showing,
@@ -329,15 +328,6 @@ def test_optuna_dashboard_as_compose_starts_it_asks_for_mlflow_credentials(deplo
 
 
 # --- Ray: the head as compose starts it requires the token --------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports on 127.0.0.1 (held together while they are picked)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def grpc_status(port: int, method: str, request_bytes: bytes, token: str | None) -> str:
