@@ -23,6 +23,14 @@ def error(message, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
+def ready(args: argparse.Namespace) -> int | None:
+    """None when what the command needs from outside will do (``ablations.preflight``), else its exit code."""
+    from ablations.preflight import outside_problem
+
+    refused = outside_problem(args)
+    return None if refused is None else error(*refused)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ablations.demo import demo
 
@@ -37,6 +45,8 @@ def _run(args: argparse.Namespace) -> int:
         run = load_run(args.config, args.set)
     except SpecError as err:
         return error(err)
+    if (refused := ready(args)) is not None:
+        return refused
     from ablations.train import Tracking, train
     from models.tasks import DataUnavailable
 
@@ -88,13 +98,17 @@ def _sweep(args: argparse.Namespace) -> int:
         study = load_study(args.study, seeds=args.seeds)
     except SpecError as err:
         return error(err)
+    if (refused := ready(args)) is not None:
+        return refused
     from ablations import sweep
 
     if args.dry_run:
         from ablations.sweep.preview import dry_run
 
-        dry_run(study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code)
-        return EXIT_OK
+        problems = dry_run(
+            study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code
+        )
+        return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     try:
         result = sweep.run_study(
             study,
@@ -226,6 +240,8 @@ def _search(args: argparse.Namespace) -> int:
         return error(err)
     if args.n_trials is not None:
         spec.set_trials(args.n_trials)
+    if (refused := ready(args)) is not None:
+        return refused
     if args.dry_run:
         from ablations.search.preview import describe_search
 
@@ -253,6 +269,8 @@ def _ui(args: argparse.Namespace) -> int:
         return error("an experiment or --run opens MLflow's UI, not optuna-dashboard: leave out --optuna, or them")
     if args.storage and not args.optuna:
         return error("--storage is the searches' Optuna storage: add --optuna to open optuna-dashboard on it")
+    if not args.optuna and (refused := ready(args)) is not None:
+        return refused
     try:
         if args.optuna:
             return serve_optuna(args.storage, args.host, args.port)
@@ -416,14 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        if hasattr(args, "tracking_uri") and not getattr(args, "optuna", False):  # seconds, not MLflow's retries
-            from ablations import stores, tracking
-
-            uri = tracking.resolve_uri(args.tracking_uri, create=False)
-            if problem := stores.usable(uri):
-                return error(problem, EXIT_FAILED)
-            if args.command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
-                return error(nothing)
+        if args.command in ("report", "compare", "heads") and (refused := ready(args)) is not None:
+            return refused  # (run, sweep, search and ui ask once their own input is known good)
         return args.func(args)
     except KeyboardInterrupt:  # where a command has no word of its own for it (report, compare, heads): no traceback
         print("\ninterrupted", file=sys.stderr)

@@ -3,9 +3,11 @@ and can it be reached at all (MLflow's client retries a store that does not answ
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL stores (mlflow.store.db.db_types)
+HOSTED = ("databricks", "databricks-uc", "uc")  # MLflow's tracking URIs of a hosted service (no "://" needed)
 
 
 def _database(uri: str) -> str | None:
@@ -36,7 +38,7 @@ def store_exists(uri: str) -> bool:
     path = sqlite_file(uri)
     if path is not None and not path.exists():
         return False
-    tables, _, refusal = _tables(uri, 10.0)
+    tables, _, refusal = tables_of(uri, 10.0)
     return refusal is not None or "experiments" in tables  # one that refuses: store_problem's to say why
 
 
@@ -56,24 +58,31 @@ def nothing_recorded(uri: str) -> str | None:
 def usable(uri: str) -> str | None:
     """``store_problem``, waited out for ABLATE_STORE_WAIT seconds (unset: not at all) where the store may yet come
     up: a job started beside its MLflow server or database, which MLflow's own retries used to ride out."""
-    import os
+    import math
     import sys
     import time
 
-    problem = store_problem(uri)
     text = os.environ.get("ABLATE_STORE_WAIT", "").strip()
-    if not problem or not text or not any(w in problem for w in ("does not answer", "cannot be reached")):
+    wait = 0.0
+    if text:
+        try:
+            wait = float(text)
+        except ValueError:
+            wait = math.nan
+        if not (0 <= wait <= 86400):  # nan too
+            return f"ABLATE_STORE_WAIT={text!r} is not a number of seconds from 0 to 86400: give one (120), or unset it"
+    problem = store_problem(uri)
+    if not problem or not wait or not any(w in problem for w in WAIT_FOR):
         return problem
-    try:
-        wait = float(text)
-    except ValueError:
-        return f"ABLATE_STORE_WAIT={text!r} is not a number of seconds: give one (120), or unset it"
     print(f"waiting up to {wait:g} s (ABLATE_STORE_WAIT) for the tracking store: {problem}", file=sys.stderr)
     deadline = time.monotonic() + wait
     while problem and time.monotonic() < deadline:
         time.sleep(max(0.0, min(2.0, deadline - time.monotonic())))
         problem = store_problem(uri)
     return problem
+
+
+WAIT_FOR = ("does not answer", "cannot be reached", "is not ready")  # what may yet come up: worth waiting for
 
 
 def store_problem(uri: str, timeout: float = 10.0) -> str | None:
@@ -90,7 +99,10 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     where = redact_url(uri)
     fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
     parts = urlsplit(uri)
-    if parts.scheme == "file" or (not parts.scheme and ("/" in uri or uri.endswith(".db"))):
+    path_like = parts.scheme == "file" or (not parts.scheme and uri not in HOSTED)  # mlruns, ./mlruns, x.db
+    if path_like and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+        return None  # the user kept MLflow's retired file store on purpose: MLflow's to judge
+    if path_like:
         path = Path(parts.path if parts.scheme else uri).expanduser().resolve()
         if path.is_dir():  # an mlruns folder: MLflow 3 refuses to open its file store
             return (
@@ -105,7 +117,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     path = sqlite_file(uri)
     if path is not None and not path.exists():
         return None  # made on first use
-    tables, version, refusal = _tables(uri, timeout)
+    tables, version, refusal = tables_of(uri, timeout)
     if refusal is not None:
         if path is not None:  # a SQLite file: only one that is not a database (a busy one is MLflow's to wait on)
             return (
@@ -137,9 +149,10 @@ def _server_problem(uri: str, where: str, fix: str, timeout: float) -> str | Non
     return None
 
 
-def _tables(url: str, timeout: float) -> tuple[list[str], str | None, str | None]:
+def tables_of(url: str, timeout: float = 10.0) -> tuple[list[str], str | None, str | None]:
     """A database's tables and Alembic revision, or why it cannot be opened (``refusal``: "cannot be reached
-    (Connection refused): start it", for the caller to finish with the way to name another)."""
+    (Connection refused): start it", for the caller to finish with the way to name another). The one opening of a
+    database to look at it: MLflow's stores and Optuna's storages alike."""
     import sqlalchemy
 
     try:
@@ -173,6 +186,9 @@ UNREACHABLE = ("connection refused", "timed out", "timeout expired", "could not 
                "no route to host", "network is unreachable", "could not connect")  # fmt: skip
 
 
+STARTING = ("is starting up", "in recovery mode", "is shutting down", "not yet accepting connections")  # PostgreSQL's
+
+
 def refusal(err: BaseException) -> str:
     """Why a database refused a connection, and what to do: "cannot be reached (...): start it", "... does not
     exist ...: create it", or "cannot be opened (...): check the user and password"."""
@@ -182,6 +198,8 @@ def refusal(err: BaseException) -> str:
         return f"cannot be opened ({words}): create it"
     if any(w in low for w in UNREACHABLE):
         return f"cannot be reached ({words}): start it"
+    if any(w in low for w in STARTING):
+        return f"is not ready ({words}): wait for it (ABLATE_STORE_WAIT waits for the tracking store)"
     if "password" in low or "authentication" in low or "access denied" in low:
         return f"cannot be opened ({words}): check the user and password in the URL"
     return f"cannot be opened ({words}): check it"

@@ -66,7 +66,8 @@ def browse_hint(uri: str, experiment: str, run_id: str | None = None) -> str:
 
 
 class CannotBind(ValueError):
-    """The host given to ``--host`` is not an address of this machine (or not one at all)."""
+    """The host given to ``--host`` is not an address of this machine (or not one at all), or the port is one this
+    user may not serve on."""
 
 
 def _bound(host: str, port: int) -> int | None:
@@ -83,6 +84,8 @@ def _bound(host: str, port: int) -> int | None:
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
                 return None
+            if err.errno == errno.EACCES:  # a port below 1024 without the privilege to serve there
+                raise CannotBind(f"--port {port}: not allowed here ({err.strerror}): pick one from 1024 up") from None
             raise CannotBind(f"--host {host}: cannot serve there ({err.strerror})") from None
         return s.getsockname()[1]
 

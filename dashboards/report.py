@@ -67,7 +67,9 @@ EFFECTS_LEGEND = (
     "interactions: the difference of differences. Both are contrasts of the cell means of an OLS fit with the seed "
     "as a block (statsmodels), which keeps every seed in every cell mean when cells are missing; failed seeds enter "
     "under the failure rule. p: OLS t-test, Holm-corrected with the declared family when the effect is declared in "
-    "analysis.contrasts (otherwise '–': not in the family, no verdict)."
+    "analysis.contrasts (otherwise '–': not in the family, no verdict). Where analysis.margins gives the metric a "
+    "margin, 'TOST' beside it is the equivalence test's p (two one-sided tests against ±margin, Holm-corrected over "
+    "the contrasts with a margin): what an 'equivalent' verdict rests on."
 )
 
 

@@ -176,9 +176,11 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
 def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpus: int | None) -> None:
     """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
     never hold. Raises ValueError."""
-    from ablations.cluster import check_fits, is_loopback_address
+    from ablations.cluster import check_answers, check_fits, is_loopback_address
     from ablations.sweep.placement import is_local
 
+    if address:  # a dashboard's address, or one where nothing listens: said before what it could reach
+        check_answers(address)
     local = [redact_url(u) for u in (uri, url) if is_local(u)]  # files, or servers at this machine's 127.0.0.1
     if not is_loopback_address(address) and local:
         raise ValueError(
@@ -205,11 +207,12 @@ def run_search(
     from ablations.cluster import connect
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    uri = tracking.resolve_uri(tracking_uri)
+    uri = tracking.resolve_uri(tracking_uri, create=False)  # the embedded store's folder: once the checks pass
     url = storage_url(spec, storage)
     address = address or os.environ.get("RAY_ADDRESS") or None
     preflight(spec, address, uri, url, num_cpus)
     study, seed = _open_study(spec, url, out)
+    uri = tracking.resolve_uri(tracking_uri)
     experiment = experiment or spec.name
     # runs of trials a dead process left (failed and asked again by _open_study)
     end_orphaned_trial_runs(uri, experiment, study, spec.name, "its search process stopped before the trial finished")

@@ -74,15 +74,12 @@ def storage_problem(url: str) -> str | None:
         return None
     if url.startswith("journal:"):
         return journal_problem(path)
-    from sqlalchemy.exc import OperationalError
-
-    try:
-        schema = schema_of(url)
-    except OperationalError as err:  # a server that refuses, a database that is not there: one line, no traceback
-        if "locked" in stores.reason(err):
+    tables, version, refused = stores.tables_of(url)
+    if refused is not None:  # a server that refuses, a database that is not there, a driver not installed: one line
+        if "locked" in refused:
             return None  # a busy SQLite file (another search writing): Optuna waits on it
-        return f"{stores.refusal(err)}, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
-    return FOREIGN if schema == "foreign" else None
+        return f"{refused}, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
+    return FOREIGN if _schema(tables, version) == "foreign" else None
 
 
 def journal_problem(path: Path) -> str | None:
@@ -104,21 +101,19 @@ FOREIGN = "is another program's database (it has an alembic_version table, not O
 
 def schema_of(url: str) -> str:
     """What an existing RDB storage holds: "optuna" (Optuna's tables), "none" (no Optuna tables yet: a search
-    makes them), or "foreign": Optuna keeps its schema's version in a table named alembic_version, as MLflow and
-    every other Alembic user does, so a database whose alembic_version holds another program's revision (not one
-    of Optuna's, v3.2.0.a and the like) cannot take Optuna's tables (Optuna would add them, then refuse them)."""
-    import sqlalchemy
+    makes them), or "foreign" (``_schema``). Asked after ``storage_problem`` found none."""
+    tables, version, refused = stores.tables_of(url)
+    if refused is not None:
+        raise RuntimeError(refused)
+    return _schema(tables, version)
 
-    engine = sqlalchemy.create_engine(url)
-    try:
-        with engine.connect() as connection:
-            tables = set(sqlalchemy.inspect(connection).get_table_names())
-            if "alembic_version" in tables:
-                revision = connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
-                if revision and not re.match(r"v\d+\.\d+\.\d+\.", revision):
-                    return "foreign"
-    finally:
-        engine.dispose()
+
+def _schema(tables: list[str], version: str | None) -> str:
+    """Optuna keeps its schema's version in a table named alembic_version, as MLflow and every other Alembic user
+    does, so a database whose alembic_version holds another program's revision (not one of Optuna's, v3.2.0.a and
+    the like) cannot take Optuna's tables (Optuna would add them, then refuse them): "foreign"."""
+    if version and not re.match(r"v\d+\.\d+\.\d+\.", version):
+        return "foreign"
     return "optuna" if "version_info" in tables else "none"
 
 

@@ -100,26 +100,33 @@ def tuned_study(study: Study, best: dict[str, dict[str, Any]], tuning: dict[str,
     return dataclasses.replace(study, cells=cells, tuning={"seed": tuning_seed(study), "variants": tuning})
 
 
-def preview_tuning(study: Study, storage: str | None, out: Callable[[str], None] = print) -> Study | None:
+def preview_tuning(
+    study: Study, storage: str | None, out: Callable[[str], None] = print
+) -> tuple[Study | None, list[str]]:
     """A tuned study's dry run: each variant's search as its storage holds it (read only). The study at the best
     values where every search has asked all its trials (its cells, and which are done, are then known), else
-    None: a cell's id includes its tuned values."""
+    None: a cell's id includes its tuned values. With it, what would stop a variant's search (said, and returned)."""
     from ablations.search.preview import finished_best, storage_state
     from ablations.search.setup import storage_url
 
     best: dict[str, dict[str, Any]] = {}
     tuning: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
     for variant, spec in variant_searches(study):
         url = storage_url(spec, storage)
         line, problem = storage_state(spec, url)
         out(describe(variant, spec))
-        out(f"  {line or problem}")
+        for said in (line, problem and f"it would stop: {problem}"):
+            if said:
+                out(f"  {said}")
+        if problem:
+            problems.append(f"variant {variant!r}'s search: {problem}")
         found = None if problem else finished_best(spec, url)
         if found is not None:
             best[variant] = found
             tuning[variant] = positions(spec, found)
             out(f"  best for {variant!r} (tuned on seed {tuning_seed(study)}): {shown(found, tuning[variant])}")
-    return tuned_study(study, best, tuning) if len(best) == len(study.variants) else None
+    return (tuned_study(study, best, tuning) if len(best) == len(study.variants) else None), problems
 
 
 EDGE = 0.05  # a chosen value within 5% of either end of its range is "at the edge"

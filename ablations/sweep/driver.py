@@ -140,13 +140,13 @@ def run_study(
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     uri = tracking.resolve_uri(tracking_uri, create=False)
+    if address:  # before the store is made or read, and before whether the cluster reaches it is asked
+        check_answers(address)
     if not is_loopback_address(address) and is_local(uri):  # a file, or a server at this machine's 127.0.0.1
         raise ValueError(
             f"the Ray cluster at {address} cannot write to {redact_url(uri)}, which only this machine reaches; give "
             "an MLflow server every node reaches (--tracking-uri, or MLFLOW_TRACKING_URI)"
         )
-    if address:  # before the store is made or read
-        check_answers(address)
     uri = tracking.resolve_uri(tracking_uri)
     if warning := unresolvable_warning(study):  # said before anything runs: the seeds cannot resolve the pairs
         out(warning)

@@ -9,6 +9,7 @@ import os
 import socket
 from urllib.parse import parse_qs, urlsplit
 
+from ablations import stores
 from ablations.cluster import DoesNotFit, is_loopback_address
 from ablations.secrets import redact_url
 from ablations.spec import Resources
@@ -21,6 +22,8 @@ def is_local(url: str) -> bool:
     server or database at a loopback address (a tunnel's end: on a worker, 127.0.0.1 is the worker)."""
     if os.environ.get("ABLATE_RAY_STORAGE") and url == os.environ["ABLATE_RAY_STORAGE"]:
         return False  # declared shared by the user
+    if url.split(":", 1)[0] in stores.HOSTED:  # databricks: MLflow's hosted service
+        return False
     return url.startswith(("sqlite:", "file:", "journal:")) or "://" not in url or _at_loopback(url)
 
 

@@ -19,20 +19,22 @@ def dry_run(
     claims_url: str | None,
     reuse_any_code: bool,
     out: Callable[[str], None] = print,
-) -> None:
+) -> list[str]:
+    """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search)."""
     uri = tracking.resolve_uri(tracking_uri, create=False)
+    problems: list[str] = []
     if study.tune:  # the searches come first, and the cells' ids hold the values they choose
         from ablations.search.tuned import preview_tuning
 
-        tuned = preview_tuning(study, storage=None, out=out)
+        tuned, problems = preview_tuning(study, storage=None, out=out)
         if tuned is None:
             describe_plan(study, Plan(todo=list(study.cells), done={}, stale=[]), out, tuned=False)
-            return
+            return problems
         study = tuned
     if not stores.store_exists(uri):  # a dry run writes nothing, not even an empty store
         describe_plan(study, Plan(todo=list(study.cells), done={}, stale=[]), out)
         out(f"(no store yet at {redact_url(uri)}: every cell is to train)")
-        return
+        return problems
     code = None if reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
     describe_plan(study, plan(study, uri, code), out)
     for note in live_notes(study, uri, claims_url):
@@ -43,3 +45,4 @@ def dry_run(
     pilot = pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
     if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
         out(pilot)
+    return problems

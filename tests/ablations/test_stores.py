@@ -93,8 +93,8 @@ def test_an_http_answer_is_a_server_unless_a_proxy_says_its_server_is_down(statu
 def test_a_database_that_refuses_says_why_and_what_to_do(capsys, credentials_restored):
     port = free_port()
     fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
-    # through the CLI: a database's URL keeps its user and password (MLflow's SQL store logs in with them); the
-    # password is masked in what is printed (it was moved to MLFLOW_TRACKING_PASSWORD, which SQLAlchemy never reads)
+    # through the CLI: a database's URL keeps its user and password (MLflow's SQL store logs in with them, so they
+    # stay in the URL: only a server's go to MLFLOW_TRACKING_*); the password is masked in what is printed
     assert (
         main(["report", "x", "--tracking-uri", f"postgresql+psycopg://ablate:s3cret-pw@127.0.0.1:{port}/mlflow"]) == 1
     )
@@ -233,17 +233,90 @@ def test_with_store_wait_a_store_that_comes_up_in_time_is_used(monkeypatch, caps
         server.append(http.server.ThreadingHTTPServer(("127.0.0.1", port), Up))
         server[0].serve_forever()
 
-    threading.Thread(target=come_up, daemon=True).start()
+    thread = threading.Thread(target=come_up, daemon=True)
+    thread.start()
     try:
         assert stores.usable(uri) is None
         assert capsys.readouterr().err.startswith(
             f"waiting up to 30 s (ABLATE_STORE_WAIT) for the tracking store: {uri}"
         )
     finally:
+        thread.join(timeout=5)  # the server is up (or the thread gone): nothing serves on after the test
         if server:
             server[0].shutdown()
             server[0].server_close()
     monkeypatch.setenv("ABLATE_STORE_WAIT", "1")
     assert "does not answer (Connection refused)" in stores.usable(f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("ABLATE_STORE_WAIT", "soon")
-    assert stores.usable(f"http://127.0.0.1:{free_port()}").startswith("ABLATE_STORE_WAIT='soon' is not a number")
+    capsys.readouterr()
+    # the value is judged whether or not the store answers, and before any wait: not a number, below 0, for ever
+    for text in ("soon", "nan", "-5", "1e9", "inf"):
+        monkeypatch.setenv("ABLATE_STORE_WAIT", text)
+        assert stores.usable("databricks") == (
+            f"ABLATE_STORE_WAIT={text!r} is not a number of seconds from 0 to 86400: give one (120), or unset it"
+        )
+    assert capsys.readouterr().err == ""  # nothing said of waiting
+
+
+def test_a_database_still_starting_up_is_waited_for():
+    """PostgreSQL answers "the database system is starting up" while it starts: the job started beside it is
+    what ABLATE_STORE_WAIT is for, but that answer read as "cannot be opened ...: check it", never waited for."""
+    starting = stores.refusal(Exception("connection failed: FATAL:  the database system is starting up"))
+    assert starting == (
+        "is not ready (FATAL:  the database system is starting up): wait for it (ABLATE_STORE_WAIT waits for the "
+        "tracking store)"
+    )
+    assert any(word in f"the database {starting}" for word in stores.WAIT_FOR)
+    assert not any(word in stores.refusal(Exception('FATAL:  role "x" does not exist')) for word in stores.WAIT_FOR)
+
+
+def test_a_bare_folder_name_is_a_path_and_the_file_store_is_kept_when_the_user_says_so(tmp_path, monkeypatch):
+    """`--tracking-uri mlruns` got MLflow's "maintenance mode" traceback (only ./mlruns was caught); a user who
+    kept the file store on purpose (MLFLOW_ALLOW_FILE_STORE=true, MLflow's own switch) was refused it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlruns").mkdir()
+    assert stores.store_problem("mlruns").startswith(f"mlruns: a folder, not a tracking URI: give sqlite:///{tmp_path}")
+    assert stores.store_problem("runs.db").startswith("runs.db: a path, not a tracking URI")
+    for hosted in ("databricks", "databricks-uc"):  # MLflow's own scheme-only URIs are not paths
+        assert stores.store_problem(hosted) is None
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert stores.store_problem("mlruns") is None and stores.store_problem(f"file:{tmp_path / 'mlruns'}") is None
+
+
+def test_an_optuna_storage_whose_driver_is_not_installed_is_one_line(capsys, tmp_path, monkeypatch):
+    """MySQL without its driver: the search and `ablate ui --optuna` ended in a ModuleNotFoundError traceback."""
+    monkeypatch.chdir(tmp_path)
+    said = (
+        "error: the Optuna storage mysql://u:***@127.0.0.1:1/x cannot be opened: its driver is not installed (No "
+        "module named 'MySQLdb'): install it, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
+    )
+    for command in (["search", SEARCH, "--storage"], ["ui", "--optuna", "--storage"]):
+        assert main([*command, "mysql://u:pw@127.0.0.1:1/x"]) == 2
+        assert capsys.readouterr().err.splitlines() == [said]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_mistake_the_user_can_fix_is_said_before_what_is_outside(capsys, tmp_path, monkeypatch):
+    """The tracking store was asked first, by every command: a study with a typo, against a store that is down,
+    said only that the store was down (exit 1); `ui --storage` without --optuna said "nothing recorded"; a Ray
+    dashboard's address with the default stores was told the cluster could not reach them."""
+    monkeypatch.chdir(tmp_path)
+    down = f"http://127.0.0.1:{free_port()}"
+    study = tmp_path / "typo.yaml"
+    study.write_text("name: t\nbase: " + str(ROOT / "ablations" / "runs" / "quickstart.yaml") + "\nseeds: 2\n"
+                     "design: {grid: {model.norm: [pre, post]}}\nmetrc: test/loss\n")  # fmt: skip
+    assert main(["sweep", str(study), "--tracking-uri", down]) == 2
+    assert "metrc: unknown key; did you mean metric?" in capsys.readouterr().err
+    assert main(["ui", "--storage", "sqlite:///o.db"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --storage is the searches' Optuna storage: add --optuna to open optuna-dashboard on it"
+    ]
+    for command in (["sweep", STUDY], ["search", SEARCH]):
+        assert main([*command, "--address", "http://10.0.0.5:8265"]) == 2
+        assert (
+            capsys.readouterr()
+            .err.splitlines()[-1]
+            .startswith(
+                "error: http://10.0.0.5:8265 is an address of Ray's dashboard (its Jobs API), not of the cluster"
+            )
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["typo.yaml"]

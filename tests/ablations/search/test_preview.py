@@ -112,7 +112,9 @@ def test_a_dry_run_names_what_would_stop_the_search(tmp_path, capsys):
     not_a_database = tmp_path / "notes.txt"
     not_a_database.write_text("not a database\n" * 100)
     code, _, err = dry_run(tmp_path, capsys, "--storage", f"sqlite:///{not_a_database}")
-    assert code == 1 and err.strip().endswith("cannot be read: file is not a database (DatabaseError)"), err
+    assert code == 1 and err.strip().endswith(
+        "cannot be opened (file is not a database): check it, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
+    ), err  # the search itself said it with a traceback (a DatabaseError is no OperationalError)
     assert not_a_database.read_text() == "not a database\n" * 100
 
 

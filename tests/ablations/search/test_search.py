@@ -497,6 +497,37 @@ def _dry_run(study, store: str) -> str:
     return "\n".join(lines)
 
 
+def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp_path, store, monkeypatch, capsys):
+    """A variant's search whose study was created with other objectives: the dry run said only the storage's line
+    (the problem was dropped) and exited 0, where the search's own dry run exits 1."""
+    from ablations.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
+    path = tmp_path / "tuned.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tuned",
+                "base": TINY,
+                "design": {"grid": {"model.norm": ["pre", "post"]}},
+                "metric": "test/exact_match",
+                "direction": "maximize",
+                "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none"},
+            }
+        )
+    )
+    other = optuna.create_study(study_name="tuned.tune.norm_pre", storage=storage)
+    other.set_user_attr("objectives", [["test/loss", "minimize"]])  # another search's, of the same name
+    assert main(["sweep", str(path), "--dry-run", "--tracking-uri", store]) == 1
+    out, err = capsys.readouterr()
+    said = "the Optuna study 'tuned.tune.norm_pre' in " + storage + " was created with objectives"
+    assert f"  it would stop: {said}" in out, out  # under the variant's search, beside what its storage holds
+    assert f"error: variant 'norm=pre''s search: {said}" in err, err
+    assert "norm_post" not in err
+
+
 @pytest.mark.slow
 def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch, local_ray):
     from ablations.spec import load_study

@@ -69,6 +69,8 @@ def test_stores_only_this_machine_reaches_are_refused_on_a_cluster_of_several_ma
         check_placement(Resources(), socket_only, nodes=[node(2, host="head"), node(2, host="other-machine")])
     check_placement(Resources(), {"the claims store": "postgresql://ablate@/claims?host=db.internal"},
                     nodes=[node(2, host="head"), node(2, host="other-machine")])  # fmt: skip
+    for hosted in ("databricks", "databricks-uc", "databricks://profile"):  # MLflow's hosted services: no "://" needed
+        check_placement(Resources(), {"the MLflow store": hosted}, nodes=[node(2, host="head"), node(2, host="other")])
 
 
 def test_data_parallel_ranks_never_share_a_gpu_unless_asked(tmp_path):
