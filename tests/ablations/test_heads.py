@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +13,10 @@ import yaml
 from ablations.heads import evaluate_heads, head_ablation, model_heads
 from ablations.spec import load_study
 from ablations.sweep import run_study
-from tests.conftest import ROOT
 
 
 @pytest.mark.slow
-def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, local_ray):
+def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, local_ray, capsys):
     path = tmp_path / "mh.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -74,17 +71,14 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
         assert heads[key].change == pytest.approx(value - full, rel=1e-4, abs=1e-7)
         assert 0.0 <= heads[key].p <= heads[key].p_holm <= 1.0
 
-    out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "heads", "mh", "--tracking-uri", store]
-        + ["--prune", "test/loss", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert out.returncode == 0 and "| layers.0.attn |" in out.stdout, out.stderr
-    assert "matter (Holm p ≤ 0.01)" in out.stdout  # issue 14: counted after Holm only (was raw p < 0.01)
-    seeds = [line.split("|")[1].strip() for line in out.stdout.splitlines() if re.match(r"\| \d+ \| \d", line)]
+    # the command's entry point, in this process (its own process cost about 10 CPU-seconds of imports here)
+    from ablations.cli import main
+
+    code = main(["heads", "mh", "--tracking-uri", store, "--prune", "test/loss", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 0 and "| layers.0.attn |" in out.out, out.err
+    assert "matter (Holm p ≤ 0.01)" in out.out  # issue 14: counted after Holm only (was raw p < 0.01)
+    seeds = [line.split("|")[1].strip() for line in out.out.splitlines() if re.match(r"\| \d+ \| \d", line)]
     assert seeds == ["0", "1"]  # one row per trained model
     # what the command measured (head_ablation), as it wrote it: every head of both trained models
     import json
@@ -107,8 +101,8 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
             m["by_importance"][0] == pytest.approx(m["at_random"][0]) == pytest.approx(test_loss[m["run_id"]], rel=1e-5)
         )
         assert set(m["one_head"]) == {"layers.0.attn", "dec_layers.0.attn", "dec_layers.0.cross"}
-    assert "| 50% |" in out.stdout and "One head per module" in out.stdout
-    assert "**Too few seeds:** with 2 seeds the exact test's smallest p is 0.5" in out.stdout
+    assert "| 50% |" in out.out and "One head per module" in out.out
+    assert "**Too few seeds:** with 2 seeds the exact test's smallest p is 0.5" in out.out
     parent = c.search_runs([c.get_experiment_by_name("mh").experiment_id], "tags.kind = 'study'")[0]
     logged = {a.path for a in c.list_artifacts(parent.info.run_id, "heads")}
     assert {"heads/pruning.md", "heads/pruning.json", "heads/pruning.png"} <= logged
