@@ -245,8 +245,8 @@ def _search(args: argparse.Namespace) -> int:
     if args.dry_run:
         from ablations.search.preview import describe_search
 
-        problem = describe_search(spec, args.storage, args.tracking_uri, args.address, args.cpus)
-        return error(problem, EXIT_FAILED) if problem else EXIT_OK
+        problems = describe_search(spec, args.storage, args.tracking_uri, args.address, args.cpus)
+        return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     from ablations.search import format_outcome, run_search
 
     try:

@@ -130,9 +130,9 @@ def describe_search(
     address: str | None = None,
     num_cpus: int | None = None,
     out: Callable[[str], None] = print,
-) -> str | None:
-    """Print the search's plan; return a problem that would stop it (or None): what ``run_search`` checks before
-    it starts, and what the storage holds."""
+) -> list[str]:
+    """Print the search's plan; return every problem that would stop it: what the storage holds, and what
+    ``run_search`` checks before it starts."""
     from ablations.spec.common import Origin
     from ablations.spec.metrics import in_order, logged_metrics
     from ablations.spec.run import resolve_run
@@ -165,8 +165,9 @@ def describe_search(
     uri = tracking.resolve_uri(tracking_uri, create=False)
     there = "" if stores.store_exists(uri) else " (no store yet: the search creates it)"
     out(f"MLflow: experiment {spec.name!r} in {redact_url(uri)}{there}")
+    problems = [problem] if problem else []
     try:
         preflight(spec, address or os.environ.get("RAY_ADDRESS") or None, uri, url, num_cpus)
     except ValueError as err:
-        return problem or str(err)
-    return problem
+        problems.append(str(err))
+    return problems

@@ -109,6 +109,15 @@ def test_a_dry_run_names_what_would_stop_the_search(tmp_path, capsys):
         f"error: the Optuna study 'srch' in {url} was created with objectives [['test/exact_match', 'maximize']]; "
         "this spec has [('final/val_loss', 'minimize')]: give the search another name"
     )
+    # every one of them at once, as the search's other checks (a trial the local Ray could never hold): it said one
+    code, out, err = dry_run(
+        tmp_path, capsys, "--storage", url, "--cpus", "1", spec={**SEARCH, "resources": {"cpus": 2}}
+    )
+    lines = err.splitlines()
+    assert code == 1 and len(lines) == 2, err
+    assert lines[0].startswith("error: the Optuna study 'srch' in ") and lines[1].startswith(
+        "error: each trial needs 2 CPUs (resources.cpus), but the local Ray has 1"
+    ), err
     not_a_database = tmp_path / "notes.txt"
     not_a_database.write_text("not a database\n" * 100)
     code, _, err = dry_run(tmp_path, capsys, "--storage", f"sqlite:///{not_a_database}")
