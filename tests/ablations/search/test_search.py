@@ -497,27 +497,25 @@ def _dry_run(study, store: str) -> str:
     return "\n".join(lines)
 
 
+def tuned_study_here(tmp_path: Path, monkeypatch, concurrency: int = 1, **extra) -> tuple[Path, str]:
+    """A tuned study of Pre- against Post-LN (three random trials of the learning rate per variant) in
+    ``tmp_path``, the working folder, with its Optuna storage there: the file and the storage's URL."""
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
+    tune = {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none", "concurrency": concurrency}
+    study = {"name": "tuned", "base": TINY, "design": {"grid": {"model.norm": ["pre", "post"]}}, **extra}
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump({**study, "metric": "test/exact_match", "direction": "maximize", "tune": tune}))
+    return path, storage
+
+
 def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp_path, store, monkeypatch, capsys):
     """A variant's search whose study was created with other objectives: the dry run said only the storage's line
     (the problem was dropped) and exited 0, where the search's own dry run exits 1."""
     from ablations.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
-    path = tmp_path / "tuned.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": "tuned",
-                "base": TINY,
-                "design": {"grid": {"model.norm": ["pre", "post"]}},
-                "metric": "test/exact_match",
-                "direction": "maximize",
-                "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none"},
-            }
-        )
-    )
+    path, storage = tuned_study_here(tmp_path, monkeypatch)
     other = optuna.create_study(study_name="tuned.tune.norm_pre", storage=storage)
     other.set_user_attr("objectives", [["test/loss", "minimize"]])  # another search's, of the same name
     assert main(["sweep", str(path), "--dry-run", "--tracking-uri", store]) == 1
@@ -533,24 +531,7 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     from ablations.spec import load_study
     from ablations.sweep import run_study
 
-    monkeypatch.chdir(tmp_path)
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    monkeypatch.setenv("ABLATE_OPTUNA_STORAGE", storage)
-    path = tmp_path / "tuned.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": "tuned",
-                "base": TINY,
-                "design": {"grid": {"model.norm": ["pre", "post"]}},
-                "seeds": 2,
-                "metric": "test/exact_match",
-                "direction": "maximize",
-                "budget": {"steps": 30},
-                "tune": {"space": SPACE, "n_trials": 3, "sampler": "random", "pruner": "none", "concurrency": 2},
-            }
-        )
-    )
+    path, storage = tuned_study_here(tmp_path, monkeypatch, seeds=2, budget={"steps": 30}, concurrency=2)
     study = load_study(path)
     lines: list[str] = []
     dry = _dry_run(study, store)  # before: the searches ask every trial; the cells' ids wait for their values
