@@ -176,18 +176,18 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
 def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpus: int | None) -> None:
     """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
     never hold. Raises ValueError."""
-    from ablations.cluster import check_answers, check_fits, is_loopback_address
+    from ablations.cluster import check_fits, is_loopback_address
     from ablations.sweep.placement import is_local
 
-    if address:  # a dashboard's address, or one where nothing listens: said before what it could reach
-        check_answers(address)
+    # first: at an address, whether it answers (a dashboard's address, or one where nothing listens), before
+    # what it could reach; else whether the local Ray can hold a trial
+    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
     local = [redact_url(u) for u in (uri, url) if is_local(u)]  # files, or servers at this machine's 127.0.0.1
     if not is_loopback_address(address) and local:
         raise ValueError(
             f"the Ray cluster at {address} cannot write to {', '.join(local)}, which only this machine reaches; use "
             "an MLflow server (--tracking-uri) and an Optuna storage (--storage postgresql://...) every node reaches"
         )
-    check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
 
 
 def run_search(

@@ -28,15 +28,16 @@ def _open(url: str, path: Path | None):
     ``storage_problem``, the search's own check, or "" for a database without Optuna's tables."""
     import optuna
 
-    from ablations.search.setup import HEARTBEAT, schema_of, storage_problem
+    from ablations.search.setup import HEARTBEAT, inspect_storage
 
-    if problem := storage_problem(url):
+    problem, schema = inspect_storage(url)
+    if problem:
         return None, problem
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(str(path))), None
-    if schema_of(url) == "none":
+    if schema == "none":
         return None, ""
     return optuna.storages.RDBStorage(url, skip_table_creation=True, **HEARTBEAT), None
 

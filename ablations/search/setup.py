@@ -69,17 +69,25 @@ def local_file(url: str) -> Path | None:
 def storage_problem(url: str) -> str | None:
     """Before a search opens its storage (the driver, once; and its dry run): what would make an existing one
     unusable, said before anything is written to it. None for a storage that is not there yet."""
+    return inspect_storage(url)[0]
+
+
+def inspect_storage(url: str) -> tuple[str | None, str]:
+    """``storage_problem``, and what an existing RDB storage holds, from one look at it: "optuna" (Optuna's
+    tables), "none" (not there, or no Optuna tables yet: a search makes them), "foreign" (``_schema``),
+    "journal", or "unknown" (a busy SQLite file, not read)."""
     path = local_file(url)
     if path is not None and not path.exists():
-        return None
+        return None, "none"
     if url.startswith("journal:"):
-        return journal_problem(path)
+        return journal_problem(path), "journal"
     tables, version, refused = stores.tables_of(url)
     if refused is not None:  # a server that refuses, a database that is not there, a driver not installed: one line
         if "locked" in refused:
-            return None  # a busy SQLite file (another search writing): Optuna waits on it
-        return f"{refused}, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)"
-    return FOREIGN if _schema(tables, version) == "foreign" else None
+            return None, "unknown"  # a busy SQLite file (another search writing): Optuna waits on it
+        return f"{refused}, or name the right one (--storage, ABLATE_OPTUNA_STORAGE)", "none"
+    schema = _schema(tables, version)
+    return (FOREIGN if schema == "foreign" else None), schema
 
 
 def journal_problem(path: Path) -> str | None:
@@ -97,15 +105,6 @@ def journal_problem(path: Path) -> str | None:
 
 
 FOREIGN = "is another program's database (it has an alembic_version table, not Optuna's): give Optuna its own"
-
-
-def schema_of(url: str) -> str:
-    """What an existing RDB storage holds: "optuna" (Optuna's tables), "none" (no Optuna tables yet: a search
-    makes them), or "foreign" (``_schema``). Asked after ``storage_problem`` found none."""
-    tables, version, refused = stores.tables_of(url)
-    if refused is not None:
-        raise RuntimeError(refused)
-    return _schema(tables, version)
 
 
 def _schema(tables: list[str], version: str | None) -> str:
