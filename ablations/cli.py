@@ -47,6 +47,9 @@ def _run(args: argparse.Namespace) -> int:
         return error(err)
     if (refused := ready(args)) is not None:
         return refused
+    from ablations.process import import_paused, training_modules
+
+    import_paused(training_modules(args.tracking_uri))  # torch, Lightning, MLflow: with the collector paused
     from ablations.train import Tracking, train
     from models.tasks import DataUnavailable
 
@@ -63,32 +66,10 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except Exception as err:  # recorded in MLflow as failed, with the traceback as an artifact
         return error(f"the run failed: {type(err).__name__}: {err}", EXIT_FAILED)
+    from ablations.ui import print_summary
+
     print_summary(result)
     return EXIT_OK
-
-
-def print_summary(result) -> None:
-    from ablations.secrets import redact_url
-
-    status = result.status + (f" ({result.detail})" if result.detail else "")
-    print(f"\nstatus: {status}")
-    from ablations.spec.metrics import in_order
-
-    shown = [
-        k for k in in_order(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))
-    ]  # 2 before 10
-    shown += [
-        k
-        for k in ("cost/tokens_per_s", "cost/wall_time_s", "cost/n_params", "cost/peak_memory_mb")
-        if k in result.metrics
-    ]
-    width = max((len(k) for k in shown), default=0)
-    for key in shown:
-        print(f"  {key:<{width}}  {result.metrics[key]:.6g}")
-    from ablations.ui import browse_hint
-
-    print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({redact_url(result.tracking_uri)})")
-    print(f"browse: {browse_hint(result.tracking_uri, result.experiment, result.run_id)}")
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -423,6 +404,9 @@ def _sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     import signal
 
+    from ablations.process import exit_quickly
+
+    exit_quickly()  # the command ends without collecting its libraries' garbage (2 CPU-seconds with torch loaded)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
     parser = build_parser()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ablations.process import exit_quickly, import_paused, training_modules
 from ablations.secrets import Credentials
 from ablations.spec import Resources, RunConfig
 from ablations.tracking import Hook, RunResult, Tracking
@@ -33,14 +34,16 @@ class ParallelJob:
 
 def _worker(config: dict) -> None:
     """One rank."""
+    job: ParallelJob = config["job"]
+    job.credentials.apply()
+    exit_quickly()  # this rank's process ends without collecting its libraries' garbage
+    import_paused(["ray.train.lightning", *training_modules(job.where.uri)])  # with the collector paused
     import ray.train
     import torch
     from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
     from ablations.train import train
 
-    job: ParallelJob = config["job"]
-    job.credentials.apply()
     torch.set_num_threads(max(1, int(job.resources.per_worker_cpus)))
     rank = ray.train.get_context().get_world_rank()
     hooks: list[Hook] = []

@@ -10,7 +10,7 @@ DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL stores (m
 HOSTED = ("databricks", "databricks-uc", "uc")  # MLflow's tracking URIs of a hosted service (no "://" needed)
 
 
-def _database(uri: str) -> str | None:
+def database_kind(uri: str) -> str | None:
     """The kind of database a store's URI names (``postgresql+psycopg://`` -> postgresql), None for a server."""
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     return scheme if scheme in DATABASES else None
@@ -33,7 +33,7 @@ def store_exists(uri: str) -> bool:
     """Whether the store holds MLflow's tables yet. False for a SQLite file not there and for a database without
     them: MLflow creates them in a database it opens, so a dry run, which writes nothing, must not open it. A
     server is there (``store_problem`` asks whether it answers)."""
-    if _database(uri) is None:
+    if database_kind(uri) is None:
         return True
     path = sqlite_file(uri)
     if path is not None and not path.exists():
@@ -95,7 +95,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
 
     from ablations.secrets import redact_url
 
-    kind = _database(uri)
+    kind = database_kind(uri)
     where = redact_url(uri)
     fix = "name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
     parts = urlsplit(uri)

@@ -22,6 +22,27 @@ from ablations.secrets import redact, redact_url
 DEFAULT_PORTS = {"mlflow": 5000, "optuna": 8080}
 
 
+def print_summary(result) -> None:
+    """What ``ablate run`` prints at the end: the run's status, its final and test metrics, and where to see it."""
+    status = result.status + (f" ({result.detail})" if result.detail else "")
+    print(f"\nstatus: {status}")
+    from ablations.spec.metrics import in_order
+
+    shown = [
+        k for k in in_order(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))
+    ]  # 2 before 10
+    shown += [
+        k
+        for k in ("cost/tokens_per_s", "cost/wall_time_s", "cost/n_params", "cost/peak_memory_mb")
+        if k in result.metrics
+    ]
+    width = max((len(k) for k in shown), default=0)
+    for key in shown:
+        print(f"  {key:<{width}}  {result.metrics[key]:.6g}")
+    print(f"\nMLflow run {result.run_id} in experiment {result.experiment!r} ({redact_url(result.tracking_uri)})")
+    print(f"browse: {browse_hint(result.tracking_uri, result.experiment, result.run_id)}")
+
+
 def mlflow_server_command(uri: str, host: str, port: int) -> list[str]:
     """The ``mlflow server`` command line for a store (SQLite: artifacts served from beside it)."""
     cmd = [

@@ -27,6 +27,7 @@ def main() -> int:
         ["sweep.py", "overhead", *(["--cells", "2", "--steps", "300"] if args.quick else []), *out],
         ["sweep.py", "scale", *(["--cells", "20"] if args.quick else []), *out],
         ["startup.py", *(["--repeats", "2"] if args.quick else []), *out],
+        ["collector.py", *(["--repeats", "1"] if args.quick else []), *out],
     ]
     for job in jobs:
         print(f"== {' '.join(job)}", flush=True)

@@ -82,6 +82,9 @@ def _on_sigterm(signum, frame) -> None:
 
 def pytest_configure(config) -> None:
     global _own
+    from ablations.process import exit_quickly
+
+    exit_quickly()  # each test process ends without collecting its libraries' garbage (seconds with torch loaded)
     # A session started where Ctrl-C is ignored (a background job of a non-interactive shell: `make test &`) would
     # pass that on to every subprocess: an ignored signal stays ignored across exec, so the tests that send Ctrl-C
     # to an `ablate` command would see it ignored. Tests emulate a terminal: Ctrl-C is handled again.
@@ -95,6 +98,16 @@ def pytest_configure(config) -> None:
         config.stash[_RAY_STORAGE] = os.environ["ABLATE_RAY_STORAGE"] = tempfile.mkdtemp(prefix="tests-ray-results-")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collecting imports torch, Lightning, MLflow, Ray and the rest once per test process: with the garbage
+    collector paused, and what it built frozen (ablations.process)."""
+    from ablations.process import collector_paused
+
+    with collector_paused():
+        yield
 
 
 # --- the order: the longest tests first, shared out between the test processes ------------------------------

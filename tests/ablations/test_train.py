@@ -39,8 +39,8 @@ def only_run(uri: str, experiment: str):
 
 @pytest.mark.slow
 def test_the_run_summary_lists_target_positions_in_numeric_order(capsys, tmp_path):
-    from ablations.cli import print_summary
     from ablations.tracking import RunResult
+    from ablations.ui import print_summary
 
     metrics = {f"test/error_at_{k}": k / 10 for k in (10, 2, 1, 9)} | {"final/val_loss": 0.5}
     uri = f"sqlite:///{tmp_path}/m.db"

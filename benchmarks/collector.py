@@ -1,0 +1,112 @@
+"""What Python's garbage collector costs a trial worker's process (ablations.process): one process imports what
+a sweep's trial worker imports (Ray Tune, then the training entry with torch and Lightning, datasets, MLflow's SQL
+store) and exits, three ways, alternating, one process per measurement:
+
+- plain: as Python does by default;
+- exit_quickly: ``gc.freeze()`` at exit (what every ``ablate`` command and test process now does);
+- paused imports: the training modules imported with the collector paused (``import_paused``), then
+  ``exit_quickly`` (what every trial worker and data-parallel rank now does).
+
+CPU seconds (user + system) and wall seconds of the whole process, and the CPU seconds it had spent when its
+exit began. Medians.
+
+    python benchmarks/collector.py [--repeats 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CODE = """\
+import atexit, time
+atexit.register(lambda: print(time.process_time()))  # registered first: the last exit handler to run
+from ablations import process
+import ray.tune
+{body}
+"""
+URI = "sqlite:////tmp/unused.db"  # names the store's kind only: nothing is opened
+VARIANTS = {
+    "plain": CODE.format(body=f"for m in process.training_modules({URI!r}): __import__(m)"),
+    "exit_quickly": CODE.format(
+        body=f"for m in process.training_modules({URI!r}): __import__(m)\nprocess.exit_quickly()"
+    ),
+    "paused imports + exit_quickly": CODE.format(
+        body=f"process.exit_quickly()\nprocess.import_paused(process.training_modules({URI!r}))"
+    ),
+}
+
+
+def measure(code: str, cwd: str) -> tuple[float, float, float]:
+    """(CPU seconds, wall seconds, CPU seconds before the exit) of one Python process running ``code``."""
+    before = os.times()
+    t = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return cpu, wall, float(out.stdout.split()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+
+    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for code in VARIANTS.values():  # warm the file cache
+            measure(code, tmp)
+        for _ in range(args.repeats):
+            for name, code in VARIANTS.items():
+                rows[name].append(measure(code, tmp))
+
+    def med(name: str, i: int) -> float:
+        return statistics.median(r[i] for r in rows[name])
+
+    result = {
+        "repeats": args.repeats,
+        "cpu_s": {name: med(name, 0) for name in rows},
+        "wall_s": {name: med(name, 1) for name in rows},
+        "cpu_before_exit_s": {name: med(name, 2) for name in rows},
+        "raw": rows,
+    }
+    result["exit_cpu_s"] = {name: result["cpu_s"][name] - result["cpu_before_exit_s"][name] for name in rows}
+    result["cpu_ratio"] = {name: result["cpu_s"][name] / result["cpu_s"]["plain"] for name in rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "collector.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = [
+        "# The garbage collector in a trial worker's process: imports and exit",
+        "",
+        f"Command: `python benchmarks/collector.py --repeats {args.repeats}`; medians of {args.repeats} alternating "
+        f"processes each; {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Each process imports what a sweep's "
+        "trial worker imports (Ray Tune, then `ablations.process.training_modules`: torch and Lightning through "
+        "`ablations.train`, datasets, MLflow and its SQL store), then exits.",
+        "",
+        "| | CPU s in all | CPU s before the exit | CPU s of the exit | wall s | CPU against plain |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {name} | {result['cpu_s'][name]:.2f} | {result['cpu_before_exit_s'][name]:.2f} | "
+            f"{result['exit_cpu_s'][name]:.2f} | {result['wall_s'][name]:.2f} | {result['cpu_ratio'][name]:.2f}x |"
+            for name in rows
+        ),
+        "",
+    ]
+    (args.out / "collector.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""How our processes end (ablations.process): the last garbage collections are skipped, nothing else is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from tests.conftest import ROOT
+
+SCRIPT = """
+import atexit, gc, sys, tempfile
+import mlflow
+from ablations.process import exit_quickly
+
+atexit.register(lambda: print("earlier handler ran; frozen objects:", gc.get_freeze_count(), flush=True))
+exit_quickly()
+exit_quickly()  # once per process, however often it is asked
+atexit.register(lambda: print("later handler ran; frozen objects:", gc.get_freeze_count(), flush=True))
+folder = tempfile.TemporaryDirectory()  # removed by its weakref.finalize at exit
+print("folder", folder.name, flush=True)
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment("ending")
+with mlflow.start_run() as run:
+    print("run", run.info.run_id, flush=True)
+    for step in range(300):  # queued: MLflow's exit handler sends what is still waiting
+        mlflow.log_metric("m", float(step), step=step, synchronous=False)
+"""
+
+
+def test_a_process_that_exits_quickly_runs_every_exit_handler_and_loses_no_logged_metric(tmp_path: Path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, uri], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    # every exit handler ran, in Python's order (the last registered first); the freeze came between them
+    assert done.stdout.index("later handler ran") < done.stdout.index("earlier handler ran")
+    assert lines["later"].endswith("frozen objects: 0")
+    assert int(lines["earlier"].rsplit(" ", 1)[1]) > 10_000  # what the last collections no longer walk
+    assert not Path(lines["folder"]).exists()  # weakref.finalize callbacks still run
+    points = MlflowClient(uri).get_metric_history(lines["run"], "m")  # read back through MLflow
+    assert sorted(p.step for p in points) == list(range(300))
+
+
+PAUSED = """
+import gc, sys
+from ablations.process import import_paused
+
+seen = []
+gc.callbacks.append(lambda phase, info: phase == "start" and seen.append(info["generation"]))
+assert "fractions" not in sys.modules and gc.get_freeze_count() == 0
+import_paused(["fractions", "json"])
+print("collections while importing:", len(seen))
+print("enabled after:", gc.isenabled(), "frozen:", gc.get_freeze_count() > 0)
+frozen = gc.get_freeze_count()
+import_paused(["fractions"])  # imported already: nothing to do
+print("frozen again:", gc.get_freeze_count() != frozen)
+cycle = [];  cycle.append(cycle); del cycle  # garbage made after the imports is collected as before
+print("collected:", gc.collect() > 0)
+"""
+
+
+def test_imports_with_the_collector_paused_leave_it_on_and_later_garbage_collected():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", PAUSED], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "collections while importing: 0",
+        "enabled after: True frozen: True",
+        "frozen again: False",
+        "collected: True",
+    ]
+
+
+def test_a_training_process_imports_the_sql_store_only_for_a_database(monkeypatch):
+    from ablations.process import tracking_modules, training_modules
+
+    store = "mlflow.store.tracking.sqlalchemy_store"
+    assert store in training_modules("sqlite:////tmp/x.db") and "ablations.train" in training_modules(None)
+    assert store in tracking_modules("postgresql+psycopg2://u@127.0.0.1/db")
+    assert tracking_modules("http://127.0.0.1:5000") == ["mlflow"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")
+    assert tracking_modules(None) == ["mlflow"]  # None: as ablations.tracking resolves it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert store in tracking_modules(None)  # the embedded SQLite store
