@@ -4,7 +4,7 @@ Importing torch, Lightning, MLflow, datasets and Ray builds about half a million
 process ends. While they are built, the collector walks every one of them again and again (a full collection
 each time the heap grows by a quarter), and at exit it walks them all once more, for memory the operating system
 takes back at once. On a 2-core machine that was about 2 CPU-seconds of a trial worker's imports and 2 of its exit
-(benchmarks/results/exit.md), in every ``ablate`` command, trial worker and data-parallel rank.
+(benchmarks/results/collector.md), in every ``ablate`` command, trial worker and data-parallel rank.
 
 - ``exit_quickly()`` registers ``gc.freeze()`` as an exit handler: the last collections skip what is alive at
   exit. The rest of the exit is unchanged: every other exit handler still runs (MLflow's flush of asynchronous
