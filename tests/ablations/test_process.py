@@ -24,14 +24,16 @@ folder = tempfile.TemporaryDirectory()  # removed by its weakref.finalize at exi
 print("folder", folder.name, flush=True)
 mlflow.set_tracking_uri(sys.argv[1])
 mlflow.set_experiment("ending")
-with mlflow.start_run() as run:
-    print("run", run.info.run_id, flush=True)
-    for step in range(300):  # queued: MLflow's exit handler sends what is still waiting
-        mlflow.log_metric("m", float(step), step=step, synchronous=False)
+run = mlflow.start_run()  # never ended: MLflow's exit handler ends it
+print("run", run.info.run_id, flush=True)
+for step in range(20):
+    mlflow.log_metric("m", float(step), step=step)
+# (metrics queued with synchronous=False and never flushed: MLflow's exit loses the last few with or without the
+# freeze, 296-299 of 300 in runs here, so they say nothing of it)
 """
 
 
-def test_a_process_that_exits_quickly_runs_every_exit_handler_and_loses_no_logged_metric(tmp_path: Path):
+def test_a_process_that_exits_quickly_runs_every_exit_handler(tmp_path: Path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", SCRIPT, uri], capture_output=True, text=True, env=env, timeout=300)
@@ -42,8 +44,9 @@ def test_a_process_that_exits_quickly_runs_every_exit_handler_and_loses_no_logge
     assert lines["later"].endswith("frozen objects: 0")
     assert int(lines["earlier"].rsplit(" ", 1)[1]) > 10_000  # what the last collections no longer walk
     assert not Path(lines["folder"]).exists()  # weakref.finalize callbacks still run
-    points = MlflowClient(uri).get_metric_history(lines["run"], "m")  # read back through MLflow
-    assert sorted(p.step for p in points) == list(range(300))
+    c = MlflowClient(uri)  # read back through MLflow
+    assert sorted(p.step for p in c.get_metric_history(lines["run"], "m")) == list(range(20))
+    assert c.get_run(lines["run"]).info.status == "FINISHED"  # ended by MLflow's own exit handler
 
 
 PAUSED = """
@@ -52,12 +55,12 @@ from ablations.process import import_paused
 
 seen = []
 gc.callbacks.append(lambda phase, info: phase == "start" and seen.append(info["generation"]))
-assert "fractions" not in sys.modules and gc.get_freeze_count() == 0
-import_paused(["fractions", "json"])
+assert "http.server" not in sys.modules and gc.get_freeze_count() == 0
+import_paused(["http.server", "json"])  # about 14 collections when imported with the collector on
 print("collections while importing:", len(seen))
 print("enabled after:", gc.isenabled(), "frozen:", gc.get_freeze_count() > 0)
 frozen = gc.get_freeze_count()
-import_paused(["fractions"])  # imported already: nothing to do
+import_paused(["http.server"])  # imported already: nothing to do
 print("frozen again:", gc.get_freeze_count() != frozen)
 cycle = [];  cycle.append(cycle); del cycle  # garbage made after the imports is collected as before
 print("collected:", gc.collect() > 0)
