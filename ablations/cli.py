@@ -90,6 +90,7 @@ def _sweep(args: argparse.Namespace) -> int:
             study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code
         )
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
+    _import_driver(args, "ray.tune")
     try:
         result = sweep.run_study(
             study,
@@ -212,6 +213,13 @@ def _seeds(text: str) -> list[int]:
     return list(range(seeds[0])) if len(parts) == 1 else seeds
 
 
+def _import_driver(args: argparse.Namespace, *modules: str) -> None:
+    from ablations.cluster import import_for_driver
+    from ablations.process import tracking_modules
+
+    import_for_driver(args.address, [*tracking_modules(args.tracking_uri), *modules])
+
+
 def _search(args: argparse.Namespace) -> int:
     from ablations.spec import SpecError, load_search
 
@@ -230,6 +238,7 @@ def _search(args: argparse.Namespace) -> int:
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     from ablations.search import format_outcome, run_search
 
+    _import_driver(args, "optuna")
     try:
         result = run_search(
             spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage, num_cpus=args.cpus

@@ -3,8 +3,8 @@
 Importing torch, Lightning, MLflow, datasets and Ray builds about half a million objects that live until the
 process ends. While they are built, the collector walks every one of them again and again (a full collection
 each time the heap grows by a quarter), and at exit it walks them all once more, for memory the operating system
-takes back at once. On a 2-core machine a process that imports what a trial worker imports spent 13.5 CPU-seconds,
-2.6 of them in its exit, and 10.1 with both measures below (benchmarks/results/collector.md); every ``ablate``
+takes back at once. On a 2-core machine a process that imports what a trial worker imports spent 9.9 CPU-seconds,
+2.1 of them in its exit, and 6.3 with both measures below (benchmarks/results/collector.md); every ``ablate``
 command, trial worker and data-parallel rank paid it.
 
 - ``exit_quickly()`` registers ``gc.freeze()`` as an exit handler: the last collections skip what is alive at

@@ -7,6 +7,10 @@ store) and exits, three ways, alternating, one process per measurement:
 - paused imports: the training modules imported with the collector paused (``import_paused``), then
   ``exit_quickly`` (what every trial worker and data-parallel rank now does).
 
+and, apart, what an ``ablate sweep`` driver imports before it connects (MLflow and its SQL store, Ray, Ray Tune),
+both with ``exit_quickly``: plainly, and with the collector paused (``ablations.cluster.import_for_driver``, what
+``ablate sweep`` and ``ablate search`` now do).
+
 CPU seconds (user + system) and wall seconds of the whole process, and the CPU seconds it had spent when its
 exit began. Medians.
 
@@ -35,6 +39,14 @@ import ray.tune
 {body}
 """
 URI = "sqlite:////tmp/unused.db"  # names the store's kind only: nothing is opened
+DRIVER = """\
+import atexit, time
+atexit.register(lambda: print(time.process_time()))
+from ablations import cluster, process
+process.exit_quickly()
+{body}
+"""
+DRIVER_MODULES = f"process.tracking_modules({URI!r}) + ['ray.tune']"
 VARIANTS = {
     "plain": CODE.format(body=f"for m in process.training_modules({URI!r}): __import__(m)"),
     "exit_quickly": CODE.format(
@@ -43,7 +55,14 @@ VARIANTS = {
     "paused imports + exit_quickly": CODE.format(
         body=f"process.exit_quickly()\nprocess.import_paused(process.training_modules({URI!r}))"
     ),
+    "driver: exit_quickly": DRIVER.format(
+        body=f"cluster.prepare_environment(None)\nfor m in ['ray', *{DRIVER_MODULES}]: __import__(m)"
+    ),
+    "driver: import_for_driver + exit_quickly": DRIVER.format(
+        body=f"cluster.import_for_driver(None, {DRIVER_MODULES})"
+    ),
 }
+BASELINE = {name: "driver: exit_quickly" if name.startswith("driver") else "plain" for name in VARIANTS}
 
 
 def measure(code: str, cwd: str) -> tuple[float, float, float]:
@@ -83,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         "raw": rows,
     }
     result["exit_cpu_s"] = {name: result["cpu_s"][name] - result["cpu_before_exit_s"][name] for name in rows}
-    result["cpu_ratio"] = {name: result["cpu_s"][name] / result["cpu_s"]["plain"] for name in rows}
+    result["cpu_ratio"] = {name: result["cpu_s"][name] / result["cpu_s"][BASELINE[name]] for name in rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "collector.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
@@ -92,9 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
         f"Command: `python benchmarks/collector.py --repeats {args.repeats}`; medians of {args.repeats} alternating "
         f"processes each; {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Each process imports what a sweep's "
         "trial worker imports (Ray Tune, then `ablations.process.training_modules`: torch and Lightning through "
-        "`ablations.train`, datasets, MLflow and its SQL store), then exits.",
+        "`ablations.train`, datasets, MLflow and its SQL store), then exits; the `driver` rows import what an "
+        "`ablate sweep` driver imports before it connects (MLflow and its SQL store, Ray, Ray Tune), and compare "
+        "with the first of them.",
         "",
-        "| | CPU s in all | CPU s before the exit | CPU s of the exit | wall s | CPU against plain |",
+        "| | CPU s in all | CPU s before the exit | CPU s of the exit | wall s | CPU against its baseline |",
         "|---|---|---|---|---|---|",
         *(
             f"| {name} | {result['cpu_s'][name]:.2f} | {result['cpu_before_exit_s'][name]:.2f} | "

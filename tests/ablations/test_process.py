@@ -90,3 +90,30 @@ def test_a_training_process_imports_the_sql_store_only_for_a_database(monkeypatc
     assert tracking_modules(None) == ["mlflow"]  # None: as ablations.tracking resolves it
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert store in tracking_modules(None)  # the embedded SQLite store
+
+
+DRIVER = """
+import gc, os, sys
+from ablations.cluster import import_for_driver
+
+seen = []
+gc.callbacks.append(lambda phase, info: phase == "start" and seen.append(info["generation"]))
+import_for_driver(None, ["mlflow", "ray.tune"])  # what `ablate sweep` imports before it connects
+print("collections while importing (about 530 with the collector on):", len(seen) < 5)
+print("enabled after:", gc.isenabled(), "frozen:", gc.get_freeze_count() > 100_000)
+print("imported:", all(m in sys.modules for m in ("ray", "ray.tune", "mlflow")), "torch:", "torch" in sys.modules)
+print("loopback settings before ray:", os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"])
+"""
+
+
+def test_a_driver_imports_ray_after_its_loopback_settings_with_the_collector_paused():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "collections while importing (about 530 with the collector on): True",
+        "enabled after: True frozen: True",
+        "imported: True torch: False",  # a sweep's driver imports no torch (tests/test_architecture.py)
+        "loopback settings before ray: 0",
+    ]
