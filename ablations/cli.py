@@ -90,8 +90,8 @@ def _sweep(args: argparse.Namespace) -> int:
             study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code
         )
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
-    _import_driver(args, "ray.tune")
     try:
+        _import_driver(args, "ray.tune")  # inside: Ctrl-C and a bad URI get the messages below, as in run_study
         result = sweep.run_study(
             study,
             address=args.address,
@@ -238,8 +238,8 @@ def _search(args: argparse.Namespace) -> int:
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     from ablations.search import format_outcome, run_search
 
-    _import_driver(args, "optuna")
     try:
+        _import_driver(args, "optuna")
         result = run_search(
             spec, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage, num_cpus=args.cpus
         )

@@ -113,7 +113,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     if kind is None and parts.scheme in ("http", "https"):
         return _server_problem(uri, where, fix, timeout)
     if kind is None:
-        return None  # databricks and MLflow's other schemes: MLflow's to judge
+        return _scheme_problem(uri, parts.scheme, where, fix)  # databricks and other schemes: MLflow's to judge
     path = sqlite_file(uri)
     if path is not None and not path.exists():
         return None  # made on first use
@@ -130,6 +130,30 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
         return (
             f"{where} is another program's database (Optuna's, or another Alembic user's), not an MLflow store: {fix}"
         )
+    return None
+
+
+def _scheme_problem(uri: str, scheme: str, where: str, fix: str) -> str | None:
+    """A URI MLflow's client refuses to open (a scheme no store of MLflow's or of a plugin takes, a typo such as
+    sqllite:///): the client is built here, before any work, instead of failing later with a traceback."""
+    import difflib
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        MlflowClient(uri)
+    except UnsupportedModelRegistryStoreURIException as err:
+        schemes = [s for s in err.supported_uri_schemes if s and s != "file"]  # its retired file store: refused above
+        close = difflib.get_close_matches(scheme, schemes, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}:?)" if close else ""
+        return f"{where}: MLflow has no store for the scheme {scheme!r}{hint}; it takes {', '.join(schemes)}: {fix}"
+    except MlflowException as err:
+        said = ". ".join(err.message.strip().splitlines()[0].split(". ")[:2]).rstrip(
+            "."
+        )  # MLflow's first two sentences
+        return f"{where}: {said}: {fix}"
     return None
 
 

@@ -51,6 +51,30 @@ def test_a_server_that_does_not_answer_is_named_before_any_work(command, capsys,
     assert out == "" and "s3cret-pw" not in err
 
 
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(a for a in c if "/" not in a))
+def test_a_scheme_no_mlflow_store_takes_is_one_line_with_the_nearest(command, capsys, tmp_path, monkeypatch):
+    """`--tracking-uri sqllite:///...` passed every check and ended in MLflow's traceback
+    (UnsupportedModelRegistryStoreURIException) once the command opened the store."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "--tracking-uri", f"sqllite:///{tmp_path / 'mlflow.db'}"]) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"error: sqllite:///{tmp_path / 'mlflow.db'}: MLflow has no store for the scheme 'sqllite' (did you mean "
+        "sqlite:?); it takes databricks, databricks-uc, uc, http, https, postgresql, mysql, sqlite, mssql: name the "
+        "right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+    ]
+    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == []  # before any work: nothing written
+
+
+def test_a_uri_mlflow_refuses_in_its_own_words_is_one_line():
+    assert stores.store_problem("postgres://u@127.0.0.1/db").startswith(
+        "postgres://u@127.0.0.1/db: MLflow has no store for the scheme 'postgres' (did you mean postgresql:?)"
+    )
+    said = stores.store_problem("uc")  # a scheme MLflow knows and refuses with its own reason
+    assert said.startswith("uc: Detected Unity Catalog tracking URI 'uc'") and "\n" not in said
+    assert stores.store_problem("databricks") is None  # one it takes: MLflow's to judge
+
+
 def _serving(status: int):
     """A server that is not MLflow's, answering every GET with ``status`` (a redirect to nowhere for 302)."""
 
@@ -276,8 +300,9 @@ def test_a_bare_folder_name_is_a_path_and_the_file_store_is_kept_when_the_user_s
     (tmp_path / "mlruns").mkdir()
     assert stores.store_problem("mlruns").startswith(f"mlruns: a folder, not a tracking URI: give sqlite:///{tmp_path}")
     assert stores.store_problem("runs.db").startswith("runs.db: a path, not a tracking URI")
-    for hosted in ("databricks", "databricks-uc"):  # MLflow's own scheme-only URIs are not paths
-        assert stores.store_problem(hosted) is None
+    assert stores.store_problem("databricks") is None  # MLflow's own scheme-only URIs are not paths
+    said = stores.store_problem("databricks-uc")  # nor this one, which MLflow 3 refuses as a tracking URI, in its words
+    assert "a path" not in said and said.startswith("databricks-uc: Detected Unity Catalog tracking URI")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert stores.store_problem("mlruns") is None and stores.store_problem(f"file:{tmp_path / 'mlruns'}") is None
 
