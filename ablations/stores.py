@@ -113,7 +113,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     if kind is None and parts.scheme in ("http", "https"):
         return _server_problem(uri, where, fix, timeout)
     if kind is None:
-        return _scheme_problem(uri, parts.scheme, where, fix)  # databricks and other schemes: MLflow's to judge
+        return _scheme_problem(uri, parts.scheme, where, fix)  # databricks and other schemes: MLflow's client judges
     path = sqlite_file(uri)
     if path is not None and not path.exists():
         return None  # made on first use
@@ -150,9 +150,8 @@ def _scheme_problem(uri: str, scheme: str, where: str, fix: str) -> str | None:
         hint = f" (did you mean {close[0]}:?)" if close else ""
         return f"{where}: MLflow has no store for the scheme {scheme!r}{hint}; it takes {', '.join(schemes)}: {fix}"
     except MlflowException as err:
-        said = ". ".join(err.message.strip().splitlines()[0].split(". ")[:2]).rstrip(
-            "."
-        )  # MLflow's first two sentences
+        first = err.message.strip().splitlines()[0]
+        said = ". ".join(first.split(". ")[:2]).rstrip(".")  # MLflow's first two sentences
         return f"{where}: {said}: {fix}"
     return None
 
