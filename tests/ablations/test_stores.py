@@ -58,11 +58,14 @@ def test_a_scheme_no_mlflow_store_takes_is_one_line_with_the_nearest(command, ca
     monkeypatch.chdir(tmp_path)
     assert main([*command, "--tracking-uri", f"sqllite:///{tmp_path / 'mlflow.db'}"]) == 1
     out, err = capsys.readouterr()
-    assert err.splitlines() == [
+    (line,) = err.splitlines()  # one line: the scheme, the nearest one, MLflow's list (its version's), the fix
+    assert line.startswith(
         f"error: sqllite:///{tmp_path / 'mlflow.db'}: MLflow has no store for the scheme 'sqllite' (did you mean "
-        "sqlite:?); it takes databricks, databricks-uc, uc, http, https, postgresql, mysql, sqlite, mssql: name the "
-        "right one (--tracking-uri, MLFLOW_TRACKING_URI)"
-    ]
+        "sqlite:?); it takes "
+    )
+    assert "postgresql, mysql, sqlite" in line and line.endswith(
+        ": name the right one (--tracking-uri, MLFLOW_TRACKING_URI)"
+    )
     assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == []  # before any work: nothing written
 
 
