@@ -77,3 +77,9 @@ def tracking_modules(uri: str | None) -> list[str]:
 def training_modules(uri: str | None) -> list[str]:
     """What a process that trains imports: torch and Lightning (through ablations.train), datasets, the tracking."""
     return ["ablations.train", "datasets", *tracking_modules(uri)]
+
+
+def trial_modules(uri: str | None, workers: int) -> list[str]:
+    """What a trial's own process imports: what trains (``training_modules``) for a trial in one process; only the
+    tracking for one that drives data-parallel workers (they train, it imports no torch)."""
+    return training_modules(uri) if workers <= 1 else tracking_modules(uri)

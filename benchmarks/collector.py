@@ -23,13 +23,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from processes import ROOT, alternating
 
 CODE = """\
 import atexit, time
@@ -65,31 +63,16 @@ VARIANTS = {
 BASELINE = {name: "driver: exit_quickly" if name.startswith("driver") else "plain" for name in VARIANTS}
 
 
-def measure(code: str, cwd: str) -> tuple[float, float, float]:
-    """(CPU seconds, wall seconds, CPU seconds before the exit) of one Python process running ``code``."""
-    before = os.times()
-    t = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return cpu, wall, float(out.stdout.split()[-1])
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
-    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
-        for code in VARIANTS.values():  # warm the file cache
-            measure(code, tmp)
-        for _ in range(args.repeats):
-            for name, code in VARIANTS.items():
-                rows[name].append(measure(code, tmp))
+        measured = alternating(VARIANTS, args.repeats, tmp)
+    # (CPU seconds, wall seconds, CPU seconds when the exit began: the last line the process printed)
+    rows = {name: [(cpu, wall, float(out.split()[-1])) for cpu, wall, out in runs] for name, runs in measured.items()}
 
     def med(name: str, i: int) -> float:
         return statistics.median(r[i] for r in rows[name])

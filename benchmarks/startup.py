@@ -12,13 +12,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from processes import ROOT, alternating
 
 COMMAND = (
     "import sys\n"
@@ -30,16 +28,6 @@ COMMAND = (
 )
 
 
-def measure(code: str, cwd: str) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of one Python process running ``code``."""
-    before = os.times()
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    after = os.times()
-    return (after.children_user - before.children_user) + (after.children_system - before.children_system), wall
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=10)
@@ -47,7 +35,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
-    rows: dict[str, list[tuple[float, float]]] = {"now": [], "with torch": []}
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"
         codes = {
@@ -56,11 +43,9 @@ def main(argv: list[str] | None = None) -> dict:
                 preload="import torch\n", study=str(args.study.resolve()), uri=uri, expect_torch=True
             ),
         }
-        for code in codes.values():  # warm the file cache
-            measure(code, tmp)
-        for _ in range(args.repeats):
-            for name, code in codes.items():
-                rows[name].append(measure(code, tmp))
+        rows = {
+            name: [(cpu, wall) for cpu, wall, _ in runs] for name, runs in alternating(codes, args.repeats, tmp).items()
+        }
 
     def med(name: str, i: int) -> float:
         return statistics.median(r[i] for r in rows[name])

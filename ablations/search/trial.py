@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablations import records
-from ablations.process import exit_quickly, import_paused, tracking_modules, training_modules
+from ablations.process import exit_quickly, import_paused, trial_modules
 from ablations.search.setup import make_pruner, open_storage, trial_id
 from ablations.secrets import Credentials
 from ablations.spec import Resources, resolve_run
@@ -127,10 +127,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
 
     task.credentials.apply()
     exit_quickly()  # this worker's process ends without collecting its libraries' garbage
-    # and imports with the collector paused (a data-parallel trial's task only drives its workers: no torch)
-    import_paused(
-        ["optuna", *(training_modules(task.uri) if task.resources.workers <= 1 else tracking_modules(task.uri))]
-    )
+    import_paused(["optuna", *trial_modules(task.uri, task.resources.workers)])  # and imports with it paused
     lost_attempts(task)
     storage = open_storage(task.storage)
     stop = threading.Event()

@@ -18,7 +18,7 @@ from typing import Any
 
 from ablations import records, tracking
 from ablations.claims import Claim, Fence
-from ablations.process import exit_quickly, import_paused, tracking_modules, training_modules
+from ablations.process import exit_quickly, import_paused, trial_modules
 from ablations.secrets import Credentials
 from ablations.spec import Cell, Resources
 
@@ -90,8 +90,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     """Train one cell unless MLflow already holds its result. Raises when training fails (Tune retries)."""
     ctx.credentials.apply()
     exit_quickly()  # this process ends without collecting its libraries' garbage
-    # and imports with the collector paused (a data-parallel trial's actor only drives its workers: no torch)
-    import_paused(training_modules(ctx.uri) if ctx.resources.workers <= 1 else tracking_modules(ctx.uri))
+    import_paused(trial_modules(ctx.uri, ctx.resources.workers))  # and imports with the collector paused
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     done = records.result_run(runs, None if ctx.reuse_any_code else ctx.fingerprint)
     if done is not None:  # trained by an earlier attempt or submission: never twice

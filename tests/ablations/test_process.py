@@ -80,7 +80,7 @@ def test_imports_with_the_collector_paused_leave_it_on_and_later_garbage_collect
 
 
 def test_a_training_process_imports_the_sql_store_only_for_a_database(monkeypatch):
-    from ablations.process import tracking_modules, training_modules
+    from ablations.process import tracking_modules, training_modules, trial_modules
 
     store = "mlflow.store.tracking.sqlalchemy_store"
     assert store in training_modules("sqlite:////tmp/x.db") and "ablations.train" in training_modules(None)
@@ -90,6 +90,8 @@ def test_a_training_process_imports_the_sql_store_only_for_a_database(monkeypatc
     assert tracking_modules(None) == ["mlflow"]  # None: as ablations.tracking resolves it
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert store in tracking_modules(None)  # the embedded SQLite store
+    # a trial that drives data-parallel workers imports only the tracking: its workers train (no torch in it)
+    assert trial_modules(None, 1) == training_modules(None) and trial_modules(None, 2) == tracking_modules(None)
 
 
 DRIVER = """
