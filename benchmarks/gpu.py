@@ -100,6 +100,7 @@ def attention_kernels(lengths: list[int], repeats: int) -> list[dict]:
         result = side_by_side(_attention_at(n), repeats)
         rows.append({"n": n, **result})
         print(f"attention n={n}: " + ", ".join(f"{k} {v['ms']:.2f} ms {v['mb']:.0f} MB" for k, v in result.items()))
+        print("row", json.dumps(rows[-1]))  # in the log too: a run stopped by a time limit keeps each length
         torch.cuda.empty_cache()
     return rows
 
@@ -256,6 +257,7 @@ def run_vs_loop(steps: int, repeats: int) -> list[dict]:
     for compile_, fused in ((False, False), (True, True)):
         r = measure("gpu", steps, repeats, None, "bf16-mixed", compile_, fused)
         print(f"ablate run vs loop (compile {compile_}, fused {fused}): {r['ratio']:.3f}x")
+        print("row", json.dumps(r, default=str))
         rows.append(r)
     return rows
 
@@ -263,51 +265,90 @@ def run_vs_loop(steps: int, repeats: int) -> list[dict]:
 # --- the report ----------------------------------------------------------------------------------------------------
 
 
+SECTIONS = ("attention", "decoder", "additive", "encoder", "run_vs_loop")
+
+
 def markdown(r: dict) -> str:
+    """The report: every section measured, and for one that failed or did not run, what happened instead."""
+    lines = [f"Measured on {r['device']} (torch {r['torch']}, CUDA {r['cuda']}), {r['date']}, with `{r['command']}`."]
+    titles = {
+        "attention": f"1. Attention, window {WINDOW}, causal, {H} heads of {D}, bf16, forward + backward",
+        "decoder": "2. One training step of a decoder",
+        "additive": "3. Additive against dot-product scores",
+        "encoder": "4. Encoder against nn.TransformerEncoder",
+        "run_vs_loop": "5. `ablate run` against a plain PyTorch loop",
+    }
+    for name in SECTIONS:
+        lines.append("")
+        if name not in r:
+            lines.append(f"**{titles[name]}**: not run.")
+        elif isinstance(r[name], dict) and "error" in r[name]:
+            lines.append(f"**{titles[name]}**: failed: `{r[name]['error']}`.")
+        else:
+            lines += _RENDER[name](r[name])
+    return "\n".join(lines) + "\n"
+
+
+def _attention_md(rows: list[dict]) -> list[str]:
     lines = [
-        f"Measured on {r['device']} (torch {r['torch']}, CUDA {r['cuda']}), {r['date']}, with `{r['command']}`.",
-        "",
         f"**1. Attention, window {WINDOW}, causal, {H} heads of {D}, bf16, forward + backward** (ms / peak MB):",
         "",
     ]
-    names = [k for k in r["attention"][0] if k != "n"]
+    names = [k for k in rows[0] if k != "n"]
     lines += ["| tokens | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
-    for row in r["attention"]:
+    for row in rows:
         lines.append(
             f"| {row['n']:,} | " + " | ".join(f"{row[k]['ms']:.2f} / {row[k]['mb']:.0f}" for k in names) + " |"
         )
-    d = r["decoder"]
-    lines += [
-        "",
+    return lines
+
+
+def _decoder_md(d: dict) -> list[str]:
+    return [
         f"**2. One training step of a {d['tokens']:,}-token decoder** (d 512, 4 layers, bf16 autocast): full attention "
         f"{d['full']['ms']:.1f} ms / {d['full']['mb']:.0f} MB, local w{WINDOW} {d['local w256']['ms']:.1f} ms / "
-        f"{d['local w256']['mb']:.0f} MB: **{d['full']['ms'] / d['local w256']['ms']:.2f}x** faster (target 2x).",
+        f"{d['local w256']['mb']:.0f} MB: **{d['full']['ms'] / d['local w256']['ms']:.2f}x** faster (target 2x)."
     ]
-    a = r["additive"]
-    lines += [
-        "",
+
+
+def _additive_md(a: dict) -> list[str]:
+    return [
         f"**3. Additive against dot-product scores**, n = {a['n']:,}, fp32, forward + backward: dot {a['dot']['ms']:.2f} ms "
         f"/ {a['dot']['mb']:.0f} MB, additive {a['additive']['ms']:.2f} ms / {a['additive']['mb']:.0f} MB: "
-        f"**{a['ratio']:.1f}x** (target at most 10x).",
+        f"**{a['ratio']:.1f}x** (target at most 10x)."
     ]
-    e = r["encoder"]
-    lines += [
-        "",
+
+
+def _encoder_md(e: dict) -> list[str]:
+    return [
         f"**4. Encoder** (d {e['d_model']}, {e['layers']} layers, T {e['T']}, batch {e['batch']}, bf16 autocast): ours "
         f"{e['ours']['tokens_per_s']:,.0f} tokens/s (MFU {e['ours']['mfu']:.1%}), nn.TransformerEncoder "
-        f"{e['nn.TransformerEncoder']['tokens_per_s']:,.0f} tokens/s (MFU {e['nn.TransformerEncoder']['mfu']:.1%}).",
-        "",
+        f"{e['nn.TransformerEncoder']['tokens_per_s']:,.0f} tokens/s (MFU {e['nn.TransformerEncoder']['mfu']:.1%})."
+    ]
+
+
+def _run_vs_loop_md(rows: list[dict]) -> list[str]:
+    lines = [
         "**5. `ablate run` against a plain PyTorch loop** (85M-parameter byte LM, batch 32 x 512, bf16-mixed):",
         "",
         "| compile, fused AdamW | ours tokens/s | loop tokens/s | ratio |",
         "|---|---:|---:|---:|",
     ]
-    for x in r["run_vs_loop"]:
+    for x in rows:
         lines.append(
             f"| {x['compile']}, {x['fused_adamw']} | {x['ours_tokens_per_s']:,.0f} | {x['loop_tokens_per_s']:,.0f} | "
             f"**{x['ratio']:.3f}x** |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+_RENDER = {
+    "attention": _attention_md,
+    "decoder": _decoder_md,
+    "additive": _additive_md,
+    "encoder": _encoder_md,
+    "run_vs_loop": _run_vs_loop_md,
+}
 
 
 def write_readme_section(text: str, readme: Path) -> None:
@@ -329,6 +370,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--quick", action="store_true", help="short lengths, few repeats; results/quick/, README untouched"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--only", nargs="+", choices=SECTIONS, help="these sections alone (README untouched)", metavar="SECTION"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -344,19 +388,38 @@ def main(argv: list[str] | None = None) -> dict:
         "cuda": torch.version.cuda,
         "host": platform.node(),
         "date": datetime.date.today().isoformat(),
-        "command": "python benchmarks/gpu.py" + (" --quick" if args.quick else ""),
-        "attention": attention_kernels(lengths, repeats),
-        "decoder": decoder_step(4096 if args.quick else 16384, repeats),
-        "additive": additive_vs_dot(1024 if args.quick else 4096, repeats),
-        "encoder": encoder(512 if args.quick else 2048, 4 if args.quick else 8, repeats),
-        "run_vs_loop": run_vs_loop(30 if args.quick else 100, 2 if args.quick else 3),
+        "command": " ".join(
+            [
+                "python benchmarks/gpu.py",
+                *(["--quick"] if args.quick else []),
+                *(["--only", *args.only] if args.only else []),
+            ]
+        ),
+    }
+    runs = {
+        "attention": lambda: attention_kernels(lengths, repeats),
+        "decoder": lambda: decoder_step(4096 if args.quick else 16384, repeats),
+        "additive": lambda: additive_vs_dot(1024 if args.quick else 4096, repeats),
+        "encoder": lambda: encoder(512 if args.quick else 2048, 4 if args.quick else 8, repeats),
+        "run_vs_loop": lambda: run_vs_loop(30 if args.quick else 100, 2 if args.quick else 3),
     }
     out = args.out / "quick" if args.quick else args.out
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(r)
-    (out / "gpu.json").write_text(json.dumps(r, indent=1, default=str))
-    (out / "gpu.md").write_text("# GPU benchmarks\n\n" + text)
-    if not args.quick:
+    for name in args.only or SECTIONS:
+        # each section is written as soon as it is measured: a run stopped by a time limit keeps what it measured,
+        # and a section that fails is reported with its error while the others still run
+        try:
+            r[name] = runs[name]()
+        except Exception as e:  # noqa: BLE001 - reported in the results, not hidden
+            import traceback
+
+            traceback.print_exc()
+            r[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+        torch.cuda.empty_cache()
+        text = markdown(r)
+        (out / "gpu.json").write_text(json.dumps(r, indent=1, default=str))
+        (out / "gpu.md").write_text("# GPU benchmarks\n\n" + text)
+    if not args.quick and not args.only:
         write_readme_section(text, ROOT / "benchmarks" / "README.md")
     print(text)
     return r

@@ -11,8 +11,8 @@ cosine: each is ``scale * q.k`` of prepared q and k) to ``window_attention``: on
   pairs at 64k tokens). Key padding changes with every batch: it is read by the ``mask_mod`` (a closure,
   which FlexAttention does not recompile for), on the cached structure whose blocks are then all partial
   (a "full" block skips the ``mask_mod``).
-- ALiBi (any position scheme's ``bias(dist)``) as a ``score_mod`` that adds a per-head table of the
-  distances within reach, built once per call.
+- ALiBi as a ``score_mod`` that computes the bias from two slopes per head (past and future keys); a bias
+  that is not linear in the distance stays on the tiled kernels.
 
 Where a window saves nothing (it covers the sequence) the caller runs full attention without a mask
 (flash kernels). Dropout on the attention probabilities, additive scores, float64 and head sizes that are
@@ -85,10 +85,19 @@ def _power_of_two(n: int) -> bool:
     return n >= 16 and n & (n - 1) == 0
 
 
-def usable(q: torch.Tensor, v: torch.Tensor, score, *, window: int, dilations, dropout_p: float = 0.0) -> bool:
-    """Whether this windowed self-attention runs through FlexAttention (else the tiled kernels)."""
+def linear_slopes(bias: Callable | None) -> Callable | None:
+    """``slopes()`` of the position scheme whose ``bias`` this is, where the bias is linear in the distance per
+    head (ALiBi: ``models.positions.ALiBi``); None otherwise."""
+    return getattr(getattr(bias, "__self__", None), "slopes", None)
+
+
+def usable(
+    q: torch.Tensor, v: torch.Tensor, score, *, window: int, dilations, dropout_p: float = 0.0, bias=None
+) -> bool:
+    """Whether this windowed self-attention runs through FlexAttention (else the tiled kernels). A bias must
+    be linear in the distance (ALiBi), which the kernel computes from two slopes per head."""
     m = current_mode()
-    if m == "off" or not score.dot_like or dropout_p > 0.0:
+    if m == "off" or not score.dot_like or dropout_p > 0.0 or (bias is not None and linear_slopes(bias) is None):
         return False
     if window >= q.shape[-2] - 1 and max(dilations) == 1:  # the window covers the sequence: full attention
         return False
@@ -242,21 +251,34 @@ def _block_mask(T, window, dilations, causal, device, key_padding):
 # The call
 
 
-def _bias_mod(table: torch.Tensor, reach: torch.Tensor):
-    """score_mod adding table[h, dist + reach] (the distance clamped to the reach, a 0-d tensor: masked
-    pairs read a valid entry too)."""
+def _linear_bias_mod(past: torch.Tensor, future: torch.Tensor):
+    """score_mod adding -past[h] * d for distances d = q - k >= 0 and future[h] * d below (ALiBi): two loads per
+    head, no table. A gather from a table of distances made the H100's kernel for bf16 and heads of 64 need
+    240 KB of shared memory, more than the 227 KB there are ("No valid triton configs", torch 2.11)."""
 
     def mod(score, b, h, q_idx, kv_idx):
-        dist = torch.minimum(torch.maximum(q_idx - kv_idx, -reach), reach)
-        return score + table[h, dist + reach]
+        d = (q_idx - kv_idx).to(past.dtype)
+        return score + torch.where(d >= 0, -past[h] * d, future[h] * d)
 
     return mod
+
+
+# Compilations of flex_attention one process may hold. Every distinct call compiles its own kernel (a scale, a
+# bias or none, per-head dilations or none, causal, key padding, then dynamic shapes), and torch counts them per
+# function for the whole process, whoever compiled it (a compiled model, a benchmark's own flex_attention).
+# Past torch's default of 8 it silently runs flex_attention uncompiled: the full (T, T) scores in memory. On an
+# H100 that made a dilated window 40x slower and 1,000x bigger at 4k tokens, and ran out of memory at 16k; a trial
+# worker that trains several cells in turn would meet it too.
+RECOMPILES = 64
 
 
 def _flex(device: torch.device) -> Callable:
     flex_attention = api()["flex_attention"]
     if torch.compiler.is_compiling():  # inside a compiled model: dynamo traces flex_attention itself
         return flex_attention
+    from torch._dynamo import config as dynamo
+
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
     kind = device.type
     if kind not in _compiled:
         # CUDA: one kernel serves every length (dynamic after the first new shape). The CPU build's C++
@@ -279,16 +301,14 @@ def window_attention(
 ) -> torch.Tensor:
     """Self-attention of prepared q, k, v (B, H, T, D) over keys at distances that are multiples of each
     head's dilation up to window x dilation (only the past when causal); key_padding (B, T) True at
-    padding; bias(dist) -> (H, ...) added to the scores (ALiBi)."""
+    padding; bias: ALiBi's (a bound ``bias`` whose scheme has ``slopes()``), added to the scores."""
     T = q.shape[-2]
     dilations = tuple(int(d) for d in dilations)
     mask = block_mask(T, window, dilations, causal, q.device, key_padding)
     score_mod = None
-    if bias is not None:
-        reach = window * max(dilations)
-        dist = torch.arange(-reach, reach + 1, device=q.device)
-        table = bias(dist).to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # (H, 2 reach + 1)
-        score_mod = _bias_mod(table, torch.tensor(reach, device=q.device))
+    if bias is not None:  # linear in the distance (``usable`` sends no other bias here)
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        score_mod = _linear_bias_mod(*(s.to(q.device, dtype) for s in linear_slopes(bias)()))
     if current_mode() == "eager":  # a test mode: torch's warning that it materialises the scores is expected
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

@@ -315,6 +315,22 @@ class LitTransformer(L.LightningModule):
         self.trainer.should_stop = True
         return True
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip as Lightning does, also for fused AdamW under mixed precision, which Lightning refuses ("does not
+        allow for gradient clipping because it performs unscaling of gradients internally"): with bf16 there is
+        no loss scale and the gradients are the true ones; with fp16's GradScaler they are unscaled first
+        (``GradScaler.unscale_``), after which its step hands the optimizer no scale to divide by again."""
+        if not gradient_clip_val or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:  # "norm", Lightning's default
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
     def configure_optimizers(self):
         """AdamW; weight decay on matrices only (not norms, biases, embeddings or positions). The general
         score's W is stored as I + delta, so decay pulls delta to 0 and W towards its identity start."""

@@ -87,7 +87,7 @@ class LocalPattern(LocalTraits, Pattern):
         return (dist.abs() <= self.window)[None]
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
-        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p):
+        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
             return self._flex(q, k, v, score, causal, key_padding, bias)
         return local_attention(
             q, k, v, score, window=self.window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
@@ -138,7 +138,7 @@ class DilatedPattern(DilatedTraits, LocalPattern):
         return (dist.abs() <= self.window * d) & (dist % d == 0)
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
-        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p):
+        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
             return self._flex(q, k, v, score, causal, key_padding, bias)
         outs = []
         for d, heads in self.groups:

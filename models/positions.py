@@ -226,6 +226,11 @@ class ALiBi(AttentionPositions):
         d = dist.to(self.past.dtype)
         return torch.where(dist >= 0, -self.past.view(shape) * d, self.future.view(shape) * d)
 
+    def slopes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(past, future): the bias is linear in the distance, -past_h * d for d >= 0 and future_h * d below
+        (what ``bias`` computes; FlexAttention evaluates it in the kernel instead of reading a table)."""
+        return self.past, self.future
+
 
 @POSITIONS.register("alibi")
 class ALiBiPositions(ALiBiTraits, Positions):

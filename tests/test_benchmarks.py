@@ -72,6 +72,19 @@ def test_the_report_names_the_device_and_replaces_only_its_section(tmp_path):
     assert committed.count(gpu.BEGIN) == 1 and committed.count(gpu.END) == 1
 
 
+def test_a_section_that_failed_or_did_not_run_is_reported_as_such_and_the_rest_kept():
+    gpu = gpu_module()
+    r = result()
+    r["additive"] = {"error": "OutOfMemoryError: CUDA out of memory."}
+    del r["run_vs_loop"]  # stopped by a time limit before it
+    text = gpu.markdown(r)
+    assert (
+        "failed: `OutOfMemoryError: CUDA out of memory.`" in text
+        and "ablate run` against a plain PyTorch loop**: not run" in text
+    )
+    assert "2.45x** faster" in text and "MFU 45.0%" in text  # the measured sections stay
+
+
 def test_without_cuda_it_refuses_with_the_reason():
     import torch
 

@@ -247,7 +247,66 @@ def test_compiled_flex_kernel_on_cpu_equals_tiled_kernels():
         torch.testing.assert_close(out[real], tiled[real], rtol=1e-5, atol=1e-5)
 
 
+def test_only_a_bias_linear_in_the_distance_goes_to_flex_attention():
+    """ALiBi's bias (Press et al. 2022: -m_h * (i - j)) is computed in the kernel from its slopes; any other bias
+    stays on the tiled kernels, which take any bias(dist)."""
+    q = torch.randn(1, 4, 64, 16)
+    score = make_score("dot", 4, 16)
+    alibi = ALiBi(4, causal=True)
+    with flex.mode("compiled"):
+        assert flex.usable(q, q, score, window=8, dilations=(1,) * 4, bias=alibi.bias)
+        assert flex.usable(q, q, score, window=8, dilations=(1,) * 4)
+        assert not flex.usable(q, q, score, window=8, dilations=(1,) * 4, bias=lambda dist: alibi.bias(dist) ** 2)
+    past, future = alibi.slopes()
+    dist = torch.arange(-5, 6)
+    linear = torch.where(dist >= 0, -past[:, None] * dist, future[:, None] * dist)
+    torch.testing.assert_close(alibi.bias(dist), linear)  # the slopes are the bias
+
+
+def test_the_compiled_flex_attention_may_compile_every_variant_a_process_meets():
+    """torch runs a function uncompiled once it has been compiled recompile_limit times (8 by default): for
+    FlexAttention that is the dense (T, T) path, seen on an H100 when a benchmark's variants passed 8. Taking the
+    compiled kernel raises the limit for the process (never lowers it)."""
+    import torch._dynamo
+
+    before = torch._dynamo.config.recompile_limit
+    try:
+        torch._dynamo.config.recompile_limit = 8
+        flex._flex(torch.device("cpu"))
+        assert torch._dynamo.config.recompile_limit == flex.RECOMPILES >= 32
+        torch._dynamo.config.recompile_limit = 500
+        flex._flex(torch.device("cpu"))
+        assert torch._dynamo.config.recompile_limit == 500
+    finally:
+        torch._dynamo.config.recompile_limit = before
+
+
 # --- CUDA ----------------------------------------------------------------------------------------------
+
+
+@cuda
+@pytest.mark.parametrize("dilations", [(1,) * 8, (1, 1, 1, 1, 2, 2, 2, 2)])
+def test_cuda_flex_in_bf16_with_heads_of_64_and_alibi_equals_the_tiled_kernels(dilations):
+    """The size a model trains at (bf16, heads of 64, 1k tokens, window 256, ALiBi): FlexAttention picks its
+    largest tiles there, and its kernel must fit the GPU's shared memory (the ALiBi table it once gathered did
+    not, on an H100). Outputs and gradients equal the tiled kernels' in fp32 on the same bf16 inputs."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    H, D, T = 8, 64, 1024
+    score = make_score("dot", H, D).to(dev)
+    bias = ALiBi(H, causal=True).to(dev).bias
+    pattern = pattern_for(256, dilations)
+    q, k, v = (torch.randn(2, H, T, D, device=dev).bfloat16().requires_grad_() for _ in range(3))
+    g = torch.randn(2, H, T, D, device=dev)
+    results = []
+    for mode, dtype in (("off", torch.float32), ("auto", torch.bfloat16)):
+        with flex.mode(mode):
+            a, b, c = (x.to(dtype) for x in (q, k, v))
+            out = pattern.attend(a, b, c, score, causal=True, bias=bias)
+            grads = torch.autograd.grad(out.float(), (q, k, v), g)
+            results.append((out.float(), *(x.float() for x in grads)))
+    for ours, tiled in zip(*results):
+        torch.testing.assert_close(ours, tiled, rtol=2e-2, atol=2e-2)
 
 
 @cuda

@@ -8,6 +8,7 @@ import pytest
 
 from models.config import ConfigError
 from models.training import TrainingConfig, lr_factor, teacher_forcing_p
+from tests.models.devices import cuda
 
 
 def test_noam_schedule_is_vaswani_formula():
@@ -237,6 +238,55 @@ def test_model_flops_utilisation_uses_the_device_peak_or_the_override(monkeypatc
     monkeypatch.setenv("ABLATE_PEAK_FLOPS", "fast")
     with pytest.raises(ValueError, match="ABLATE_PEAK_FLOPS='fast' must be a number of FLOP/s"):
         peak_flops_per_s("cpu", "32-true")
+
+
+def clipped_training(fused: bool, precision: str, grad_clip: float | None, accelerator: str) -> list:
+    """The parameters after 3 steps of a tiny LM with the given optimizer, precision and clipping."""
+    import warnings
+
+    import lightning as L
+
+    module, data, _ = tiny_lm(TrainingConfig(max_steps=3, fused_adamw=fused, warmup_steps=1, grad_clip=grad_clip), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's notes on CPU AMP and small models
+        L.Trainer(
+            accelerator=accelerator,
+            devices=1,
+            max_steps=3,
+            precision=precision,
+            gradient_clip_val=grad_clip,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        ).fit(module, datamodule=data)
+    return [p.detach().cpu().clone() for p in module.parameters()]
+
+
+def assert_fused_clips_like_foreach(precision: str, accelerator: str) -> None:
+    import torch
+
+    clipped = [clipped_training(fused, precision, 0.01, accelerator) for fused in (False, True)]
+    for a, b in zip(*clipped):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    unclipped = clipped_training(True, precision, None, accelerator)
+    assert any(not torch.allclose(a, b) for a, b in zip(clipped[1], unclipped))  # the clip was in effect
+
+
+def test_fused_adamw_clips_under_mixed_precision_as_the_foreach_implementation():
+    """Lightning refuses to clip for an optimizer that unscales inside its step (fused AdamW) under mixed
+    precision; LitTransformer clips it itself: the same parameters as with the foreach AdamW. Found on an H100,
+    where `fused_adamw: true` with bf16-mixed stopped every run at its first step."""
+    assert_fused_clips_like_foreach("bf16-mixed", "cpu")
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_cuda_fused_adamw_clips_under_mixed_precision_as_the_foreach_implementation(precision):
+    """On CUDA, 16-mixed has a GradScaler: the gradients are unscaled before the clip, and not again by the step."""
+    assert_fused_clips_like_foreach(precision, "gpu")
 
 
 def test_fused_adamw_takes_the_same_step():
