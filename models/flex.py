@@ -267,8 +267,8 @@ def _linear_bias_mod(past: torch.Tensor, future: torch.Tensor):
 # bias or none, per-head dilations or none, causal, key padding, then dynamic shapes), and torch counts them per
 # function for the whole process, whoever compiled it (a compiled model, a benchmark's own flex_attention).
 # Past torch's default of 8 it silently runs flex_attention uncompiled: the full (T, T) scores in memory. On an
-# H100 that made a dilated window 40x slower and 1,000x bigger at 4k tokens, and ran out of memory at 16k; a trial
-# worker that trains several cells in turn would meet it too.
+# H100 that made a dilated window about 45 times slower, with about 900 times the memory, at 4k tokens, and ran
+# out of memory at 16k; a trial worker that trains several cells in turn would meet it too.
 RECOMPILES = 64
 
 
