@@ -132,18 +132,21 @@ def tiny_lm(training: TrainingConfig, log_every: int):
         ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32), training, "lm", log_every=log_every
     )
 
-    def trainer(callbacks=()):
+    def trainer(callbacks=(), **options):
         return L.Trainer(
-            accelerator="cpu",
-            max_steps=training.max_steps,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            gradient_clip_val=training.grad_clip,
-            callbacks=list(callbacks),
+            **{
+                "accelerator": "cpu",
+                "max_steps": training.max_steps,
+                "logger": False,
+                "enable_checkpointing": False,
+                "enable_progress_bar": False,
+                "enable_model_summary": False,
+                "num_sanity_val_steps": 0,
+                "limit_val_batches": 0,
+                "gradient_clip_val": training.grad_clip,
+                "callbacks": list(callbacks),
+                **options,
+            }
         )
 
     return module, data, trainer
@@ -244,24 +247,12 @@ def clipped_training(fused: bool, precision: str, grad_clip: float | None, accel
     """The parameters after 3 steps of a tiny LM with the given optimizer, precision and clipping."""
     import warnings
 
-    import lightning as L
-
-    module, data, _ = tiny_lm(TrainingConfig(max_steps=3, fused_adamw=fused, warmup_steps=1, grad_clip=grad_clip), 1)
+    module, data, trainer = tiny_lm(
+        TrainingConfig(max_steps=3, fused_adamw=fused, warmup_steps=1, grad_clip=grad_clip), log_every=1
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's notes on CPU AMP and small models
-        L.Trainer(
-            accelerator=accelerator,
-            devices=1,
-            max_steps=3,
-            precision=precision,
-            gradient_clip_val=grad_clip,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        ).fit(module, datamodule=data)
+        trainer(accelerator=accelerator, devices=1, precision=precision).fit(module, datamodule=data)
     return [p.detach().cpu().clone() for p in module.parameters()]
 
 
