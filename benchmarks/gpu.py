@@ -105,11 +105,34 @@ def attention_kernels(lengths: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+DILATIONS = (1,) * (H // 2) + (2,) * (H // 2)  # the dilated contenders: half the heads at dilation 2
+
+
+def peer_masks(n: int, device: str = "cuda", compiled: bool = True):
+    """The anchors' block masks, written the obvious way with ``create_block_mask``: (window, dilated, dil).
+    The dilated mask is built per head (H): its mask_mod reads each head's dilation, and a mask built for
+    H=None holds head 0's blocks for every head (half the keys of the heads at dilation 2 left out)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dil = torch.tensor(DILATIONS, device=device)
+
+    def window(b, h, i, j):
+        return (i >= j) & (i - j <= WINDOW)
+
+    def dilated(b, h, i, j):
+        d = dil[h]
+        return (i >= j) & ((i - j) % d == 0) & (i - j <= WINDOW * d)
+
+    build = torch.compile(create_block_mask) if compiled else create_block_mask
+    return build(window, None, None, n, n, device=device), build(dilated, None, H, n, n, device=device), dil
+
+
 def _attention_at(n: int) -> dict[str, Callable[[], None]]:
     """Forward + backward of each contender at ``n`` tokens (the anchors and ours on the same q, k, v)."""
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     from models.attention import DotScore
     from models.config import LayerAttention
@@ -120,23 +143,14 @@ def _attention_at(n: int) -> dict[str, Callable[[], None]]:
     score = DotScore(H, D).cuda()
     alibi = ALiBi(H, causal=True).cuda()
     slopes = alibi.past
-    dil = torch.tensor([1] * (H // 2) + [2] * (H // 2), device="cuda")
     q, k, v = (torch.randn(1, H, n, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-
-    def window(b, h, i, j):
-        return (i >= j) & (i - j <= WINDOW)
-
-    def dilated(b, h, i, j):
-        d = dil[h]
-        return (i >= j) & ((i - j) % d == 0) & (i - j <= WINDOW * d)
 
     def alibi_mod(s, b, h, i, j):
         return s - slopes[h] * (i - j)
 
-    plain_mask = create_block_mask(window, None, None, n, n, device="cuda", _compile=True)
-    dilated_mask = create_block_mask(dilated, None, None, n, n, device="cuda", _compile=True)
+    plain_mask, dilated_mask, _ = peer_masks(n)
     local = LocalPattern(LayerAttention("local", WINDOW, (1,) * H))
-    dilated_ours = DilatedPattern(LayerAttention("dilated", WINDOW, tuple(int(x) for x in dil.tolist())))
+    dilated_ours = DilatedPattern(LayerAttention("dilated", WINDOW, DILATIONS))
     return {
         "flash full causal": fwd_bwd(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v),
         "FlexAttention window": fwd_bwd(lambda a, b, c: flex(a, b, c, block_mask=plain_mask), q, k, v),

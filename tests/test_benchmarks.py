@@ -85,6 +85,26 @@ def test_a_section_that_failed_or_did_not_run_is_reported_as_such_and_the_rest_k
     assert "2.45x** faster" in text and "MFU 45.0%" in text  # the measured sections stay
 
 
+def test_the_flexattention_anchors_visit_the_blocks_ours_do():
+    """The anchors compute what ours compute: per head, the same key blocks (partial and full) as our window and
+    per-head dilated masks (models.flex.block_structure). A dilated mask built for H=None would hold head 0's
+    blocks for every head: the peer would skip half the keys of the heads at dilation 2 (the first H100 run did)."""
+    import torch
+
+    from models import flex
+
+    gpu = gpu_module()
+    n = 1024
+    window, dilated, _ = gpu.peer_masks(n, device="cpu", compiled=False)
+    for mask, dilations in ((window, (1,) * gpu.H), (dilated, gpu.DILATIONS)):
+        num, _, full, _ = flex.block_structure(n, gpu.WINDOW, dilations, causal=True)
+        heads = torch.arange(gpu.H) if num.shape[1] > 1 else torch.zeros(gpu.H, dtype=torch.long)
+        expand = lambda t: t.expand(1, gpu.H, -1) if t.shape[1] == 1 else t  # noqa: E731
+        assert torch.equal(expand(mask.kv_num_blocks), num[:, heads]), dilations
+        assert torch.equal(expand(mask.full_kv_num_blocks), full[:, heads]), dilations
+    assert not torch.equal(dilated.kv_num_blocks[0, 0], dilated.kv_num_blocks[0, -1])  # the heads differ
+
+
 def test_without_cuda_it_refuses_with_the_reason():
     import torch
 
