@@ -109,7 +109,7 @@ DILATIONS = (1,) * (H // 2) + (2,) * (H // 2)  # the dilated contenders: half th
 
 
 def peer_masks(n: int, device: str = "cuda", compiled: bool = True):
-    """The anchors' block masks, written the obvious way with ``create_block_mask``: (window, dilated, dil).
+    """The anchors' block masks, written the obvious way with ``create_block_mask``: (window, dilated).
     The dilated mask is built per head (H): its mask_mod reads each head's dilation, and a mask built for
     H=None holds head 0's blocks for every head (half the keys of the heads at dilation 2 left out)."""
     import torch
@@ -125,7 +125,7 @@ def peer_masks(n: int, device: str = "cuda", compiled: bool = True):
         return (i >= j) & ((i - j) % d == 0) & (i - j <= WINDOW * d)
 
     build = torch.compile(create_block_mask) if compiled else create_block_mask
-    return build(window, None, None, n, n, device=device), build(dilated, None, H, n, n, device=device), dil
+    return build(window, None, None, n, n, device=device), build(dilated, None, H, n, n, device=device)
 
 
 def _attention_at(n: int) -> dict[str, Callable[[], None]]:
@@ -148,7 +148,7 @@ def _attention_at(n: int) -> dict[str, Callable[[], None]]:
     def alibi_mod(s, b, h, i, j):
         return s - slopes[h] * (i - j)
 
-    plain_mask, dilated_mask, _ = peer_masks(n)
+    plain_mask, dilated_mask = peer_masks(n)
     local = LocalPattern(LayerAttention("local", WINDOW, (1,) * H))
     dilated_ours = DilatedPattern(LayerAttention("dilated", WINDOW, DILATIONS))
     return {
@@ -279,25 +279,25 @@ def run_vs_loop(steps: int, repeats: int) -> list[dict]:
 # --- the report ----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = ("attention", "decoder", "additive", "encoder", "run_vs_loop")
+TITLES = {
+    "attention": f"1. Attention, window {WINDOW}, causal, {H} heads of {D}, bf16, forward + backward",
+    "decoder": "2. One training step",
+    "additive": "3. Additive against dot-product scores",
+    "encoder": "4. Encoder",
+    "run_vs_loop": "5. `ablate run` against a plain PyTorch loop",
+}
+SECTIONS = tuple(TITLES)
 
 
 def markdown(r: dict) -> str:
     """The report: every section measured, and for one that failed or did not run, what happened instead."""
     lines = [f"Measured on {r['device']} (torch {r['torch']}, CUDA {r['cuda']}), {r['date']}, with `{r['command']}`."]
-    titles = {
-        "attention": f"1. Attention, window {WINDOW}, causal, {H} heads of {D}, bf16, forward + backward",
-        "decoder": "2. One training step of a decoder",
-        "additive": "3. Additive against dot-product scores",
-        "encoder": "4. Encoder against nn.TransformerEncoder",
-        "run_vs_loop": "5. `ablate run` against a plain PyTorch loop",
-    }
     for name in SECTIONS:
         lines.append("")
         if name not in r:
-            lines.append(f"**{titles[name]}**: not run.")
+            lines.append(f"**{TITLES[name]}**: not run.")
         elif isinstance(r[name], dict) and "error" in r[name]:
-            lines.append(f"**{titles[name]}**: failed: `{r[name]['error']}`.")
+            lines.append(f"**{TITLES[name]}**: failed: `{r[name]['error']}`.")
         else:
             lines += _RENDER[name](r[name])
     return "\n".join(lines) + "\n"
@@ -305,7 +305,7 @@ def markdown(r: dict) -> str:
 
 def _attention_md(rows: list[dict]) -> list[str]:
     lines = [
-        f"**1. Attention, window {WINDOW}, causal, {H} heads of {D}, bf16, forward + backward** (ms / peak MB):",
+        f"**{TITLES['attention']}** (ms / peak MB):",
         "",
     ]
     names = [k for k in rows[0] if k != "n"]
@@ -319,7 +319,7 @@ def _attention_md(rows: list[dict]) -> list[str]:
 
 def _decoder_md(d: dict) -> list[str]:
     return [
-        f"**2. One training step of a {d['tokens']:,}-token decoder** (d 512, 4 layers, bf16 autocast): full attention "
+        f"**{TITLES['decoder']} of a {d['tokens']:,}-token decoder** (d 512, 4 layers, bf16 autocast): full attention "
         f"{d['full']['ms']:.1f} ms / {d['full']['mb']:.0f} MB, local w{WINDOW} {d['local w256']['ms']:.1f} ms / "
         f"{d['local w256']['mb']:.0f} MB: **{d['full']['ms'] / d['local w256']['ms']:.2f}x** faster (target 2x)."
     ]
@@ -327,7 +327,7 @@ def _decoder_md(d: dict) -> list[str]:
 
 def _additive_md(a: dict) -> list[str]:
     return [
-        f"**3. Additive against dot-product scores**, n = {a['n']:,}, fp32, forward + backward: dot {a['dot']['ms']:.2f} ms "
+        f"**{TITLES['additive']}**, n = {a['n']:,}, fp32, forward + backward: dot {a['dot']['ms']:.2f} ms "
         f"/ {a['dot']['mb']:.0f} MB, additive {a['additive']['ms']:.2f} ms / {a['additive']['mb']:.0f} MB: "
         f"**{a['ratio']:.1f}x** (target at most 10x)."
     ]
@@ -335,7 +335,7 @@ def _additive_md(a: dict) -> list[str]:
 
 def _encoder_md(e: dict) -> list[str]:
     return [
-        f"**4. Encoder** (d {e['d_model']}, {e['layers']} layers, T {e['T']}, batch {e['batch']}, bf16 autocast): ours "
+        f"**{TITLES['encoder']}** (d {e['d_model']}, {e['layers']} layers, T {e['T']}, batch {e['batch']}, bf16 autocast): ours "
         f"{e['ours']['tokens_per_s']:,.0f} tokens/s (MFU {e['ours']['mfu']:.1%}), nn.TransformerEncoder "
         f"{e['nn.TransformerEncoder']['tokens_per_s']:,.0f} tokens/s (MFU {e['nn.TransformerEncoder']['mfu']:.1%})."
     ]
@@ -343,7 +343,7 @@ def _encoder_md(e: dict) -> list[str]:
 
 def _run_vs_loop_md(rows: list[dict]) -> list[str]:
     lines = [
-        "**5. `ablate run` against a plain PyTorch loop** (85M-parameter byte LM, batch 32 x 512, bf16-mixed):",
+        f"**{TITLES['run_vs_loop']}** (85M-parameter byte LM, batch 32 x 512, bf16-mixed):",
         "",
         "| compile, fused AdamW | ours tokens/s | loop tokens/s | ratio |",
         "|---|---:|---:|---:|",

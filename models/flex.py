@@ -276,11 +276,11 @@ def _flex(device: torch.device) -> Callable:
     flex_attention = api()["flex_attention"]
     if torch.compiler.is_compiling():  # inside a compiled model: dynamo traces flex_attention itself
         return flex_attention
-    from torch._dynamo import config as dynamo
-
-    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
     kind = device.type
     if kind not in _compiled:
+        from torch._dynamo import config as dynamo
+
+        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES)
         # CUDA: one kernel serves every length (dynamic after the first new shape). The CPU build's C++
         # template failed to compile dynamic shapes with key padding (torch 2.13): one kernel per shape there.
         _compiled[kind] = torch.compile(flex_attention, dynamic=None if kind == "cuda" else False)

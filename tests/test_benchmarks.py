@@ -95,13 +95,11 @@ def test_the_flexattention_anchors_visit_the_blocks_ours_do():
 
     gpu = gpu_module()
     n = 1024
-    window, dilated, _ = gpu.peer_masks(n, device="cpu", compiled=False)
+    window, dilated = gpu.peer_masks(n, device="cpu", compiled=False)
     for mask, dilations in ((window, (1,) * gpu.H), (dilated, gpu.DILATIONS)):
-        num, _, full, _ = flex.block_structure(n, gpu.WINDOW, dilations, causal=True)
-        heads = torch.arange(gpu.H) if num.shape[1] > 1 else torch.zeros(gpu.H, dtype=torch.long)
-        expand = lambda t: t.expand(1, gpu.H, -1) if t.shape[1] == 1 else t  # noqa: E731
-        assert torch.equal(expand(mask.kv_num_blocks), num[:, heads]), dilations
-        assert torch.equal(expand(mask.full_kv_num_blocks), full[:, heads]), dilations
+        num, _, full, _ = flex.block_structure(n, gpu.WINDOW, dilations, causal=True)  # (1, 1 or H, N)
+        assert torch.equal(mask.kv_num_blocks.expand(1, gpu.H, -1), num.expand(1, gpu.H, -1)), dilations
+        assert torch.equal(mask.full_kv_num_blocks.expand(1, gpu.H, -1), full.expand(1, gpu.H, -1)), dilations
     assert not torch.equal(dilated.kv_num_blocks[0, 0], dilated.kv_num_blocks[0, -1])  # the heads differ
 
 
