@@ -243,10 +243,10 @@ def test_with_store_wait_a_store_that_comes_up_in_time_is_used(monkeypatch, caps
     monkeypatch.setenv("ABLATE_STORE_WAIT", "30")
     server: list = []
 
-    def come_up():  # the server starts two seconds after the command
+    def come_up():  # the server starts a second after the command, between two of its polls (every 2 s)
         import time
 
-        time.sleep(2)
+        time.sleep(1)
 
         class Up(http.server.BaseHTTPRequestHandler):  # noqa: E306
             def do_GET(self):  # noqa: N802
@@ -268,10 +268,14 @@ def test_with_store_wait_a_store_that_comes_up_in_time_is_used(monkeypatch, caps
             f"waiting up to 30 s (ABLATE_STORE_WAIT) for the tracking store: {uri}"
         )
     finally:
-        thread.join(timeout=5)  # the server is up (or the thread gone): nothing serves on after the test
+        for _ in range(50):  # the server is up (or the thread gone), then stopped: nothing serves on after the test
+            if server or not thread.is_alive():
+                break
+            thread.join(timeout=0.1)
         if server:
-            server[0].shutdown()
+            server[0].shutdown()  # returns once serve_forever has (the thread then ends)
             server[0].server_close()
+        thread.join(timeout=5)
     monkeypatch.setenv("ABLATE_STORE_WAIT", "1")
     assert "does not answer (Connection refused)" in stores.usable(f"http://127.0.0.1:{free_port()}")
     capsys.readouterr()
