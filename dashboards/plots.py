@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ablations.spec.metrics import better
 from dashboards.load import StudyRuns
 from dashboards.table import COSTS, Table
 
@@ -144,7 +145,7 @@ def quality_vs_cost(table: Table, cost: str = "cost/wall_time_s"):
     label = dict(COSTS).get(cost, cost)
     rows = [r for r in table.rows if r.summary.n and math.isfinite(r.costs.get(cost, math.nan))]
     pts = [(r.summary.mean, r.costs[cost]) for r in rows]
-    lower_is_better = cost != "cost/tokens_per_s"
+    lower_is_better = better(cost) != "maximize"
     front = sorted(pareto_front(pts, table.direction == "maximize", lower_is_better), key=lambda i: pts[i][1])
     fig = go.Figure()
     fig.add_trace(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablations.records import TUNED_SETTING
+from ablations.spec.metrics import better
 from dashboards import caveats, stats
 from dashboards.analysis import Analysis, from_design
 from dashboards.load import StudyRuns
@@ -224,12 +225,11 @@ def _value(v: str) -> str:
         return v
 
 
-LOWER_IS_BETTER = ("loss", "perplexity", "bits", "wall_time", "step_time", "memory", "n_params", "flops_per_token")
-
-
 def metric_direction(metric: str) -> str:
-    """The direction of a metric other than the study's: losses, perplexities and costs go down."""
-    return "minimize" if any(word in metric for word in LOWER_IS_BETTER) else "maximize"
+    """The direction of a metric other than the study's (``ablations.spec.metrics.better``: losses, perplexities,
+    error rates and costs go down; accuracies and throughputs up); one with none of its own (when a run stopped)
+    is read as lower-is-better, and the table says so."""
+    return better(metric) or "minimize"
 
 
 def _float(v: Any) -> float:
@@ -275,6 +275,7 @@ def build(
     if metric and metric != study_metric:
         direction = metric_direction(metric)
     metric = metric or study_metric
+    unranked = better(metric) is None and metric != study_metric
     cells = runs.cells
     if metric not in cells.columns:
         raise stats_error(runs, metric)
@@ -286,6 +287,10 @@ def build(
             f"baseline {baseline!r} is not a variant of {runs.name!r}; {hint}variants: {', '.join(runs.variants)}"
         )
     notes: list[str] = []
+    if unranked:
+        notes.append(
+            f"{metric} has no direction of its own (it says when a run stopped): 'better' reads lower as better"
+        )
     study_direction = runs.design.get("direction", "minimize")
     never = {
         m: (t, study_direction if m == study_metric else metric_direction(m)) for m, t in analysis.never_learned.items()

@@ -34,6 +34,42 @@ COST = (
 )
 
 
+# the direction in which each logged metric gets better, by its name without the split or prefix (val_loss: loss)
+HIGHER_IS_BETTER = frozenset(
+    {"accuracy", "token_acc", "exact_match", "length_acc", "tokens_per_s", "achieved_flops_per_s", "mfu"}
+)
+LOWER_IS_BETTER = frozenset(
+    {"loss", "ppl"}  # perplexity is exp(loss)
+    | {"step_time_ms", "train_tokens", "train_time_s", "peak_memory_mb", "n_params", "flops_per_token", "wall_time_s"}
+    | {"steps"}
+)
+
+
+def better(metric: str) -> str | None:
+    """``minimize`` or ``maximize``: the direction in which ``metric`` (any name ``logged_metrics`` gives) gets
+    better; None where it has none (``diverged_step``, ``stopped_step``: when a run stopped) or is not ours."""
+    name = metric.rpartition("/")[2]
+    if metric.partition("/")[0] in ("best", "final"):
+        name = name.removeprefix("val_")
+    if name in LOWER_IS_BETTER or re.fullmatch(r"error_at_\d+", name):
+        return "minimize"
+    if name in HIGHER_IS_BETTER:
+        return "maximize"
+    return None
+
+
+def direction_problem(metric: str, direction: str | None) -> str | None:
+    """What is wrong with ranking ``metric`` in ``direction`` (None: it follows the metric), or None."""
+    known = better(metric)
+    if direction is not None and known is not None and direction != known:
+        word = "lower" if known == "minimize" else "higher"
+        return (
+            f"direction {direction} ranks {metric!r} backwards ({word} is better): write {known}, or leave direction "
+            "out (it follows the metric)"
+        )
+    return None
+
+
 def in_order(names: Iterable[str]) -> list[str]:
     """Sorted with the numbers in them as numbers: ``error_at_2`` before ``error_at_10``."""
     return sorted(names, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
@@ -90,3 +126,29 @@ def variant_metrics(origin: Origin, metric: str, runs: Iterable[tuple[str, RunCo
             problem += f" (the runs of {', '.join(repr(v) for v in missing)} do not log it)"
         raise origin.error(("metric",), problem)
     return set.intersection(*per_variant.values())
+
+
+def pruned_on(given: str | None, metric: str, direction: str, reported: set[str]) -> tuple[str, str | None]:
+    """A search's ``prune_on`` (``given``, or by default the objective's own validation metric: val/token_acc for
+    final/val_token_acc or test/token_acc, else val/loss for an objective that falls) and what is wrong with it:
+    Optuna's pruners compare it in the objective's ``direction``, so one that moves the other way would stop the
+    best trials (val/loss for an objective that maximises exact match)."""
+    name = metric.rpartition("/")[2]
+    if metric.partition("/")[0] in ("best", "final"):
+        name = name.removeprefix("val_")
+    along = [m for m in in_order(reported) if better(m) == direction]
+    prune_on = given or (f"val/{name}" if f"val/{name}" in reported else "val/loss")
+    if prune_on not in reported:
+        return prune_on, unknown_metric(prune_on, reported)
+    if better(prune_on) not in (None, direction):
+        moves = "falls" if better(prune_on) == "minimize" else "rises"
+        if given is None:
+            return prune_on, (
+                f"the objective {metric!r} is to {direction} and no validation metric is its own: give prune_on (one "
+                f"that moves with it: {', '.join(along)}), or pruner: none"
+            )
+        return prune_on, (
+            f"{prune_on!r} gets better as it {moves}, but the objective {metric!r} is to {direction}: Optuna's pruner "
+            f"would stop the best trials; prune on a validation metric that moves with it ({', '.join(along)})"
+        )
+    return prune_on, None

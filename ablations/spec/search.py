@@ -12,7 +12,7 @@ objectives:                            # one or more; several: a Pareto front (n
   - {metric: final/val_loss, direction: minimize}
 sampler: tpe                           # tpe | random | cmaes | gp | nsga2
 pruner: median                         # median | successive_halving | hyperband | wilcoxon | none
-prune_on: val/loss                     # the intermediate metric reported from inside training
+prune_on: val/loss                     # reported at each validation (default: the objective's own, else val/loss)
 n_trials: 20                           # in total, across every process on the study; failed trials count
 timeout: 600                           # seconds this process asks for new trials (optional)
 concurrency: 2                         # trials at once in this process
@@ -50,7 +50,14 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError, found
-from ablations.spec.metrics import intermediate_metrics, logged_metrics, unknown_metric
+from ablations.spec.metrics import (
+    better,
+    direction_problem,
+    intermediate_metrics,
+    logged_metrics,
+    pruned_on,
+    unknown_metric,
+)
 from ablations.spec.run import apply_overrides, axis_keys, load_base, read_document, resolve_run, structure_errors
 from ablations.spec.space import refused_values
 
@@ -136,7 +143,7 @@ class Param(Strict):
 
 class Objective(Strict):
     metric: str
-    direction: Literal["minimize", "maximize"] = "minimize"
+    direction: Literal["minimize", "maximize"] | None = None  # None: the metric's own (ablations.spec.metrics.better)
 
     @field_validator("metric")
     @classmethod
@@ -164,7 +171,7 @@ class SearchFile(Strict):
     direction: Literal["minimize", "maximize"] | None = None
     sampler: Literal["tpe", "random", "cmaes", "gp", "nsga2"] | None = None
     pruner: Literal["median", "successive_halving", "hyperband", "wilcoxon", "none"] | None = None
-    prune_on: str = "val/loss"
+    prune_on: str | None = None  # default: the objective's own validation metric, else val/loss (_prune_on)
     pruner_warmup: PrunerWarmup = PrunerWarmup()
     startup_trials: int | None = Field(None, ge=0)  # random trials before TPE/GP model (default: fitted to n_trials)
     diverged: Literal["worst", "fail"] = "worst"  # how a diverged trial is told: the worst value seen, or FAIL
@@ -184,7 +191,7 @@ class SearchFile(Strict):
     @field_validator("prune_on")
     @classmethod
     def _prune_on(cls, v):
-        if not v.startswith("val/"):
+        if v is not None and not v.startswith("val/"):
             raise ValueError(f"{v!r} must be a validation metric reported while training, e.g. val/loss")
         return v
 
@@ -370,8 +377,10 @@ def load_search(
         errors += err.every()
     if errors or base_errors:
         raise found(errors + base_errors)
-    objectives = [(o.metric, o.direction) for o in file.objectives] if file.objectives else None
-    objectives = objectives or [(file.metric or "final/val_loss", file.direction or "minimize")]
+    given = [(o.metric, o.direction) for o in file.objectives or ()] or [
+        (file.metric or "final/val_loss", file.direction)
+    ]
+    objectives = [(metric, direction or better(metric) or "minimize") for metric, direction in given]
     sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")
     spec = SearchSpec(
         name=file.name,
@@ -382,7 +391,7 @@ def load_search(
         objectives=objectives,
         sampler=sampler,
         pruner=file.pruner or ("median" if len(objectives) == 1 else "none"),
-        prune_on=file.prune_on,
+        prune_on=file.prune_on or "val/loss",
         n_trials=file.n_trials,
         timeout=file.timeout,
         concurrency=file.concurrency,
@@ -411,11 +420,17 @@ def load_search(
                 raise origin.error(("space", cause[0]), f"{named}{message}") from None
             raise origin.error(("space",), message, key=f"space ({err.key})") from None
         logged = logged_metrics(run)
-        for i, (metric, _) in enumerate(spec.objectives):
+        for i, (metric, direction) in enumerate(given):
+            where = ("objectives", i) if file.objectives else ()
             problem = unknown_metric(metric, logged)
             if problem:
-                raise origin.error(("objectives", i, "metric") if file.objectives else ("metric",), problem)
-        if spec.pruner != "none" and spec.prune_on not in intermediate_metrics(run):
-            raise origin.error(("prune_on",), unknown_metric(spec.prune_on, intermediate_metrics(run)) or "")
+                raise origin.error((*where, "metric"), problem)
+            problem = direction_problem(metric, direction)
+            if problem:
+                raise origin.error((*where, "direction" if direction else "metric"), problem)
+        if spec.pruner != "none":
+            spec.prune_on, problem = pruned_on(file.prune_on, *spec.objectives[0], intermediate_metrics(run))
+            if problem:
+                raise origin.error(("prune_on",), problem)
     spec.warnings = refused_values(spec)
     return spec

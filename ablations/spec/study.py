@@ -12,7 +12,7 @@ design:
   # variants: [{name: pre, set: {model.norm: pre}}, {name: post, set: {model.norm: post}}]
 seeds: 3                               # or a list: [0, 1, 2]
 metric: final/val_loss                 # a summary metric of the runs
-direction: minimize
+direction: minimize                    # optional: every metric the runs log knows its own (loss: minimize)
 constraints:                           # skip (or refuse) cells, with the reason
   - skip: {model.norm: post, training.warmup_steps: 0}
     reason: Post-LN without warm-up is known to diverge here
@@ -49,7 +49,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError, found
-from ablations.spec.metrics import in_order, logged_metrics, variant_metrics
+from ablations.spec.metrics import better, direction_problem, in_order, logged_metrics, variant_metrics
 from ablations.spec.run import (
     RunConfig,
     apply_overrides,
@@ -90,7 +90,7 @@ class StudyFile(Strict):
     design: Design
     seeds: Any = Field(1, validate_default=True)  # a count (3) or a list of seeds ([0, 1, 2])
     metric: str = "final/val_loss"
-    direction: Literal["minimize", "maximize"] = "minimize"
+    direction: Literal["minimize", "maximize"] | None = None  # None: the metric's own (ablations.spec.metrics.better)
     constraints: list[Constraint] = Field(default_factory=list)
     skip_invalid: bool = False
     resources: Resources = Resources()
@@ -317,6 +317,10 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         except SpecError as err:
             problems += err.every()
             metrics = set.intersection(*(logged_metrics(c.run) for c in cells))
+    direction = file.direction or better(file.metric) or "minimize"
+    problem = direction_problem(file.metric, file.direction) if file.metric in (metrics or ()) else None
+    if problem:  # (a metric no run logs is said above)
+        problems.append(origin.error(("direction",) if file.direction else ("metric",), problem))
     try:
         analysis = _analysis(origin, file, labels, axes, metrics)
     except SpecError as err:
@@ -338,7 +342,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         cells=cells,
         skipped=skipped,
         metric=file.metric,
-        direction=file.direction,
+        direction=direction,
         resources=file.resources,
         max_concurrent=file.max_concurrent,
         retries=file.retries,

@@ -352,6 +352,36 @@ def test_another_metric_brings_its_own_direction(store):
     assert build(runs, "test/acc").direction == "maximize"
 
 
+def test_a_perplexity_an_error_rate_and_a_throughput_are_ranked_in_their_own_directions(store):
+    """Perplexity is exp(loss) and the decoded error rate a rate of mistakes: both fall as a model gets better,
+    tokens per second rises. The names the runs log (ppl, error_at_k, tokens_per_s) used to be read as
+    higher-is-better for the first two: a variant with a perplexity one point higher was "different (better)" and
+    bold, a never_learned threshold on it failed every cell that learned, and a failed seed took the best value."""
+    rng = np.random.default_rng(5)
+    loss = {s: 2.3 + 0.01 * rng.standard_normal() for s in range(8)}
+    values = {"baseline": loss, "worse": {s: v + 0.1 + 0.01 * rng.standard_normal() for s, v in loss.items()}}
+    extra = {
+        (v, s): {"test/ppl": math.exp(x), "test/error_at_1": x / 10, "cost/tokens_per_s": 1000 / x}
+        for v, per_seed in values.items()
+        for s, x in per_seed.items()
+    }
+    fill(store, "dirs", values, metric="final/val_loss", direction="minimize", extra=extra,
+         analysis={"never_learned": {"test/ppl": 50.0}})  # fmt: skip
+    runs = load_study(store, "dirs")
+    for metric, direction in (
+        ("test/ppl", "minimize"),
+        ("test/error_at_1", "minimize"),
+        ("cost/tokens_per_s", "maximize"),
+    ):
+        table = build(runs, metric)
+        worse = {r.variant: r for r in table.rows}["worse"]
+        assert table.direction == direction, metric
+        assert worse.contrast.verdict == "different (worse)", (metric, worse.contrast.verdict)
+        assert [r.variant for r in table.rows if r.best] == ["baseline"], metric
+    table = build(runs)  # every cell's perplexity (about 10) is far below the threshold of 50: all learned
+    assert all(r.outcomes.successes == r.outcomes.cells == 8 for r in table.rows)
+
+
 def test_cells_take_the_latest_designs_names(store):
     """A grown design (a new axis at the base's value) keeps the cells' ids but renames their variants."""
     three_variants(store)

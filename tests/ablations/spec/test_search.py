@@ -57,6 +57,11 @@ def refused(tmp_path, **spec) -> SpecError:
             "window",
         ),
         ({"colour": 1}, "colour", "unknown key"),
+        # a direction that ranks its metric backwards (perplexity is exp(loss)), and a pruner that would stop the
+        # best trials: val/token_acc rises as the objective's loss falls (Optuna prunes in the objective's direction)
+        ({"objectives": [{"metric": "test/ppl", "direction": "maximize"}]}, "objectives[0].direction", "backwards"),
+        ({"metric": "final/val_token_acc", "direction": "minimize"}, "direction", "write maximize"),
+        ({"pruner": "median", "prune_on": "val/token_acc"}, "prune_on", "would stop the best trials"),
     ],
 )
 def test_malformed_search_specs_are_refused_before_anything_starts(tmp_path, spec, key, words):
@@ -102,6 +107,25 @@ def test_every_mistake_of_a_search_files_structure_is_named_at_once_in_the_files
         ("name", "is required"),
         ("base", "is required"),
     }
+
+
+def test_an_objective_without_a_direction_takes_its_metric_s(tmp_path):
+    """Each metric the runs log knows whether it gets better up or down (ablations.spec.metrics.better): an
+    objective need not say it, and the Optuna study is made in that direction."""
+    both = [{"metric": "final/val_token_acc"}, {"metric": "cost/n_params"}]
+    spec = load_search(write_spec(tmp_path, objectives=both, pruner="none", sampler="nsga2"))
+    assert spec.objectives == [("final/val_token_acc", "maximize"), ("cost/n_params", "minimize")]
+    assert load_search(write_spec(tmp_path)).objectives == [("final/val_loss", "minimize")]
+    # the pruner compares prune_on in the objective's direction: by default it is the objective's own validation
+    # metric (val/loss, pruned as if it should rise, stopped the trials with the lowest loss of a search that
+    # maximised exact match)
+    spec = load_search(write_spec(tmp_path, metric="test/exact_match", pruner="median"))
+    assert (spec.directions, spec.prune_on) == (["maximize"], "val/exact_match")
+    assert load_search(write_spec(tmp_path, pruner="median")).prune_on == "val/loss"
+    err = refused(tmp_path, metric="cost/tokens_per_s", pruner="median")
+    assert err.key == "prune_on" and "give prune_on (one that moves with it: val/exact_match, val/token_acc)" in str(
+        err
+    )
 
 
 def test_every_catalogue_search_loads():

@@ -565,6 +565,26 @@ def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
     assert load_study(write(tmp_path, metric="test_long/exact_match")).metric == "test_long/exact_match"
 
 
+def test_the_direction_follows_the_metric_and_one_that_ranks_it_backwards_is_refused(tmp_path):
+    """Without ``direction`` a study minimised whatever its metric: test/exact_match too, so its report called the
+    variant with fewer exact matches better. Each metric the runs log now knows its direction."""
+    from ablations.spec.metrics import better, logged_metrics
+
+    assert load_study(write(tmp_path, metric="test/exact_match")).direction == "maximize"
+    assert load_study(write(tmp_path, metric="test/ppl")).direction == "minimize"
+    assert load_study(write(tmp_path)).direction == "minimize"  # final/val_loss
+    err = refused(tmp_path, metric="test/token_acc", direction="minimize")
+    assert err.key == "direction" and "ranks 'test/token_acc' backwards (higher is better): write maximize" in str(err)
+    # every metric a run logs has a direction, but the two that say when it stopped; perplexity (exp of the loss)
+    # and the decoded error rate fall, accuracies and throughput rise
+    run = load_study(write(tmp_path)).cells[0].run
+    assert {m for m in logged_metrics(run) if better(m) is None} == {"diverged_step", "stopped_step"}
+    assert {better(m) for m in ("final/val_ppl", "test/error_at_3", "cost/peak_memory_mb")} == {"minimize"}
+    assert {better(m) for m in ("best/val_exact_match", "test/token_acc", "cost/tokens_per_s", "cost/mfu")} == {
+        "maximize"
+    }
+
+
 def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store):
     """What the study file is checked against is what training records: one short run of each kind of task."""
     from ablations.spec import resolve_run
