@@ -139,6 +139,9 @@ def attend(q, k, v, score, mask=None, bias=None, causal: bool = False, dropout_p
         if out is not None:
             return out
     if score.dot_like:
+        if causal and extra is None and q.shape[-2] != k.shape[-2]:  # SDPA's is_causal aligns the queries to the
+            T, S = q.shape[-2], k.shape[-2]  # first keys; ours are the last ones (a chunk after a cache)
+            extra, causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T), False
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=extra, dropout_p=dropout_p, is_causal=causal and extra is None, scale=score.scale
         )

@@ -373,6 +373,20 @@ def sdpa_masks(fn) -> list:
     return seen
 
 
+@pytest.mark.parametrize("name", ALL_SCORES)
+def test_causal_queries_fewer_than_keys_are_the_last_ones(name):
+    """full_attention's queries are aligned to the last keys (a chunk after cached keys: query t is position
+    S - T + t). The dot-like scores went to SDPA's is_causal, which aligns them to the first keys (query t saw
+    keys 0..t only), while the other scores and the masked paths aligned them to the last."""
+    torch.manual_seed(0)
+    B, H, T, S, D = 2, 2, 3, 7, 4
+    score = make_score(name, H, D)
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64) for n in (T, S, S))
+    seen = (torch.arange(S - T, S)[:, None] - torch.arange(S)[None, :]) >= 0  # query at position p sees keys <= p
+    expected = torch.softmax(oracle_scores(name, score, q, k).masked_fill(~seen, float("-inf")), -1) @ v
+    torch.testing.assert_close(kernel("full", score, q, k, v, causal=True), expected)
+
+
 def test_no_mask_is_passed_where_none_is_needed():
     """Flash kernels on GPU need attn_mask=None: full (causal or not) self-attention without padding, a
     window that covers the sequence, cross-attention without padding, and a cached full-attention step."""
