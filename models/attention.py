@@ -290,6 +290,13 @@ class KVCache:
 # The module
 
 
+def projections(linear: nn.Linear, n: int) -> nn.Linear:
+    """``linear`` marked as ``n`` projections fused along its outputs (q, k, v): each is initialised as a layer
+    of its own (Transformer._init_weights)."""
+    linear.fused_outputs = n
+    return linear
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with pluggable slots: a score function, a pattern (``models.patterns``)
     and the attention part of a position scheme (``AttentionPositions``: rotary, ALiBi, or nothing).
@@ -321,9 +328,9 @@ class MultiHeadAttention(nn.Module):
         inner = n_heads * head_dim
         if cross:
             self.q_proj = nn.Linear(d_model, inner, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * inner, bias=bias)
+            self.kv_proj = projections(nn.Linear(d_model, 2 * inner, bias=bias), 2)
         else:
-            self.qkv_proj = nn.Linear(d_model, 3 * inner, bias=bias)
+            self.qkv_proj = projections(nn.Linear(d_model, 3 * inner, bias=bias), 3)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.score = SCORES[score](n_heads, head_dim, chunk_elements)
         self.positions = positions if positions is not None and not cross else AttentionPositions()

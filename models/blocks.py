@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import KVCache, MultiHeadAttention
+from models.attention import KVCache, MultiHeadAttention, projections
 from models.config import LayerAttention, ModelConfig
 from models.registry import FEED_FORWARDS, NORMS, PATTERNS, POSITIONS
 
@@ -49,7 +49,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
+        self.linear1 = projections(nn.Linear(d_model, 2 * d_ff, bias=bias), 2)  # the gate and the value
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 

@@ -76,7 +76,8 @@ class Transformer(nn.Module):
 
     def _init_weights(self) -> None:
         """Token embeddings (and [MASK]) N(0, d^-0.5), then scaled by sqrt(d) when used: RMS 1 entering the
-        stack; every linear layer Xavier-uniform with zero biases; norms at 1 and 0 (torch's default). Scores
+        stack; every linear layer Xavier-uniform with zero biases (each projection of a fused matrix over its own
+        shape: q, k and v of ``qkv_proj`` as three (C, C) layers, not one (3C, C)); norms at 1 and 0 (torch's default). Scores
         and learned positions initialise their own parameters (general: W = I; cosine: tau = 10; additive:
         v ~ N(0, 1/D); learned positions: ``position_init_std``)."""
         std = self.cfg.d_model**-0.5
@@ -85,11 +86,13 @@ class Transformer(nn.Module):
             tables.add(id(self.mask_embed))
         linear = {id(m.weight): "weight" for m in self.modules() if isinstance(m, nn.Linear)}
         linear.update({id(m.bias): "bias" for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None})
+        blocks = {id(m.weight): getattr(m, "fused_outputs", 1) for m in self.modules() if isinstance(m, nn.Linear)}
         for _, p in self.named_parameters():  # in order: the same draws for the same seed as before
             if id(p) in tables:
                 nn.init.normal_(p, std=std)
-            elif linear.get(id(p)) == "weight":
-                nn.init.xavier_uniform_(p)
+            elif linear.get(id(p)) == "weight":  # Glorot's scale is a layer's: each projection of a fused matrix
+                for block in p.data.chunk(blocks[id(p)], dim=0):  # (q, k, v; SwiGLU's gate, value) gets its own
+                    nn.init.xavier_uniform_(block)
             elif linear.get(id(p)) == "bias":
                 nn.init.zeros_(p)
 

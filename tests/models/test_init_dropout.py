@@ -126,13 +126,20 @@ def normal(std: float):
     return check
 
 
-def xavier(name: str, p: torch.Tensor) -> None:
-    """Glorot and Bengio (2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out))."""
-    fan_out, fan_in = p.shape
-    a = math.sqrt(6 / (fan_in + fan_out))
-    x = p.detach().flatten().numpy()
-    assert abs(x).max() <= a, name
-    assert stats.kstest(x, "uniform", args=(-a, 2 * a)).pvalue > 1e-3, name
+def xavier(name: str, p: torch.Tensor, layers: int = 1) -> None:
+    """Glorot and Bengio (2010): U(-a, a) with a = sqrt(6 / (fan_in + fan_out)) of each layer; ``layers``
+    projections fused along the outputs (q, k and v: 3) are each a layer (drawn over the fused (3C, C) shape,
+    self-attention's q started at 0.71x the scale of cross-attention's)."""
+    for block in p.detach().chunk(layers, dim=0):
+        fan_out, fan_in = block.shape
+        a = math.sqrt(6 / (fan_in + fan_out))
+        x = block.flatten().numpy()
+        assert abs(x).max() <= a, name
+        assert stats.kstest(x, "uniform", args=(-a, 2 * a)).pvalue > 1e-3, name
+
+
+def fused_xavier(layers: int):
+    return lambda name, p: xavier(name, p, layers)
 
 
 def constant(value: float):
@@ -149,6 +156,9 @@ def rules(cfg: ModelConfig) -> list[tuple[str, object]]:
         (r"(tgt_)?embed\.weight", normal(d**-0.5)),  # times sqrt(d) when used: RMS 1
         (r"mask_embed", normal(d**-0.5)),
         (r"positions\.table\.weight", normal(pos_std)),
+        (r".*qkv_proj\.weight", fused_xavier(3)),
+        (r".*kv_proj\.weight", fused_xavier(2)),
+        (r".*ff\.sublayer\.linear1\.weight", fused_xavier(2 if cfg.ffn == "swiglu" else 1)),  # SwiGLU: gate, value
         (r".*(proj|linear1|linear2)\.weight|head\.weight|length_head\.weight", xavier),
         (r".*\.bias", constant(0.0)),
         (r".*norm\.weight", constant(1.0)),
