@@ -20,6 +20,7 @@ from typing import Any
 from models.errors import ConfigError
 from models.registry import ALL as REGISTRIES
 from models.registry import PATTERNS
+from models.traits import ROTARY_BASE
 
 ARCHS = ("encoder", "decoder", "encoder_decoder")
 NORM_PLACEMENTS = ("pre", "post")
@@ -135,7 +136,7 @@ class ModelConfig:
     # learned positions: std of the initial table; None = the scale of the token embeddings entering the
     # stack (1 with scale_embeddings, d_model**-0.5 without), so that neither dominates at the start.
     position_init_std: float | None = None
-    rotary_base: float = 10000.0
+    rotary_base: float = ROTARY_BASE
     score: str = "dot"
     pattern: str = "full"
     # local/dilated: keys at distance <= window are seen (one-sided: 2 * window + 1 keys, window + 1 when
@@ -313,8 +314,11 @@ class ModelConfig:
                     "tie_embeddings=true needs a language-model head; arch='encoder' has a classifier "
                     "(set tie_embeddings to false or null)"
                 )
-        elif self.n_classes is not None:
-            raise ConfigError(f"n_classes is only for arch='encoder' (got arch={self.arch!r}); remove it")
+        else:
+            if self.n_classes is not None:
+                raise ConfigError(f"n_classes is only for arch='encoder' (got arch={self.arch!r}); remove it")
+            if self.classifier != "mean":
+                raise ConfigError(f"classifier is only for arch='encoder' (got arch={self.arch!r}); remove it")
         if self.arch != "encoder_decoder":
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:
@@ -401,6 +405,12 @@ class ModelConfig:
         for name in ("dilated_heads", "layer_dilations", "head_dilations"):
             if getattr(self, name) is not None and not dilated:
                 raise ConfigError(f"{name} requires pattern {dil_needs} ({got}); remove {name}")
+        if self.dilation_schedule != "increasing" and (not dilated or explicit):
+            given = "head_dilations or layer_dilations give the dilations" if explicit else f"{got}"
+            raise ConfigError(
+                f"dilation_schedule={self.dilation_schedule!r} spreads dilation over the layers of pattern "
+                f"{dil_needs} ({given}); remove it"
+            )
         if dilated and not explicit and self.dilation < 2:
             raise ConfigError(f"pattern {dil_needs} needs dilation >= 2 (dilation 1 is pattern 'local')")
         H = self.n_heads
@@ -432,6 +442,14 @@ class ModelConfig:
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
                     "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth"
+                )
+        if explicit:
+            name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
+            rows = getattr(self, name)
+            if all(d == 1 for row in rows for d in (row if isinstance(row, tuple) else (row,))):
+                raise ConfigError(
+                    f"every dilation of {name} is 1, which is pattern 'local': use pattern 'local', or give a "
+                    "dilation >= 2"
                 )
 
         if dilated:

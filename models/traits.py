@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from models.errors import ConfigError
 
+ROTARY_BASE = 10000.0  # Su et al.'s base of the rotary wavelengths (ModelConfig.rotary_base's default)
+
 
 class ScoreTraits:
     """``dot_like``: the score is ``scale * q.k`` of the prepared q and k (torch's fused attention runs it)."""
@@ -45,6 +47,7 @@ class PositionsTraits:
 
     needs_dot_product = False
     takes_init_std = False
+    takes_base = False  # rotary_base applies
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -52,6 +55,11 @@ class PositionsTraits:
             raise ConfigError(
                 f"position_init_std={cfg.position_init_std} sets the initial scale of a learned table; "
                 f"positions={cfg.positions!r} has none (remove it, or use positions='learned')"
+            )
+        if cfg.rotary_base != ROTARY_BASE and not cls.takes_base:
+            raise ConfigError(
+                f"rotary_base={cfg.rotary_base:g} sets the wavelengths of rotary positions; positions="
+                f"{cfg.positions!r} has none (remove it, or use positions='rotary')"
             )
         if cls.needs_dot_product and not cfg.dot_like_score:
             raise ConfigError(
@@ -67,6 +75,7 @@ class LearnedTraits(PositionsTraits):
 
 class RotaryTraits(PositionsTraits):
     needs_dot_product = True
+    takes_base = True
 
     @classmethod
     def check(cls, cfg) -> None:

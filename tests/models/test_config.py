@@ -33,6 +33,10 @@ REFUSED = [
     ({"arch": "encoder"}, r"arch='encoder' needs n_classes"),
     ({"arch": "encoder", "n_classes": 2, "tie_embeddings": True}, r"tie_embeddings=true needs a language-model head"),
     ({"arch": "decoder", "n_classes": 2}, r"n_classes is only for arch='encoder' \(got arch='decoder'\)"),
+    # a key that would change nothing is refused like its siblings: two variants would be the same model under two
+    # names (and two cell ids)
+    ({"arch": "decoder", "classifier": "token"}, r"classifier is only for arch='encoder' \(got arch='decoder'\)"),
+    ({"arch": "encoder_decoder", "classifier": "first"}, r"classifier is only for arch='encoder'"),
     ({"arch": "decoder", "tgt_vocab_size": 10}, r"tgt_vocab_size is only for arch='encoder_decoder'"),
     ({"arch": "decoder", "n_decoder_layers": 2}, r"n_decoder_layers is only for arch='encoder_decoder'"),
     ({"pad_id": 300}, r"pad_id=300 must be below vocab_size=256"),
@@ -66,9 +70,17 @@ REFUSED = [
     ),
     ({"pattern": "dilated", "window": 2, "layer_dilations": [1, 2], "dilation": 2}, r"remove dilation"),
     ({"pattern": "dilated", "window": 2, "dilation_schedule": "steps"}, r"dilation_schedule='steps' is not a valid"),
+    ({"pattern": "local", "window": 2, "dilation_schedule": "decreasing"}, r"dilation_schedule='decreasing' .* remove"),
+    (
+        {"pattern": "dilated", "window": 2, "layer_dilations": [1, 2], "dilation_schedule": "fixed"},
+        r"dilation_schedule='fixed' .*head_dilations or layer_dilations give the dilations",
+    ),
+    ({"pattern": "dilated", "window": 2, "head_dilations": [1, 1, 1, 1]}, r"every dilation of head_dilations is 1"),
+    ({"pattern": "dilated", "window": 2, "layer_dilations": [1, 1]}, r"every dilation of layer_dilations is 1"),
     # positions
     ({"position_init_std": 0.02}, r"position_init_std=0.02 .*positions='sinusoidal' has none"),
     ({"positions": "learned", "position_init_std": -1}, r"position_init_std=-1 must be a non-negative number"),
+    ({"rotary_base": 5e5}, r"rotary_base=500000 .*positions='sinusoidal' has none .*positions='rotary'"),
     ({"arch": "encoder", "n_classes": 2, "positions": "alibi", "n_heads": 1}, r"alibi.*bidirectional.*n_heads=1"),
     # non-autoregressive decoding
     (

@@ -156,8 +156,7 @@ def test_models_give_the_same_outputs_through_flex_attention(arch, positions, pa
     torch.manual_seed(2)
     cfg = ModelConfig(
         arch=arch,
-        n_classes=3 if arch == "encoder" else None,
-        classifier="token",
+        **({"n_classes": 3, "classifier": "token"} if arch == "encoder" else {}),
         vocab_size=20,
         d_model=32,
         n_heads=4,
