@@ -286,6 +286,13 @@ def train(
                 status = records.STATUS_FINISHED
             if trainer.is_global_zero and drain.stopped is None:
                 extra.update(_final_evaluation(module, data, drain))
+                lost = [
+                    k for k, v in {**module.last_val, **extra}.items() if k.endswith("/loss") and not math.isfinite(v)
+                ]
+                if status == records.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
+                    # did not: a result with no value, counted as diverged (dropped as "no value yet", it vanished)
+                    status, detail = records.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
+                    extra["diverged_step"] = float(trainer.global_step)
                 if run_logger is not None and run.tracking.checkpoint:
                     path = Path(scratch) / "model.pt"
                     torch.save(module.model.state_dict(), path)

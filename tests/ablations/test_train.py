@@ -194,6 +194,30 @@ def test_a_diverged_run_is_a_result(store, tmp_path, monkeypatch):
     assert len(c.get_metric_history(rec.info.run_id, "train/loss")) < 12  # it stopped early
 
 
+def test_a_run_whose_outputs_end_non_finite_is_diverged_not_left_without_a_value(store):
+    """The divergence guard watches the training loss. A model whose evaluation after training is not finite (here
+    its weights overflow after the last step) finished with its losses dropped from the summary, and the report
+    counted the cell as having no outcome yet (a 6/6 success count over 8 seeds): it is recorded as diverged."""
+    import lightning.pytorch as L
+    import torch
+
+    class Overflow(L.Callback):
+        def on_train_end(self, trainer, module):
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.fill_(float("inf"))
+
+    def prepare(trainer):
+        trainer.callbacks.append(Overflow())
+        return trainer
+
+    result = train(short_copy(), Tracking(store, "overflow"), prepare=prepare)
+    assert result.status == "diverged" and result.detail.startswith("non-finite ") and "test/loss" in result.detail
+    _, rec = only_run(store, "overflow")
+    assert rec.data.tags["status_detail"] == f"diverged: {result.detail}"
+    assert rec.data.metrics["diverged_step"] == 120 and "test/loss" not in rec.data.metrics
+
+
 def test_an_exception_is_recorded_as_failed_with_its_traceback(store):
     def explode(step, metrics):
         if step >= 20:
