@@ -506,6 +506,25 @@ def test_longformer_default_keeps_heads_undilated_and_dilates_upper_layers():
     assert [la.window for la in cfg.replace(window_schedule="decreasing").attention_layers()] == [13, 10, 6, 3]
 
 
+def test_every_window_schedule_keeps_the_mean_window_compute_matched():
+    """Longformer's schedule (small windows below, large above) is compared at the cost of the fixed window: a
+    local layer's cost grows linearly with its window, so the windows must sum to n * W. Rounding each layer alone
+    did not: W 1 over three layers gave [1, 1, 2] (mean 1.33), W 3 gave [2, 3, 5] (mean 3.33)."""
+    from models import ModelConfig
+
+    for window in range(1, 33):
+        for layers in range(2, 9):
+            cfg = ModelConfig(arch="decoder", d_model=16, n_heads=2, n_layers=layers, pattern="local", window=window)
+            for kind in ("increasing", "decreasing"):
+                windows = [la.window for la in cfg.replace(window_schedule=kind).attention_layers()]
+                assert sum(windows) == layers * window and min(windows) >= 1, (window, layers, kind, windows)
+                assert windows == sorted(windows, reverse=kind == "decreasing"), (window, layers, kind, windows)
+                ideal = [window * 2 * (j + 1) / (layers + 1) for j in range(layers)][
+                    :: 1 if kind == "increasing" else -1
+                ]
+                assert all(abs(w - x) < 1 for w, x in zip(windows, ideal) if x >= 1), (window, layers, windows)
+
+
 PER_LAYER = ("layer_windows", "layer_dilations", "layer_patterns")
 DEPTH_CASES = [
     (keys, depth)
