@@ -3,8 +3,9 @@
 Forward, per token: 2 * N over the weights the token passes through (each is one multiply-add; embedding
 look-ups are free, a tied output projection is not), plus attention: 2 * 2 * context * H * D per layer
 (scores, then the weighted sum of values), where context is the number of keys a query sees (about half
-the sequence when causal; about the window for local and dilated patterns). Additive scores cost about
-4 more operations per (query, key, dimension): add, tanh, multiply, sum. In encoder_decoder models a
+the sequence when causal; about the window for local and dilated patterns). Additive scores replace the
+multiply-add of q.k (2 operations per query, key and dimension) by add, tanh, multiply and sum (4, counting
+tanh as one): 6 per (query, key, dimension) with the weighted sum of values, against 4 for dot products. In encoder_decoder models a
 source token passes through the encoder, a target token through the decoder (self- and cross-attention)
 and the output projection (a non-autoregressive decoder's self-attention is not causal). Training costs about three forward passes (backward is twice the forward).
 """
@@ -22,7 +23,7 @@ def _params(module: nn.Module | None) -> int:
 
 
 def _per_key(cfg: ModelConfig) -> float:
-    return 4 * cfg.n_heads * cfg.head_size * (2 if cfg.score == "additive" else 1)
+    return (6 if cfg.score == "additive" else 4) * cfg.n_heads * cfg.head_size
 
 
 def _attention(cfg: ModelConfig, layers, length: int, causal: bool) -> float:
