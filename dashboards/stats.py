@@ -7,7 +7,8 @@ the same rules hold everywhere. docs/statistics.md explains every number.
   paired sign-flip permutation test (``scipy.stats.permutation_test``, every one of the 2^n sign flips for
   n <= 16 seeds, Monte Carlo beyond), or the paired t-test; the Student-t and BCa bootstrap intervals;
   Hedges' g; equivalence by two one-sided tests (TOST) against a margin; the smallest difference the seeds
-  could detect (``statsmodels`` TTestPower) and the seeds a stated difference needs; the correlation between
+  could detect and the seeds a stated difference needs (the exact test's own power, simulated, up to 12 seeds;
+  ``statsmodels`` TTestPower for the t-test and beyond); the correlation between
   the paired runs (what pairing bought).
 - Factorial effects of a grid: main effects and interactions as contrasts of cell means from an OLS fit with
   the seed as a block (``statsmodels``), which handles missing cells without letting each seed average a

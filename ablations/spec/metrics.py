@@ -45,12 +45,16 @@ LOWER_IS_BETTER = frozenset(
 )
 
 
+def _name(metric: str) -> str:
+    """A metric's name without its split or prefix: loss for final/val_loss, test/loss and val/loss."""
+    name = metric.rpartition("/")[2]
+    return name.removeprefix("val_") if metric.partition("/")[0] in ("best", "final") else name
+
+
 def better(metric: str) -> str | None:
     """``minimize`` or ``maximize``: the direction in which ``metric`` (any name ``logged_metrics`` gives) gets
     better; None where it has none (``diverged_step``, ``stopped_step``: when a run stopped) or is not ours."""
-    name = metric.rpartition("/")[2]
-    if metric.partition("/")[0] in ("best", "final"):
-        name = name.removeprefix("val_")
+    name = _name(metric)
     if name in LOWER_IS_BETTER or re.fullmatch(r"error_at_\d+", name):
         return "minimize"
     if name in HIGHER_IS_BETTER:
@@ -133,11 +137,9 @@ def pruned_on(given: str | None, metric: str, direction: str, reported: set[str]
     final/val_token_acc or test/token_acc, else val/loss for an objective that falls) and what is wrong with it:
     Optuna's pruners compare it in the objective's ``direction``, so one that moves the other way would stop the
     best trials (val/loss for an objective that maximises exact match)."""
-    name = metric.rpartition("/")[2]
-    if metric.partition("/")[0] in ("best", "final"):
-        name = name.removeprefix("val_")
     along = [m for m in in_order(reported) if better(m) == direction]
-    prune_on = given or (f"val/{name}" if f"val/{name}" in reported else "val/loss")
+    own = f"val/{_name(metric)}"
+    prune_on = given or (own if own in reported else "val/loss")
     if prune_on not in reported:
         return prune_on, unknown_metric(prune_on, reported)
     if better(prune_on) not in (None, direction):

@@ -171,7 +171,7 @@ class SearchFile(Strict):
     direction: Literal["minimize", "maximize"] | None = None
     sampler: Literal["tpe", "random", "cmaes", "gp", "nsga2"] | None = None
     pruner: Literal["median", "successive_halving", "hyperband", "wilcoxon", "none"] | None = None
-    prune_on: str | None = None  # default: the objective's own validation metric, else val/loss (_prune_on)
+    prune_on: str | None = None  # default: the objective's own validation metric, else val/loss (metrics.pruned_on)
     pruner_warmup: PrunerWarmup = PrunerWarmup()
     startup_trials: int | None = Field(None, ge=0)  # random trials before TPE/GP model (default: fitted to n_trials)
     diverged: Literal["worst", "fail"] = "worst"  # how a diverged trial is told: the worst value seen, or FAIL
