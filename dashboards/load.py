@@ -19,11 +19,12 @@ from ablations.records import (
     DESIGN_ARTIFACT,
     KIND_CELL,
     KIND_STUDY,
-    RESULT_STATES,
     TUNED_SETTING,
     cell_state,
     client,
     kind_filter,
+    result_run,
+    same_code,
     search_all,
 )
 from ablations.secrets import redact_url
@@ -35,6 +36,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no pro
 # size of the output the loss is over, from which the report knows the level of a uniform guess (caveats.py)
 PARAMS_KEPT = ("model.arch", "model.vocab_size", "model.tgt_vocab_size", "model.n_classes", "model.classifier")
 PARAMS_PREFIX = "params."
+OTHER_CODE = "other code"  # a cell's state when only other code than its study's latest submission trained it
 
 
 class NoResults(LookupError):
@@ -140,11 +142,15 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     by_cell: dict[str, list] = {}
     for run in runs:
         by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)
+    design = _design(uri, parents)
+    code = design.get("code")  # the latest submission's: whose results count (None: any code's, or an older record)
     rows = []
     for cell_id, attempts in by_cell.items():
-        result = next((r for r in attempts if cell_state(r) in RESULT_STATES), attempts[-1])
-        rows.append(_row(cell_id, result, attempts))
-    design = _design(uri, parents)
+        own = [r for r in attempts if same_code(r, code)]
+        if own:  # as the sweep takes it: the first result of that code, else its latest attempt
+            rows.append(_row(cell_id, result_run(own) or own[-1], own))
+        else:  # trained only by other code (the code changed since): no outcome of this study's code yet
+            rows.append({**_row(cell_id, attempts[-1], own, metrics=False), "state": OTHER_CODE})
     labels = design.get("cells", {})  # the latest design's name of each cell, whatever its runs were tagged
     settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
     for row in rows:
@@ -161,7 +167,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)
 
 
-def _row(cell_id: str, run, attempts: list) -> dict[str, Any]:
+def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, Any]:
     tags = run.data.tags
     seed = tags.get("seed", "")
     row: dict[str, Any] = {
@@ -179,7 +185,8 @@ def _row(cell_id: str, run, attempts: list) -> dict[str, Any]:
     }
     row.update({k: v for k, v in tags.items() if k.startswith("axis.")})
     row.update({PARAMS_PREFIX + k: run.data.params[k] for k in PARAMS_KEPT if k in run.data.params})
-    row.update(run.data.metrics)
+    if metrics:
+        row.update(run.data.metrics)
     return row
 
 

@@ -26,7 +26,7 @@ from ablations.records import TUNED_SETTING
 from ablations.spec.metrics import better
 from dashboards import caveats, stats
 from dashboards.analysis import Analysis, from_design
-from dashboards.load import StudyRuns
+from dashboards.load import OTHER_CODE, StudyRuns
 
 COSTS = [
     ("cost/n_params", "params"),
@@ -244,7 +244,7 @@ def outcome(row: Any, metric: str, never_learned: dict[str, tuple[float, str]]) 
     """A cell's outcome: success | diverged | failed | killed | not_learned | pending (running, or finished
     without a finite value of the metric: no outcome to count)."""
     state = str(row.get("state", ""))
-    if state == "running":
+    if state in ("running", OTHER_CODE):
         return "pending"
     if state == "finished":
         if not math.isfinite(_float(row.get(metric))):
@@ -428,7 +428,10 @@ def build(
     for r in rows:
         o = r.outcomes
         if o.pending:
-            notes.append(f"{r.variant}: {o.pending} cell(s) without an outcome yet (running, or no {metric})")
+            notes.append(
+                f"{r.variant}: {o.pending} cell(s) without an outcome yet (running, trained only by other code than "
+                f"the latest submission's, or no {metric})"
+            )
         if o.cells and o.successes == 0:
             notes.append(f"{r.variant}: failed on every seed ({_failures(o)})")
         elif r.summary.n == 1:

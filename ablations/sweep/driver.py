@@ -172,7 +172,7 @@ def run_study(
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
 
     check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
-    parent, alive_claim = open_submission(study, uri, p, claims, fingerprint)
+    parent, alive_claim = open_submission(study, uri, p, claims, fingerprint, code)
     keeper = Keeper(claims, [alive_claim] if alive_claim else [], out)
     keeper.start()
     ctx = TrialContext(

@@ -116,9 +116,12 @@ class Submission:
         records.end_run(self.uri, self.run_id, status)
 
 
-def design_record(study: Study) -> dict:
-    """What a report needs to know about the design (logged as design.json)."""
+def design_record(study: Study, code: str | None = None) -> dict:
+    """What a report needs to know about the design (logged as design.json); ``code``: the fingerprint of the code
+    whose results count (None: any code's, ``reuse_results: any_code``), so the report takes the cells' results as
+    this submission did."""
     return {
+        "code": code,
         "kind": study.design,
         "axes": study.axes,
         "metric": study.metric,
@@ -137,7 +140,9 @@ def design_record(study: Study) -> dict:
     }
 
 
-def open_submission(study: Study, uri: str, p: Plan, claims: Claims, fingerprint: str) -> tuple[Submission, Claim]:
+def open_submission(
+    study: Study, uri: str, p: Plan, claims: Claims, fingerprint: str, code: str | None
+) -> tuple[Submission, Claim]:
     """The parent run of this submission and the claim that says it is alive. Parent runs left RUNNING by
     submissions whose lease expired are marked KILLED; live ones are left alone."""
     from mlflow.entities import Param
@@ -184,7 +189,7 @@ def open_submission(study: Study, uri: str, p: Plan, claims: Claims, fingerprint
         copy = Path(tmp) / "study.yaml"
         copy.write_text(Path(study.source).read_text())
         c.log_artifact(run.info.run_id, str(copy))
-    c.log_dict(run.info.run_id, design_record(study), records.DESIGN_ARTIFACT)
+    c.log_dict(run.info.run_id, design_record(study, code), records.DESIGN_ARTIFACT)
     if study.description:
         c.set_tag(run.info.run_id, "mlflow.note.content", study.description)
     mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)

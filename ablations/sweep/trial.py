@@ -92,7 +92,8 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     exit_quickly()  # this process ends without collecting its libraries' garbage
     import_paused(trial_modules(ctx.uri, ctx.resources.workers))  # and imports with the collector paused
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
-    done = records.result_run(runs, None if ctx.reuse_any_code else ctx.fingerprint)
+    code = None if ctx.reuse_any_code else ctx.fingerprint
+    done = records.result_run(runs, code)
     if done is not None:  # trained by an earlier attempt or submission: never twice
         out = {"status": records.cell_state(done), "run_id": done.info.run_id, "reused": True}
         report(out)
@@ -100,7 +101,9 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     for run in runs:
         if run.info.status == "RUNNING":  # an attempt whose process or node died
             records.mark_killed(ctx.uri, run, "lost: its process or node stopped before it finished; retried")
-    attempt = 1 + len(runs)  # every earlier run of this cell, whichever submission made it
+    # the earlier runs of this cell by this code (any code's with reuse_any_code), whichever submission made them:
+    # what the sweep's table and `ablate report` count as its attempts
+    attempt = 1 + sum(records.same_code(r, code) for r in runs)
     tags = cell_tags(cell, ctx, attempt)
     fence = None
     if cell.cell_id in ctx.tokens:  # the result is written only while this submission's claim holds

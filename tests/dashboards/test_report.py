@@ -44,6 +44,7 @@ def fill(
     params: dict[str, dict[str, str]] | None = None,
     curves: dict[tuple[str, int], list[tuple[int, float]]] | None = None,
     train_curves: dict[tuple[str, int], list[tuple[int, float]]] | None = None,
+    code: str | None = None,
 ) -> str:
     """A study as a sweep records it: a parent run with design.json (with the study's ``analysis`` section when
     given), one child run per cell (``extra``: more metrics of a cell; ``params``: variant -> the run's params,
@@ -65,6 +66,7 @@ def fill(
             "direction": direction,
             "variants": [{"name": v, "settings": settings[v]} for v in values],
             **({"analysis": analysis} if analysis is not None else {}),
+            **({"code": code} if code is not None else {}),
         },
         "design.json",
     )
@@ -82,6 +84,7 @@ def fill(
                 "cell_id": f"{variant}-{seed}",
                 "mlflow.parentRunId": pid,
                 "status_detail": state,
+                **({"code_fingerprint": code} if code is not None else {}),
                 **{f"axis.{k}": v for k, v in settings[variant].items()},
             }
             run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
@@ -380,6 +383,26 @@ def test_a_perplexity_an_error_rate_and_a_throughput_are_ranked_in_their_own_dir
         assert [r.variant for r in table.rows if r.best] == ["baseline"], metric
     table = build(runs)  # every cell's perplexity (about 10) is far below the threshold of 50: all learned
     assert all(r.outcomes.successes == r.outcomes.cells == 8 for r in table.rows)
+
+
+def test_the_report_takes_the_results_of_the_latest_submission_s_code_as_the_sweep_does(store):
+    """After a code change the sweep trains every cell again (a result counts only for the code that trained it),
+    but the report took each cell's oldest result: the old code's numbers under the new code's submission, and its
+    attempts counted across both codes where the sweep's table counted this code's."""
+    old = {"baseline": {s: 0.5 for s in SEEDS}, "other": {s: 0.6 for s in SEEDS}}
+    new = {"baseline": {s: 0.7 for s in SEEDS}, "other": {s: 0.9 for s in SEEDS[:3]}}  # two cells not yet again
+    fill(store, "recode", old, code="c0de0ld", submission=1)
+    fill(store, "recode", new, code="c0de2", submission=2)
+    runs = load_study(store, "recode")
+    cells = runs.cells.set_index("cell_id")
+    assert cells.loc["baseline-0", "test/acc"] == 0.7 and cells.loc["other-0", "test/acc"] == 0.9
+    assert (cells.loc["other-4", "state"], math.isnan(cells.loc["other-4", "test/acc"])) == ("other code", True)
+    assert set(cells["attempts"]) == {0, 1}  # this code's runs only: 1, or none for the two it has not trained
+    row = {r.variant: r for r in build(runs).rows}["other"]
+    assert (row.outcomes.pending, row.summary.n, row.summary.mean) == (2, 3, pytest.approx(0.9))
+    # a study swept with reuse_results: any_code (no code recorded), or before the code was recorded: any code's
+    fill(store, "anycode", old, submission=1)
+    assert set(load_study(store, "anycode").cells["test/acc"]) == {0.5, 0.6}
 
 
 def test_cells_take_the_latest_designs_names(store):
