@@ -29,6 +29,7 @@ from ablations.secrets import Credentials, redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
 
 HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
+SURPLUS_ATTR = "ablate:surplus"  # a trial asked beyond n_trials by a process that raced another: failed, not counted
 
 
 @dataclass(kw_only=True)
@@ -59,9 +60,13 @@ def stale_trials(study) -> list:
 
 
 def counted_trials(study) -> int:
-    """Trials asked so far, failed ones included (a search whose trials all fail ends), except those that did
-    not end by themselves (a dead process, Ctrl-C, a stale heartbeat): they are asked again, and the retry
-    counts instead."""
+    return len(counted_numbers(study))
+
+
+def counted_numbers(study) -> list[int]:
+    """The numbers of the trials asked so far, failed ones included (a search whose trials all fail ends), except
+    those that did not end by themselves (a dead process, Ctrl-C, a stale heartbeat): they are asked again, and
+    the retry counts instead; and except surplus trials (``surplus``)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -71,9 +76,20 @@ def counted_trials(study) -> int:
         warnings.simplefilter("ignore")
         for t in trials:  # trials whose heartbeat stopped, asked again by Optuna's own callback
             retried.update(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(t))
-    return sum(
-        t.state != TrialState.WAITING and not (t.state == TrialState.FAIL and t.number in retried) for t in trials
-    )
+    return [
+        t.number
+        for t in trials
+        if t.state != TrialState.WAITING
+        and not (t.state == TrialState.FAIL and t.number in retried)
+        and not t.user_attrs.get(SURPLUS_ATTR)
+    ]
+
+
+def surplus(study, number: int, n_trials: int | None) -> bool:
+    """Whether trial ``number`` lies beyond ``n_trials``: two processes on one study that both counted n - 1 trials
+    both ask one (counting and asking are two steps); Optuna numbers trials in the order they were asked, so the
+    later one is the surplus, and each process reaches the same answer."""
+    return n_trials is not None and sum(k <= number for k in counted_numbers(study)) > n_trials
 
 
 def fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
@@ -268,9 +284,16 @@ def run_search(
                 with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": we beat them ourselves
                     warnings.simplefilter("ignore", UserWarning)
                     trial = study.ask()
-                params = spec.suggest(trial)
+                # whose trial it is, before anything can interrupt (a GP sampler's proposal takes seconds): a trial
+                # without them, left RUNNING by Ctrl-C, was never asked again and still counted
                 trial.set_user_attr(HOST_ATTR, socket.gethostname())
                 trial.set_user_attr(PID_ATTR, os.getpid())
+                if surplus(study, trial.number, spec.n_trials):  # another process asked the last one at once
+                    trial.set_user_attr(SURPLUS_ATTR, True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    out(f"trial {trial.number} not run: another process asked the search's last trial at the same time")
+                    continue
+                params = spec.suggest(trial)
                 try:
                     data = spec.run_data(params)
                     resolve_run({**data, "name": spec.name}, f"{spec.source} (trial {trial.number})")
@@ -360,7 +383,10 @@ def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
 
 
 def worst_values(study, spec: SearchSpec) -> list[float] | None:
-    """The worst value each objective reached in a completed trial (None before any completed)."""
+    """Just worse than the worst value each objective reached in a completed trial (one step of the float, so a
+    diverged trial told it never ties with a completed one: with one completed trial, Optuna's best_trials held
+    both, the diverged one first, and a tuned study ran its cells at the parameters that diverged). None before
+    any trial completed."""
     from optuna.trial import TrialState
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -369,7 +395,9 @@ def worst_values(study, spec: SearchSpec) -> list[float] | None:
     out = []
     for i, (_, direction) in enumerate(spec.objectives):
         values = [t.values[i] for t in complete]
-        out.append(max(values) if direction == "minimize" else min(values))
+        out.append(
+            math.nextafter(max(values), math.inf) if direction == "minimize" else math.nextafter(min(values), -math.inf)
+        )
     return out
 
 

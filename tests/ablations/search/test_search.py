@@ -641,10 +641,47 @@ def test_samplers_are_honest(tmp_path):
         tell(first, trial.number, {"status": "finished", "values": [value]}, spec)
     diverged = first.ask()
     assert tell(first, diverged.number, {"status": "diverged", "values": [None]}, spec).startswith("COMPLETE")
-    assert first.trials[diverged.number].value == 2.5
+    assert first.trials[diverged.number].value == math.nextafter(2.5, math.inf)  # just worse than the worst
     failing = load_search(write_spec(tmp_path, name="f", diverged="fail"))
     late = first.ask()
     assert tell(first, late.number, {"status": "diverged", "values": [None]}, failing) == "FAIL"
+
+
+def test_two_processes_asking_the_last_trial_at_once_run_it_once(tmp_path):
+    """Counting the trials and asking one are two steps: two processes that both counted n - 1 both asked, and the
+    search ran n + 1 trials (a reviewer's two processes: 7 of 6, once in 6 runs). The later-numbered one is the
+    surplus: failed with a mark, not counted, and both processes agree which."""
+    from ablations.search.driver import SURPLUS_ATTR, _open_study, counted_trials, surplus, tell
+
+    spec = load_search(write_spec(tmp_path, n_trials=3, pruner="none"))
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    a, _ = _open_study(spec, url, lambda line: None)
+    b, _ = _open_study(spec, url, lambda line: None)  # another process on the same storage
+    for _ in range(2):
+        t = a.ask()
+        tell(a, t.number, {"status": "finished", "values": [1.0]}, spec)
+    assert counted_trials(a) == counted_trials(b) == 2  # both may ask one more
+    mine, theirs = a.ask(), b.ask()
+    assert [surplus(s, t.number, 3) for s in (a, b) for t in (mine, theirs)] == [False, True, False, True]
+    theirs.set_user_attr(SURPLUS_ATTR, True)
+    b.tell(theirs, state=optuna.trial.TrialState.FAIL)
+    assert counted_trials(a) == 3 and not surplus(a, mine.number, 3)
+
+
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_a_diverged_trial_is_never_the_best(tmp_path, direction):
+    """With one completed trial, a diverged one told its value tied with it: Optuna's best_trials held both, the
+    diverged first (the lower number), and a tuned study ran its cells at the parameters that diverged."""
+    from ablations.search.driver import _open_study, tell
+    from ablations.search.results import best_trials
+
+    metric = "final/val_loss" if direction == "minimize" else "final/val_token_acc"
+    spec = load_search(write_spec(tmp_path, name=direction, metric=metric, n_trials=4, pruner="none"))
+    study, _ = _open_study(spec, f"sqlite:///{tmp_path / 'o.db'}", lambda line: None)
+    diverging, finishing = study.ask(), study.ask()  # the first diverges after the second finished
+    tell(study, finishing.number, {"status": "finished", "values": [0.7]}, spec)
+    assert tell(study, diverging.number, {"status": "diverged", "values": [None]}, spec).startswith("COMPLETE")
+    assert [b["number"] for b in best_trials(study, spec)] == [finishing.number]
 
 
 def test_the_pruner_waits_for_the_warm_up_stated_in_the_file(tmp_path):
