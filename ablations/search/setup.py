@@ -175,12 +175,33 @@ def make_pruner(p: str, warmup_trials: int = 2, warmup_steps: int = 0):
     if p == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=warmup_trials, n_warmup_steps=warmup_steps)
     if p == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, warmup_steps))
+        return warmed_up(optuna.pruners.SuccessiveHalvingPruner, warmup_trials, warmup_steps)(
+            min_resource=max(1, warmup_steps)
+        )
     if p == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
-    if p == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner()  # its own warm-up counts reported values (2), not steps
+        return warmed_up(optuna.pruners.HyperbandPruner, warmup_trials, warmup_steps)(min_resource=max(1, warmup_steps))
+    if p == "wilcoxon":  # its own warm-up counts reported values (2), not steps
+        return warmed_up(optuna.pruners.WilcoxonPruner, warmup_trials, warmup_steps)()
     return optuna.pruners.NopPruner()
+
+
+def warmed_up(kind: type, trials: int, steps: int) -> type:
+    """Optuna's pruner class ``kind``, deciding nothing before ``trials`` trials have completed or before step
+    ``steps``: successive halving, Hyperband and Wilcoxon have no such warm-up (successive halving pruned the
+    second of eight trials with none completed). The pruner is still asked at every step, so that it keeps its
+    own records (successive halving's rungs), then overruled while warming up; a subclass, so that what Optuna
+    checks by type (TPE's Hyperband brackets) still holds."""
+    from optuna.trial import TrialState
+
+    class WarmedUp(kind):
+        def prune(self, study, trial) -> bool:
+            decision = super().prune(study, trial)
+            if trial.last_step is None or trial.last_step < steps:
+                return False
+            return decision and len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) >= trials
+
+    WarmedUp.__name__ = WarmedUp.__qualname__ = kind.__name__
+    return WarmedUp
 
 
 def trial_id(storage, study_name: str, number: int) -> int:

@@ -684,6 +684,36 @@ def test_a_diverged_trial_is_never_the_best(tmp_path, direction):
     assert [b["number"] for b in best_trials(study, spec)] == [finishing.number]
 
 
+@pytest.mark.parametrize("name", ["successive_halving", "hyperband", "wilcoxon"])
+def test_every_pruner_waits_for_the_warm_up_trials_and_steps(name):
+    """The README: pruners judge no trial before pruner_warmup {trials, steps}. Optuna's successive halving,
+    Hyperband and Wilcoxon have no such warm-up of their own: successive halving pruned the second of eight trials
+    with none completed, Wilcoxon a trial at step 4 of a warm-up of 10. After the warm-up they prune."""
+    from ablations.search import make_pruner
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(pruner=make_pruner(name, 2, 10), sampler=optuna.samplers.RandomSampler(seed=0))
+    early = []
+    for i in range(8):  # nothing completed yet: eight trials at once, ever worse, at and past the warm-up step
+        t = study.ask()
+        for step in range(1, 41):
+            t.report(float(i) + step, step)
+        early.append(t.should_prune())
+    assert not any(early)
+    for _ in range(2):  # the warm-up trials complete with a low loss at every step
+        t = study.ask()
+        for step in range(1, 41):
+            t.report(0.01, step)
+        study.tell(t, 0.01)
+    late = study.ask()
+    judged = {}
+    for step in range(1, 41):  # far worse than the completed trials at every step
+        late.report(100.0 + step, step)
+        judged[step] = late.should_prune()
+    assert not any(v for step, v in judged.items() if step < 10), judged
+    assert any(judged.values()) or name == "hyperband", judged  # Hyperband compares within a bracket: maybe not
+
+
 def test_the_pruner_waits_for_the_warm_up_stated_in_the_file(tmp_path):
     """pruner_warmup: {trials, steps}: no trial is judged before `steps` (default: the first validation)."""
     from ablations.search import make_pruner
