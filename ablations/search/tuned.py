@@ -96,7 +96,7 @@ def tuned_study(study: Study, best: dict[str, dict[str, Any]], tuning: dict[str,
         tuned = apply_overrides(data, [(k.split("."), v) for k, v in best[cell.variant].items()])
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
         settings = {**cell.settings, **{f"{TUNED_SETTING}{k}": v for k, v in best[cell.variant].items()}}
-        cells.append(Cell(cell.variant, settings, cell.seed, run))
+        cells.append(Cell(cell.variant, settings, cell.seed, run, cell.workers))
     return dataclasses.replace(study, cells=cells, tuning={"seed": tuning_seed(study), "variants": tuning})
 
 

@@ -108,9 +108,11 @@ class RunConfig:
     def params(self) -> dict[str, Any]:
         return flatten(self.result_config())
 
-    def config_hash(self) -> str:
-        """Stable id of the result-affecting configuration (seed included)."""
-        blob = json.dumps(self.result_config(), sort_keys=True, default=str)
+    def config_hash(self, workers: int = 1) -> str:
+        """Stable id of the result-affecting configuration (seed included), and of the data-parallel ``workers``
+        that train it when more than one (each rank loads a batch: another global batch, another result)."""
+        config = self.result_config() | ({"workers": workers} if workers > 1 else {})
+        blob = json.dumps(config, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

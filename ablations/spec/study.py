@@ -138,10 +138,11 @@ class Cell:
     settings: dict[str, Any]  # the axis values that define the variant
     seed: int
     run: RunConfig
+    workers: int = 1  # data-parallel ranks, each loading a batch: the global batch is workers x batch_size
 
     @property
     def cell_id(self) -> str:
-        return self.run.config_hash()
+        return self.run.config_hash(workers=self.workers)
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                     break
                 skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
                 continue
-            cell = Cell(label, settings, seed, run)
+            cell = Cell(label, settings, seed, run, file.resources.workers)
             if cell.cell_id in seen:  # e.g. a one_at_a_time value equal to the baseline's
                 continue
             seen[cell.cell_id] = cell

@@ -97,7 +97,10 @@ def test_trial_threads_follow_the_cpus_of_a_worker_not_the_run_file(tmp_path):
     assert {c.run.resources.threads for c in one.cells} == {1}
     ddp = load_study(write(tmp_path, base=base, resources={"cpus": 4, "workers": 2}))
     assert {c.run.resources.threads for c in ddp.cells} == {2}
-    assert [c.cell_id for c in one.cells] == [c.cell_id for c in ddp.cells]  # operational: not in the cell id
+    four = load_study(write(tmp_path, base=base, resources={"cpus": 4}))
+    assert {c.run.resources.threads for c in four.cells} == {4}
+    assert [c.cell_id for c in one.cells] == [c.cell_id for c in four.cells]  # threads: not in the cell id
+    # (the workers are: each rank loads a batch, test_data_parallel_workers_are_part_of_a_cell_s_identity)
 
 
 def test_adding_a_seed_or_a_value_keeps_the_existing_cell_ids(tmp_path):
@@ -563,6 +566,17 @@ def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
     margin = refused(tmp_path, analysis={"margins": {"final/val_lss": 0.1}})
     assert margin.key == "analysis.margins.final/val_lss" and "did you mean 'final/val_loss'" in margin.message
     assert load_study(write(tmp_path, metric="test_long/exact_match")).metric == "test_long/exact_match"
+
+
+def test_data_parallel_workers_are_part_of_a_cell_s_identity(tmp_path):
+    """Each data-parallel rank loads a batch, so two workers train on twice the global batch: another result. A
+    study moved from one worker to two reused the one-worker results (the cell id left the workers out)."""
+    one = load_study(write(tmp_path))
+    two = load_study(write(tmp_path, resources={"cpus": 2, "workers": 2}))
+    assert [c.seed for c in one.cells] == [c.seed for c in two.cells]
+    assert not {c.cell_id for c in one.cells} & {c.cell_id for c in two.cells}
+    assert [c.cell_id for c in one.cells] == [c.run.config_hash() for c in one.cells]  # one worker: ids as before
+    assert load_study(write(tmp_path, resources={"cpus": 2})).cells[0].cell_id == one.cells[0].cell_id
 
 
 def test_the_direction_follows_the_metric_and_one_that_ranks_it_backwards_is_refused(tmp_path):
