@@ -256,11 +256,14 @@ def run_study(
 
 
 def _stale(study: Study, p, claims: Claims, fingerprint: str) -> list:
-    """Runs left RUNNING whose cell no live submission holds (a RUNNING run of a held cell is someone's trial)."""
+    """Runs left RUNNING whose cell no live submission holds (a RUNNING run of a held cell is someone's trial, and
+    so is one whose holder has passed its fence and is writing it: a ``done`` claim within its write window; marked
+    killed, that result was lost and its cell held for the window, then trained again)."""
     out = []
     for run in p.stale:
         row = claims.state(study.name, run.data.tags.get(records.TAG_CELL_ID, ""), fingerprint)
-        if row is None or row["state"] != "claimed" or row["left"] <= 0:
+        held = row is not None and row["left"] > 0
+        if not (held and (row["state"] == "claimed" or row["run_id"] == run.info.run_id)):
             out.append(run)
     return out
 

@@ -179,3 +179,29 @@ def test_each_store_beside_one_claims_db_numbers_its_submissions_from_1(tmp_path
         numbers.append(parent.submission)
     assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # one claims store for both
     assert numbers == [1, 2, 1]
+
+
+def test_a_run_whose_holder_is_writing_it_is_not_taken_for_stale(tmp_path, store):
+    """A submission that starts while another has passed its fence (its claim ``done``, in the write window) and is
+    ending its run saw that run RUNNING and marked it killed: the result was lost, and the cell held for the window,
+    then trained again. A run a live claim holds, claimed or being written, is someone's; another is stale."""
+    from ablations import records, tracking
+    from ablations.spec import load_study
+    from ablations.sweep import driver
+    from ablations.sweep.plan import plan
+    from tests.ablations.sweep.test_sweep import write_study
+
+    study = load_study(write_study(tmp_path, "writing", design={"grid": {"model.norm": ["pre"]}}, seeds=2))
+    claims, other = (
+        Claims(f"sqlite:///{tmp_path / 'claims.db'}", "host:1:a"),
+        Claims(f"sqlite:///{tmp_path / 'claims.db'}", "host:2:b"),
+    )
+    c, exp = records.client(store), tracking.experiment_id(store, study.name)
+    runs = []
+    for cell in study.cells:  # both cells' runs RUNNING: the first being written, the second left by a dead driver
+        tags = {records.TAG_KIND: records.KIND_CELL, records.TAG_STUDY: study.name, records.TAG_CELL_ID: cell.cell_id}
+        runs.append(c.create_run(exp, tags={**tags, records.TAG_CODE: CODE}).info.run_id)
+    writer = claims.claim(study.name, study.cells[0].cell_id, CODE)
+    assert claims.finish(writer, runs[0])  # past its fence, writing its run
+    stale = driver._stale(study, plan(study, store, CODE), other, CODE)
+    assert [r.info.run_id for r in stale] == [runs[1]]
