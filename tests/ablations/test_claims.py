@@ -174,7 +174,7 @@ def test_each_store_beside_one_claims_db_numbers_its_submissions_from_1(tmp_path
     for name in ("a.db", "a.db", "b.db"):  # two submissions to store a, then the first to store b
         store = f"sqlite:///{tmp_path / name}"
         claims = Claims(claims_url(store))
-        parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint)
+        parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint, fingerprint)
         assert MlflowClient(store).get_run(parent.run_id).data.tags["submission"] == str(parent.submission)
         numbers.append(parent.submission)
     assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # one claims store for both
@@ -192,10 +192,8 @@ def test_a_run_whose_holder_is_writing_it_is_not_taken_for_stale(tmp_path, store
     from tests.ablations.sweep.test_sweep import write_study
 
     study = load_study(write_study(tmp_path, "writing", design={"grid": {"model.norm": ["pre"]}}, seeds=2))
-    claims, other = (
-        Claims(f"sqlite:///{tmp_path / 'claims.db'}", "host:1:a"),
-        Claims(f"sqlite:///{tmp_path / 'claims.db'}", "host:2:b"),
-    )
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    claims, other = Claims(url, "host:1:a"), Claims(url, "host:2:b")
     c, exp = records.client(store), tracking.experiment_id(store, study.name)
     runs = []
     for cell in study.cells:  # both cells' runs RUNNING: the first being written, the second left by a dead driver
