@@ -22,14 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablations import records, tracking
+from ablations.search.ledger import (
+    HOST_ATTR,
+    PID_ATTR,
+    SURPLUS_ATTR,
+    counted_trials,
+    fail_and_ask_again,
+    stale_trials,
+    surplus,
+    tell,
+)
 from ablations.search.results import best_trials, counts, finish_parent, last_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
 from ablations.spec import SearchSpec, SpecError, resolve_run
-
-HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
-SURPLUS_ATTR = "ablate:surplus"  # a trial asked beyond n_trials by a process that raced another: failed, not counted
 
 
 @dataclass(kw_only=True)
@@ -40,65 +47,6 @@ class SearchResult:
     counts: dict[str, int]
     best: list[dict[str, Any]]  # the best trial (several on a Pareto front): number, params, values
     tracking_uri: str
-
-
-def stale_trials(study) -> list:
-    """RUNNING trials whose driver is gone: asked on this machine by a process that no longer exists."""
-    from optuna.trial import TrialState
-
-    stale = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        host, pid = t.user_attrs.get(HOST_ATTR), t.user_attrs.get(PID_ATTR)
-        if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                stale.append(t)
-            except PermissionError:
-                pass
-    return stale
-
-
-def counted_trials(study) -> int:
-    return len(counted_numbers(study))
-
-
-def counted_numbers(study) -> list[int]:
-    """The numbers of the trials asked so far, failed ones included (a search whose trials all fail ends), except
-    those that did not end by themselves (a dead process, Ctrl-C, a stale heartbeat): they are asked again, and
-    the retry counts instead; and except surplus trials (``surplus``)."""
-    import optuna
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials}
-    with warnings.catch_warnings():  # Optuna marks its retry bookkeeping experimental
-        warnings.simplefilter("ignore")
-        for t in trials:  # trials whose heartbeat stopped, asked again by Optuna's own callback
-            retried.update(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(t))
-    return [
-        t.number
-        for t in trials
-        if t.state != TrialState.WAITING
-        and not (t.state == TrialState.FAIL and t.number in retried)
-        and not t.user_attrs.get(SURPLUS_ATTR)
-    ]
-
-
-def surplus(study, number: int, n_trials: int | None) -> bool:
-    """Whether trial ``number`` lies beyond ``n_trials``: two processes on one study that both counted n - 1 trials
-    both ask one (counting and asking are two steps); Optuna numbers trials in the order they were asked, so the
-    later one is the surplus, and each process reaches the same answer."""
-    return n_trials is not None and sum(k <= number for k in counted_numbers(study)) > n_trials
-
-
-def fail_and_ask_again(study, number: int, params: dict[str, Any]) -> None:
-    """A trial that did not end by itself (its process died, or Ctrl-C): failed, and queued again with the same
-    parameters; the retry, not the lost trial, counts towards ``n_trials``."""
-    from optuna.trial import TrialState
-
-    study.tell(number, state=TrialState.FAIL)
-    study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
 
 
 def other_objectives(study, spec: SearchSpec, url: str) -> str | None:
@@ -380,49 +328,6 @@ def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
         for run in records.running_runs(uri, experiment, records.KIND_TRIAL, trial=str(number)):
             records.end_run(uri, run.info.run_id, records.STATUS_FAILED, reason)
         return {"status": records.STATUS_FAILED, "reason": reason, "values": None, "run_id": ""}
-
-
-def worst_values(study, spec: SearchSpec) -> list[float] | None:
-    """Just worse than the worst value each objective reached in a completed trial (one step of the float, so a
-    diverged trial told it never ties with a completed one: with one completed trial, Optuna's best_trials held
-    both, the diverged one first, and a tuned study ran its cells at the parameters that diverged). None before
-    any trial completed."""
-    from optuna.trial import TrialState
-
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        return None
-    out = []
-    for i, (_, direction) in enumerate(spec.objectives):
-        values = [t.values[i] for t in complete]
-        out.append(
-            math.nextafter(max(values), math.inf) if direction == "minimize" else math.nextafter(min(values), -math.inf)
-        )
-    return out
-
-
-def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = None) -> str:
-    """Tell Optuna how a trial ended. A diverged trial is told as the worst value any completed trial reached (the
-    sampler learns where not to go; ``diverged: fail`` in the spec, or no completed trial yet: FAIL). A trial that
-    another process has already ended (it took it for lost, and asks it again) is left as that process left it."""
-    from optuna.trial import TrialState
-
-    status, values = result["status"], result.get("values")
-    if number not in {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}:
-        return "ended by another process"  # a search started again took it for lost; its retry is the result
-    if status == records.STATUS_PRUNED:
-        study.tell(number, state=TrialState.PRUNED)
-        return "PRUNED"
-    if status == records.STATUS_FINISHED and values and all(v is not None and math.isfinite(v) for v in values):
-        study.tell(number, values if len(values) > 1 else values[0])
-        return "COMPLETE"
-    if status == records.STATUS_DIVERGED and spec is not None and spec.diverged == "worst":
-        worst = worst_values(study, spec)
-        if worst is not None:
-            study.tell(number, worst if len(worst) > 1 else worst[0])
-            return "COMPLETE (diverged: told the worst value)"
-    study.tell(number, state=TrialState.FAIL)  # failed, diverged before any trial completed, or no objective value
-    return "FAIL"
 
 
 def describe_sampler(spec: SearchSpec) -> str:

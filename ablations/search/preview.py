@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablations import stores, tracking
-from ablations.search.driver import counted_trials, describe_sampler, other_objectives, preflight, stale_trials
+from ablations.search.driver import describe_sampler, other_objectives, preflight
+from ablations.search.ledger import counted_trials, stale_trials
 from ablations.search.results import counts
 from ablations.search.setup import local_file, storage_url
 from ablations.secrets import redact_url

@@ -205,7 +205,8 @@ def test_lost_trials_are_counted_as_the_search_will_count_them(tmp_path, capsys)
     import shutil
     from datetime import datetime, timedelta
 
-    from ablations.search.driver import _open_study, counted_trials
+    from ablations.search.driver import _open_study
+    from ablations.search.ledger import counted_trials
     from ablations.search.setup import open_storage
     from ablations.spec import load_search
 

@@ -59,7 +59,7 @@ def test_trials_that_did_not_end_by_themselves_are_asked_again_and_counted_once(
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from ablations.search.driver import counted_trials, fail_and_ask_again
+    from ablations.search.ledger import counted_trials, fail_and_ask_again
 
     study = optuna.create_study(study_name="c", storage=open_storage(f"sqlite:///{tmp_path / 'o.db'}"))
     x = {"x": FloatDistribution(0, 1)}
@@ -344,7 +344,7 @@ def test_a_trial_that_another_process_ended_stops_as_killed_and_is_not_told(tmp_
     objective) or after training (several objectives report nothing), and its MLflow run ends killed; its driver,
     if alive, leaves the trial as the other process left it. (The suite found it on a fast machine: such a process
     wrote "failed: UpdateFinishedTrialError" over the run the second command had ended as killed.)"""
-    from ablations.search.driver import tell
+    from ablations.search.ledger import tell
     from ablations.search.trial import TAKEN_OVER, TrialTask, run_trial
 
     metrics = [("final/val_loss", "minimize"), ("test/exact_match", "maximize")][:objectives]
@@ -624,7 +624,8 @@ def test_samplers_are_honest(tmp_path):
     """The process that creates a study samples with the spec's seed; one that joins or resumes it with its own
     (two samplers with one seed propose the same trials); a small budget fits TPE's random startup, and a budget
     within it is called a random search; a diverged trial is told as the worst value seen, so TPE learns from it."""
-    from ablations.search.driver import _open_study, describe_sampler, tell
+    from ablations.search.driver import _open_study, describe_sampler
+    from ablations.search.ledger import tell
 
     url = f"sqlite:///{tmp_path / 'o.db'}"
     spec = load_search(write_spec(tmp_path, n_trials=8, sampler="tpe", seed=7))
@@ -651,7 +652,8 @@ def test_two_processes_asking_the_last_trial_at_once_run_it_once(tmp_path):
     """Counting the trials and asking one are two steps: two processes that both counted n - 1 both asked, and the
     search ran n + 1 trials (a reviewer's two processes: 7 of 6, once in 6 runs). The later-numbered one is the
     surplus: failed with a mark, not counted, and both processes agree which."""
-    from ablations.search.driver import SURPLUS_ATTR, _open_study, counted_trials, surplus, tell
+    from ablations.search.driver import _open_study
+    from ablations.search.ledger import SURPLUS_ATTR, counted_trials, surplus, tell
 
     spec = load_search(write_spec(tmp_path, n_trials=3, pruner="none"))
     url = f"sqlite:///{tmp_path / 'o.db'}"
@@ -672,7 +674,8 @@ def test_two_processes_asking_the_last_trial_at_once_run_it_once(tmp_path):
 def test_a_diverged_trial_is_never_the_best(tmp_path, direction):
     """With one completed trial, a diverged one told its value tied with it: Optuna's best_trials held both, the
     diverged first (the lower number), and a tuned study ran its cells at the parameters that diverged."""
-    from ablations.search.driver import _open_study, tell
+    from ablations.search.driver import _open_study
+    from ablations.search.ledger import tell
     from ablations.search.results import best_trials
 
     metric = "final/val_loss" if direction == "minimize" else "final/val_token_acc"
