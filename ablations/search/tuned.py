@@ -139,14 +139,19 @@ def tuning_seed(study: Study) -> int:
 
 def position(p, value: Any) -> dict[str, Any]:
     """Where ``value`` lies in the range of parameter ``p``: 0 at low, 1 at high (on the log scale for a log
-    range), and whether that is at an edge. Categorical parameters have no position."""
+    range), and whether that is at an edge: within EDGE of an end, or the lowest or highest value the search can
+    propose (with a step that does not divide the range, below ``high``: 150 of 0-200 in steps of 75 was "at 75%
+    of its range", not at its edge). Categorical parameters have no position."""
     import math
 
     if p.type == "categorical":
         return {"value": value}
     lo, hi, v = float(p.low), float(p.high), float(value)
     frac = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)) if p.log else (v - lo) / (hi - lo)
-    edge = "low" if frac <= EDGE else "high" if frac >= 1 - EDGE else None
+    step = p.step if p.step is not None else (1 if p.type == "int" and not p.log else None)
+    top = lo + math.floor((hi - lo) / step + 1e-9) * step if step else hi  # the highest value it can propose
+    tol = 1e-9 * max(1.0, abs(top))
+    edge = "low" if frac <= EDGE or v <= lo + tol else "high" if frac >= 1 - EDGE or v >= top - tol else None
     return {"value": value, "low": lo, "high": hi, "log": p.log, "position": round(frac, 4), "edge": edge}
 
 

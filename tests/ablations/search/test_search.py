@@ -648,6 +648,23 @@ def test_samplers_are_honest(tmp_path):
     assert tell(first, late.number, {"status": "diverged", "values": [None]}, failing) == "FAIL"
 
 
+def test_the_highest_value_a_stepped_range_can_propose_is_its_high_edge():
+    """A step that does not divide the range leaves its high end out of reach: 0-200 in steps of 75 proposes 0, 75
+    and 150, and a search that chose 150 chose the largest value it could (the optimum may lie beyond)."""
+    from ablations.search.tuned import position
+    from ablations.spec.search import Param
+
+    stepped = Param(type="int", low=0, high=200, step=75)
+    assert (position(stepped, 150)["edge"], position(stepped, 75)["edge"], position(stepped, 0)["edge"]) == (
+        "high",
+        None,
+        "low",
+    )
+    assert position(Param(type="float", low=0.0, high=0.5, step=0.15), 0.45)["edge"] == "high"
+    assert position(Param(type="float", low=1e-4, high=1e-2, log=True), 1e-3)["edge"] is None
+    assert position(Param(type="int", low=1, high=100), 99)["edge"] == "high"  # within 5% of the end, as before
+
+
 def test_two_processes_asking_the_last_trial_at_once_run_it_once(tmp_path):
     """Counting the trials and asking one are two steps: two processes that both counted n - 1 both asked, and the
     search ran n + 1 trials (a reviewer's two processes: 7 of 6, once in 6 runs). The later-numbered one is the
