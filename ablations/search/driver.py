@@ -336,6 +336,8 @@ def describe_sampler(spec: SearchSpec) -> str:
             f"{spec.sampler} sampler, but n_trials={spec.n_trials} does not exceed its {spec.startup_trials} random "
             "startup trials: this is a random search (raise n_trials or lower startup_trials)"
         )
+    if spec.sampler == "nsga2":
+        return f"nsga2 sampler (generations of {spec.startup_trials}, the first random)"
     if spec.startup_trials:
         return f"{spec.sampler} sampler (the first {spec.startup_trials} trials random)"
     return f"{spec.sampler} sampler"

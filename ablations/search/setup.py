@@ -155,7 +155,7 @@ def _sampler(spec: SearchSpec, seed: int):
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if s == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n)
-    return optuna.samplers.NSGAIISampler(seed=seed)
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=n)  # n: its population, fitted to the budget
 
 
 def process_seed(seed: int) -> int:

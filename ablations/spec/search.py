@@ -202,6 +202,8 @@ class SearchFile(Strict):
         if self.objectives is not None and (self.metric is not None or self.direction is not None):
             raise KeyedError(("objectives",), "give either objectives (a list) or metric and direction, not both")
         several = self.objectives is not None and len(self.objectives) > 1
+        if self.sampler == "nsga2" and self.startup_trials is not None and self.startup_trials < 2:
+            raise KeyedError(("startup_trials",), "is NSGA-II's population with sampler nsga2: give at least 2")
         if self.sampler == "cmaes" and several:
             raise KeyedError(("sampler",), "cmaes optimises one objective; use nsga2 (or tpe, gp) for several")
         if self.pruner not in (None, "none") and several:
@@ -247,7 +249,11 @@ class SearchSpec:
     @property
     def random_only(self) -> bool:
         """A model-based sampler that never gets past its random startup trials within the budget."""
-        return self.sampler in ("tpe", "gp") and self.n_trials is not None and self.n_trials <= self.startup_trials
+        return (
+            self.sampler in ("tpe", "gp", "nsga2")
+            and self.n_trials is not None
+            and self.n_trials <= self.startup_trials
+        )
 
     @property
     def directions(self) -> list[str]:
@@ -331,11 +337,15 @@ def _val_every(base: dict[str, Any]) -> int:
 
 def _startup(given: int | None, sampler: str, n_trials: int | None) -> int:
     """Random startup trials of a model-based sampler: as given, else Optuna's 10 fitted to the budget (a quarter
-    of it, at least 2), so that a small search is not random search under TPE's name."""
-    if sampler not in ("tpe", "gp"):
+    of it, at least 2), so that a small search is not random search under TPE's name. For NSGA-II, its population
+    (its first generation is random): Optuna's 50 fitted the same way (at least 4), so that 16 trials are four
+    generations rather than a third of one."""
+    if sampler not in ("tpe", "gp", "nsga2"):
         return 0
     if given is not None:
         return given
+    if sampler == "nsga2":
+        return 50 if n_trials is None else min(50, max(4, n_trials // 4))
     return 10 if n_trials is None else min(10, max(2, n_trials // 4))
 
 

@@ -626,6 +626,7 @@ def test_samplers_are_honest(tmp_path):
     within it is called a random search; a diverged trial is told as the worst value seen, so TPE learns from it."""
     from ablations.search.driver import _open_study, describe_sampler
     from ablations.search.ledger import tell
+    from ablations.search.setup import make_sampler
 
     url = f"sqlite:///{tmp_path / 'o.db'}"
     spec = load_search(write_spec(tmp_path, n_trials=8, sampler="tpe", seed=7))
@@ -636,6 +637,16 @@ def test_samplers_are_honest(tmp_path):
     assert spec.startup_trials == 2 and "the first 2 trials random" in describe_sampler(spec)
     small = load_search(write_spec(tmp_path, n_trials=3, sampler="tpe", startup_trials=5))
     assert small.random_only and "this is a random search" in describe_sampler(small)
+    # NSGA-II's population is fitted to the budget too: with Optuna's 50, 16 trials were its random first generation
+    pareto = load_search(write_spec(tmp_path, n_trials=16, sampler="nsga2", pruner="none"))
+    assert pareto.startup_trials == 4 and not pareto.random_only and "generations of 4" in describe_sampler(pareto)
+    generations = optuna.create_study(sampler=make_sampler(pareto))
+    for _ in range(8):
+        t = generations.ask()
+        generations.tell(t, t.suggest_float("x", 0, 1))
+    assert [t.system_attrs["NSGAIISampler:generation"] for t in generations.trials] == [0] * 4 + [1] * 4
+    one = load_search(write_spec(tmp_path, n_trials=16, sampler="nsga2", pruner="none", startup_trials=20))
+    assert one.random_only and "this is a random search" in describe_sampler(one)
     # a diverged trial is told as the worst value any completed trial reached
     for value in (0.5, 2.5):
         trial = first.ask()
