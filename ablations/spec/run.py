@@ -110,8 +110,17 @@ class RunConfig:
 
     def config_hash(self, workers: int = 1) -> str:
         """Stable id of the result-affecting configuration (seed included), and of the data-parallel ``workers``
-        that train it when more than one (each rank loads a batch: another global batch, another result)."""
+        that train it when more than one (each rank loads a batch: another global batch, another result). A local
+        corpus enters by the digest of its contents, not its path: an edited file is other data (its cells
+        reused the old results), the same file spelt two ways the same."""
         config = self.result_config() | ({"workers": workers} if workers > 1 else {})
+        source = config["task"].get("source")
+        if config["task"].get("name") == "text" and isinstance(source, str):
+            from models.tasks.text import files_digest
+
+            digest = files_digest(source)
+            if digest is not None:
+                config["task"] = {**config["task"], "source": f"sha256:{digest}"}
         blob = json.dumps(config, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -32,6 +32,7 @@ configuration in two variants is one cell; adding a seed or an axis value adds o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,8 +141,8 @@ class Cell:
     run: RunConfig
     workers: int = 1  # data-parallel ranks, each loading a batch: the global batch is workers x batch_size
 
-    @property
-    def cell_id(self) -> str:
+    @cached_property
+    def cell_id(self) -> str:  # computed once: a corpus edited or removed mid-sweep does not move its cells
         return self.run.config_hash(workers=self.workers)
 
 

@@ -20,7 +20,7 @@ import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from models.config import ConfigError
@@ -61,6 +61,36 @@ class TextParams(TaskParams):
             )
 
 
+def corpus_files(source: str) -> list[Path]:
+    """The files a local ``source`` (a file, or a folder read in sorted order) is read from; none for the built-in
+    corpus and hub datasets."""
+    if source == "pydoc" or source.startswith("hf:"):
+        return []
+    path = Path(source)
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+
+
+@lru_cache(maxsize=64)
+def _digest(stamps: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for name, _, _ in stamps:
+        with open(name, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def files_digest(source: str) -> str | None:
+    """The digest of a local corpus's bytes, file by file in reading order (read again when a file's size or time
+    changes); None for the built-in corpus, hub datasets and paths with no files."""
+    stamps = []
+    for p in corpus_files(source):
+        st = p.stat()
+        stamps.append((str(p), st.st_size, st.st_mtime_ns))
+    return _digest(tuple(stamps)) if stamps else None
+
+
 def read_corpus(source: str, max_chars: int | None = None) -> str:
     if source == "pydoc":
         from pydoc_data.topics import topics
@@ -79,8 +109,7 @@ def read_corpus(source: str, max_chars: int | None = None) -> str:
             ) from err
         text = "\n".join(ds["text"])
     else:
-        path = Path(source)
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files = corpus_files(source)
         if not files:
             raise DataUnavailable(f"source={source!r}: no files to read")
         text = "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)

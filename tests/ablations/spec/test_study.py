@@ -568,6 +568,28 @@ def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
     assert load_study(write(tmp_path, metric="test_long/exact_match")).metric == "test_long/exact_match"
 
 
+def test_a_local_corpus_is_part_of_a_cell_s_identity_by_its_contents(tmp_path):
+    """A cell's id named a corpus by its path: an edited corpus kept its cells (their old results were reused), the
+    same file spelt another way got new ones. The contents decide; an id, once known, stays for the submission."""
+    corpus = tmp_path / "data" / "corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("the cat sat on the mat. " * 400)
+    text = {
+        "task": {"name": "text", "source": str(corpus), "block_size": 16},
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+        "training": {"max_steps": 10, "val_every": 10, "batch_size": 8},
+    }
+    ids = lambda study: [c.cell_id for c in study.cells]  # noqa: E731
+    before = load_study(write(tmp_path, base=text))
+    spelt = {**text, "task": {**text["task"], "source": str(tmp_path / "data" / "." / "corpus.txt")}}
+    assert ids(load_study(write(tmp_path, base=spelt))) == ids(before)
+    held = ids(before)
+    corpus.write_text("a dog ran in the park! " * 400)  # edited: other data
+    assert not set(ids(load_study(write(tmp_path, base=text)))) & set(held)
+    corpus.unlink()
+    assert ids(before) == held  # known ids do not move when the file changes or goes mid-sweep
+
+
 def test_data_parallel_workers_are_part_of_a_cell_s_identity(tmp_path):
     """Each data-parallel rank loads a batch, so two workers train on twice the global batch: another result. A
     study moved from one worker to two reused the one-worker results (the cell id left the workers out)."""

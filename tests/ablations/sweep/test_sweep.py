@@ -166,7 +166,7 @@ def test_failures_are_results(tmp_path, store, local_ray):
     ]
     text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(4000))
     corpus.write_text(text)
-    vanishing.write_text(text)
+    vanishing.write_text(text + " the end")  # other data: a corpus is part of a cell's id by its contents
     base = {
         "task": {"name": "text", "source": str(corpus), "block_size": 32},
         "model": TINY,
@@ -229,7 +229,7 @@ def test_failures_are_results(tmp_path, store, local_ray):
     assert "non-finite" in diverged.data.tags["status_detail"]
 
     # the data comes back: the next submission trains the failed cell only
-    vanishing.write_text(text)
+    vanishing.write_text(text + " the end")
     before = {r.info.run_id for r in runs_of(store, "faults")}
     again = run_study(study, tracking_uri=store, num_cpus=2, out=lines.append)
     new = [r for r in runs_of(store, "faults") if r.info.run_id not in before]
