@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -91,12 +93,22 @@ class RunConfig:
         return make_task(self.task_spec)
 
     def result_config(self) -> dict[str, Any]:
-        """What determines the result: model, task, training and seed (not names, paths or resources)."""
+        """What determines the result: model, task, training and seed (not names, paths or resources), each value
+        in one spelling (``canonical``), so that one run has one id."""
+        m, t = self.model, self.training
+        model_defaults = {
+            "head_dim": m.d_model // m.n_heads if m.d_model % m.n_heads == 0 else None,
+            "d_ff": 4 * m.d_model,
+            "n_decoder_layers": m.n_layers,
+            "tgt_vocab_size": m.vocab_size,
+            "tie_embeddings": m.arch != "encoder",
+            "dilated_heads": max(1, m.n_heads // 4),
+        }
         return {
             "seed": self.seed,
-            "model": self.model.to_dict(),
+            "model": canonical(m, m.to_dict(), model_defaults),
             "task": dict(self.task_spec),
-            "training": self.training.to_dict(),
+            "training": canonical(t, t.to_dict(), {"eval_batch_size": t.batch_size}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +135,30 @@ class RunConfig:
                 config["task"] = {**config["task"], "source": f"sha256:{digest}"}
         blob = json.dumps(config, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def canonical(config: Any, data: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a dataclass ``config``'s dictionary) with each value in one spelling: a whole number given for a
+    field of type float as that float (grad_clip: 1 is 1.0), and a value equal to what leaving the field out means
+    as left out (eval_batch_size equal to batch_size, d_ff equal to 4 * d_model: None). Each spelling had its own
+    cell id: the same run trained twice, or two variants of one model compared as different."""
+    hints = typing.get_type_hints(type(config))
+    out = dict(data)
+    for key, value in data.items():
+        kind = hints.get(key)
+        if key in derived and value is not None and value == derived[key]:
+            out[key] = None
+        elif (
+            isinstance(value, int) and not isinstance(value, bool) and float in _types(kind) and int not in _types(kind)
+        ):
+            out[key] = float(value)
+        elif isinstance(value, list) and typing.get_origin(kind) is tuple and set(typing.get_args(kind)) == {float}:
+            out[key] = [float(v) for v in value]
+    return out
+
+
+def _types(kind: Any) -> tuple:
+    return typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
 
 
 def run_keys(base: dict[str, Any]) -> list[str]:

@@ -568,6 +568,26 @@ def test_a_metric_no_run_logs_is_refused_with_the_nearest_names(tmp_path):
     assert load_study(write(tmp_path, metric="test_long/exact_match")).metric == "test_long/exact_match"
 
 
+def test_one_run_has_one_id_however_its_values_are_spelt(tmp_path):
+    """grad_clip: 1 (its default 1.0 as a whole number), eval_batch_size equal to batch_size, head_dim equal to
+    d_model / n_heads, d_ff equal to 4 * d_model: each is the same run as leaving it out, and had its own id
+    (trained twice; two variants of one model compared as different). A value that changes the run still does."""
+
+    def cell_id(model=None, training=None) -> str:
+        base = {
+            **BASE,
+            "model": {**BASE["model"], **(model or {})},
+            "training": {**BASE["training"], **(training or {})},
+        }
+        return load_study(write(tmp_path, base=base)).cells[0].cell_id
+
+    plain = cell_id()
+    assert cell_id(training={"grad_clip": 1, "diverge_factor": 4, "eval_batch_size": 16}) == plain
+    assert cell_id(model={"head_dim": 8, "tie_embeddings": True}) == plain  # 16 / 2; what null means here
+    assert cell_id(model={"d_ff": None}) == cell_id(model={"d_ff": 64})  # 4 x d_model
+    assert len({plain, cell_id(training={"grad_clip": 2}), cell_id(training={"eval_batch_size": 8})}) == 3
+
+
 def test_a_local_corpus_is_part_of_a_cell_s_identity_by_its_contents(tmp_path):
     """A cell's id named a corpus by its path: an edited corpus kept its cells (their old results were reused), the
     same file spelt another way got new ones. The contents decide; an id, once known, stays for the submission."""
