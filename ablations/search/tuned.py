@@ -23,9 +23,10 @@ def tune_study(
     storage: str | None,
     out: Callable[[str], None] = print,
 ) -> Study:
-    """Searches are Optuna studies named ``STUDY.tune.VARIANT``, tracked in the MLflow experiment ``STUDY.tuning``;
-    they resume like any search, so a resubmitted study finds them done and gets the same cells (whose ids
-    include the tuned values), trained exactly once.
+    """Searches are Optuna studies named ``STUDY.tune.VARIANT.seedN``, tracked in the MLflow experiment
+    ``STUDY.tuning``; they resume like any search, so a resubmitted study finds them done and gets the same cells
+    (whose ids include the tuned values), trained exactly once. N is the tuning seed: a study given more seeds tunes
+    again on its new tuning seed (its old one may now be a cell's: named without it, the old searches were reused).
 
     The searches train on a seed none of the study's cells uses (``tuning_seed``): the value chosen on a seed
     is not then judged on that seed. Each chosen value's position in its range is reported; a value at the
@@ -65,7 +66,10 @@ def variant_searches(study: Study) -> list[tuple[str, SearchSpec]]:
             base["task"] = {**base["task"], "data_seed": seed}
         slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
         searches.append(
-            (variant, load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}"}, base=base))
+            (
+                variant,
+                load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}.seed{seed}"}, base=base),
+            )
         )
     return searches
 

@@ -510,17 +510,33 @@ def tuned_study_here(tmp_path: Path, monkeypatch, concurrency: int = 1, **extra)
     return path, storage
 
 
+def test_a_tuned_study_given_more_seeds_tunes_again_on_its_new_tuning_seed(tmp_path, monkeypatch):
+    """The tuning seed is one above the study's largest: given more seeds, the old tuning seed may be a cell's. The
+    searches were named without it, so the old ones were found complete and their values, chosen on what is now a
+    cell's seed, were judged on it (a reviewer's finding): each tuning seed has its own searches."""
+    from ablations.search.tuned import tuning_seed, variant_searches
+    from ablations.spec import load_study
+
+    path, _ = tuned_study_here(tmp_path, monkeypatch, seeds=2)
+    two = load_study(path)
+    names = {spec.name for _, spec in variant_searches(two)}
+    assert tuning_seed(two) == 2 and names == {"tuned.tune.norm_pre.seed2", "tuned.tune.norm_post.seed2"}
+    three = load_study(path, seeds=[0, 1, 2])
+    assert tuning_seed(three) == 3 and not names & {spec.name for _, spec in variant_searches(three)}
+    assert {spec.base["seed"] for _, spec in variant_searches(three)} == {3}
+
+
 def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp_path, store, monkeypatch, capsys):
     """A variant's search whose study was created with other objectives: the dry run said only the storage's line
     (the problem was dropped) and exited 0, where the search's own dry run exits 1."""
     from ablations.cli import main
 
     path, storage = tuned_study_here(tmp_path, monkeypatch)
-    other = optuna.create_study(study_name="tuned.tune.norm_pre", storage=storage)
+    other = optuna.create_study(study_name="tuned.tune.norm_pre.seed1", storage=storage)
     other.set_user_attr("objectives", [["test/loss", "minimize"]])  # another search's, of the same name
     assert main(["sweep", str(path), "--dry-run", "--tracking-uri", store]) == 1
     out, err = capsys.readouterr()
-    said = "the Optuna study 'tuned.tune.norm_pre' in " + storage + " was created with objectives"
+    said = "the Optuna study 'tuned.tune.norm_pre.seed1' in " + storage + " was created with objectives"
     assert f"  it would stop: {said}" in out, out  # under the variant's search, beside what its storage holds
     assert f"error: variant 'norm=pre''s search: {said}" in err, err
     assert "norm_post" not in err
@@ -542,7 +558,7 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
     assert result.complete and result.counts["finished"] == 4, "\n".join(lines)
     best = {}
     for variant in ("norm=pre", "norm=post"):  # one search per variant, with the same budget
-        s = optuna.load_study(study_name=f"tuned.tune.{variant.replace('=', '_')}", storage=storage)
+        s = optuna.load_study(study_name=f"tuned.tune.{variant.replace('=', '_')}.seed2", storage=storage)
         assert sum(t.state == TrialState.COMPLETE for t in s.trials) == 3
         best[variant] = s.best_params["training.lr"]
     c = MlflowClient(store)
