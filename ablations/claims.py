@@ -227,14 +227,16 @@ class Claims:
     def finish(self, claim: Claim, run_id: str) -> bool:
         """Mark the cell done with ``run_id`` if ``claim`` still holds it (its token is current): the fencing
         check. Leaves ``WRITE_WINDOW_S`` to write the run to MLflow. False: another took it over; write no
-        result."""
+        result. A retry of this holder's own trial after it passed the fence (its run then failed to end, and its
+        result never reached MLflow) passes again with the same token: it was refused, its run marked killed as
+        "taken over", and the cell held for the write window by nobody."""
         with self.engine.begin() as conn:
             result = conn.execute(
                 CLAIMS.update()
                 .where(
                     self._key(claim.study, claim.cell_id, claim.code),
                     CLAIMS.c.token == claim.token,
-                    CLAIMS.c.state == "claimed",
+                    or_(CLAIMS.c.state == "claimed", and_(CLAIMS.c.state == "done", CLAIMS.c.owner == self.owner)),
                 )
                 .values(state="done", run_id=run_id, lease_until=_now(self.engine) + WRITE_WINDOW_S)
             )

@@ -203,3 +203,17 @@ def test_a_run_whose_holder_is_writing_it_is_not_taken_for_stale(tmp_path, store
     assert claims.finish(writer, runs[0])  # past its fence, writing its run
     stale = driver._stale(study, plan(study, store, CODE), other, CODE)
     assert [r.info.run_id for r in stale] == [runs[1]]
+
+
+def test_a_retry_of_the_holder_s_own_trial_after_its_fence_passes_again(url):
+    """The fence passed (the cell ``done``), then the run failed to end; Ray Tune retries the trial with the same
+    token. Its fence was refused: the retrained run was marked killed as "taken over by another submission", and
+    nobody could claim the cell for the write window. The holder's own retry passes; another holder still cannot."""
+    a, b = Claims(url, "host:1:a"), Claims(url, "host:2:b")
+    held = a.claim(STUDY, "c1", CODE)
+    assert Fence(url, "host:1:a", held)("run-1")  # then its run failed to end: the trial is retried
+    assert Fence(url, "host:1:a", held)("run-2")  # the retry's result is written
+    row = a.state(STUDY, "c1", CODE)
+    assert (row["state"], row["run_id"], row["token"]) == ("done", "run-2", held.token)
+    assert not Fence(url, "host:2:b", held)("run-3")  # the token alone is not enough: another owner is refused
+    assert b.claim(STUDY, "c1", CODE) is None
