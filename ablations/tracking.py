@@ -157,7 +157,7 @@ def code_version() -> dict[str, str]:
 
 # The code that shapes a result: the model, its components, the tasks, the training loop, and the libraries
 # that run them. A change to any of these makes the same configuration another cell.
-FINGERPRINTED = ("models", "ablations/train.py")
+FINGERPRINTED = ("models", "ablations/train.py", "ablations/parallel.py")  # parallel: the data-parallel path
 FINGERPRINTED_LIBRARIES = ("torch", "lightning")
 
 
