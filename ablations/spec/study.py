@@ -400,6 +400,14 @@ def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axe
         for k in set_here
         if k in tune
     ]
+    if isinstance(tune.get("objectives"), list) and len(tune["objectives"]) > 1:
+        errors.append(
+            origin.error(
+                ("tune", "objectives"),
+                "a tuned study runs each variant at one best value, and several objectives have a Pareto front of "
+                "them (the first was taken): give one objective (`ablate search` explores the front)",
+            )
+        )
     space = tune.get("space") if isinstance(tune.get("space"), dict) else {}
     errors += [
         origin.error(("tune", "space", k), "is also an axis of the design: a variant cannot both fix it and tune it")

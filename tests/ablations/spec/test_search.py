@@ -173,6 +173,10 @@ def test_tune_section_is_checked_with_the_study(tmp_path):
     path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE}}))
     with pytest.raises(SpecError, match="tune.n_trials.*an end"):
         load_study(path)
+    two = [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s"}]  # a Pareto front: which point to run?
+    path.write_text(yaml.safe_dump({**base, "tune": {"space": SPACE, "n_trials": 4, "objectives": two}}))
+    with pytest.raises(SpecError, match="tune.objectives: a tuned study runs each variant at one best value"):
+        load_study(path)
 
 
 def test_values_of_a_range_that_make_no_valid_run_are_said_before_the_search_starts(tmp_path):
