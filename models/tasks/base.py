@@ -16,7 +16,10 @@ Kinds of examples (one per task):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar
 
 from models.config import ConfigError
@@ -118,12 +121,24 @@ class Task:
         return {"task": self.name, "split": split, **dataclasses.asdict(self.params)}
 
 
+@functools.cache
+def data_code() -> str:
+    """A digest of the code that makes the tasks' data (this package's sources): part of every split's cache
+    fingerprint. ``datasets`` hashes a generator by its module and name only, so a fixed ListOps evaluator or
+    sort order read the old examples from the cache."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def generate(owner: Task, split: str, generator, cache_dir: str | None, features, **kwargs):
-    """Dataset.from_generator with everything that defines the data in gen_kwargs (the cache fingerprint)."""
+    """Dataset.from_generator with everything that defines the data in gen_kwargs (the cache fingerprint): the
+    split, the task's parameters, what the caller adds, and the code that makes the data (``data_code``)."""
     from datasets import Dataset, disable_progress_bars
 
     disable_progress_bars()
-    gen_kwargs = {"split": split, **dataclasses.asdict(owner.params), **kwargs}
+    gen_kwargs = {"split": split, **dataclasses.asdict(owner.params), **kwargs, "data_code": data_code()}
     return Dataset.from_generator(
         generator, features=features, gen_kwargs=gen_kwargs, cache_dir=cache_dir, keep_in_memory=cache_dir is None
     )

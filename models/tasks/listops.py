@@ -33,12 +33,25 @@ class ListOpsParams(SyntheticParams):
     operator_p: float = 0.25  # LRA's VALUE_P: probability that a node below max_depth is an operator
 
     def check(self) -> None:
-        if self.max_depth < 1 or self.max_args < 2:
-            raise ConfigError(f"max_depth={self.max_depth} must be >= 1 and max_args={self.max_args} >= 2")
+        if self.max_depth < 2 or self.max_args < 2:  # the root is always an operator: depth 1 was depth 2's data
+            raise ConfigError(f"max_depth={self.max_depth} must be >= 2 and max_args={self.max_args} >= 2")
         if not 5 <= self.min_len <= self.max_len:
             raise ConfigError(f"min_len={self.min_len} and max_len={self.max_len} need 5 <= min_len <= max_len")
+        longest = 1 + longest_tree(self.max_depth, self.max_args)  # with the separator
+        if self.min_len > longest:  # no tree is that long: generating would never end
+            raise ConfigError(
+                f"min_len={self.min_len} is longer than any expression of max_depth={self.max_depth} and max_args="
+                f"{self.max_args} ({longest} tokens at most): lower min_len, or raise max_depth or max_args"
+            )
         if not 0.0 < self.operator_p < 1.0:
             raise ConfigError(f"operator_p={self.operator_p} must be in (0, 1)")
+
+
+def longest_tree(max_depth: int, max_args: int, depth: int = 1) -> int:
+    """The most words ``tree`` can write: an operator and its bracket around max_args children below max_depth."""
+    if depth >= max_depth:
+        return 1
+    return 2 + max_args * longest_tree(max_depth, max_args, depth + 1)
 
 
 def tree(rng: random.Random, depth: int, max_depth: int, max_args: int, operator_p: float):

@@ -53,6 +53,11 @@ class TextParams(TaskParams):
                 f"long_block_size={self.long_block_size} must exceed block_size={self.block_size} (it tests longer "
                 "sequences than training saw)"
             )
+        if self.data_seed != 0:
+            raise ConfigError(
+                f"data_seed={self.data_seed} draws a synthetic task's data; the text task splits its corpus by position "
+                "(the same data for every seed): remove it (or vary_data from the study)"
+            )
         if self.max_chars is not None and self.max_chars < 1000:
             raise ConfigError(f"max_chars={self.max_chars} must be at least 1000")
         if self.source != "pydoc" and not self.source.startswith("hf:") and not Path(self.source).exists():

@@ -116,6 +116,21 @@ def test_data_is_deterministic_and_depends_on_the_data_seed():
     assert a == b and a != c
 
 
+def test_the_data_cache_is_keyed_on_the_code_that_makes_the_data(tmp_path, monkeypatch):
+    """datasets fingerprints a generator by its module and name only: after a fix to a task's code (a ListOps
+    evaluator, a sort order) the same parameters read the old examples from the cache. The tasks' sources are part
+    of the key (models.tasks.base.data_code): other code, another cache entry, generated again."""
+    import models.tasks.base as base
+
+    spec, cache = {"name": "sort", "train_size": 40}, str(tmp_path / "cache")
+    first = make_task(spec).build("train", cache)
+    assert make_task(spec).build("train", cache)._fingerprint == first._fingerprint  # the same code: cached
+    monkeypatch.setattr(base, "data_code", lambda: "other code")
+    again = make_task(spec).build("train", cache)
+    assert again._fingerprint != first._fingerprint
+    assert len(list((tmp_path / "cache").rglob("*.arrow"))) == 2  # a second cache entry, not the first read again
+
+
 def test_batches_are_padded_and_shifted():
     task = make_task({"name": "copy", "train_size": 64, "max_len": 5})
     dm = TaskDataModule(task, batch_size=8, seed=0)
@@ -139,6 +154,11 @@ def test_batches_are_padded_and_shifted():
         ({"name": "translate"}, r"name='translate' is not a valid task; valid: 'copy'"),
         ({"name": "copy", "lenght": 3}, r"unknown key\(s\) \['lenght'\] for task 'copy'; valid keys"),
         ({"name": "copy", "min_len": 5, "max_len": 3}, r"min_len=5 and max_len=3 need 1 <= min_len <= max_len"),
+        # the corpus is split by position: a data seed (vary_data) gave every seed the same data
+        ({"name": "text", "data_seed": 1}, r"data_seed=1 draws a synthetic task's data; the text task splits"),
+        # no expression of depth 2 has 20 tokens: generating never ended; depth 1 was depth 2's data
+        ({"name": "listops", "max_depth": 2}, r"min_len=20 is longer than any expression .* \(8 tokens at most\)"),
+        ({"name": "listops", "max_depth": 1}, r"max_depth=1 must be >= 2"),
         ({"name": "copy", "train_size": "many"}, r"train_size='many' must be of type int"),
         ({"name": "recall", "pairs": 20, "keys": 10}, r"pairs=20 must be between 1 and keys=10"),
         ({"name": "retrieval", "distance": 100, "length": 50}, r"distance=100 must be between 1 and length=50"),
