@@ -137,7 +137,8 @@ class LitTransformer(L.LightningModule):
         self._last_loss = float("nan")
         self._train_time = 0.0
         self._window_time = 0.0  # seconds of training steps since the last logged step
-        self._t0: float | None = None
+        self._first_step = (0, 0.0)  # step 0's tokens and seconds (compilation, warm-up): not in the throughput
+        self._t0: float | None = None  # the running step's start (None between steps: the clock is stopped)
         self._lengths_checked = False
         if training.compile:
             self.model.compile()  # in place: parameter names (and checkpoints) stay those of the model
@@ -282,7 +283,12 @@ class LitTransformer(L.LightningModule):
             self._token_count = None
             self._tokens += window
         dt = time.perf_counter() - self._t0
-        self._train_time += dt
+        self._t0 = None
+        if step == 0:  # torch.compile compiles here (1.7 s against 1.3 ms a step, once): kept apart
+            self._first_step = (self._tokens, dt)
+            self._tokens = 0
+        else:
+            self._train_time += dt
         self._window_time += dt
         if step % self.log_every == 0 and self._window_time > 0:
             self.pending.append(
@@ -370,6 +376,8 @@ class LitTransformer(L.LightningModule):
         """Keep the latest and the best validation metrics, and queue them for logging."""
         self.last_val, self.last_val_step = metrics, self.global_step
         for name, value in metrics.items():
+            if not math.isfinite(value):  # min(nan, x) is nan: a non-finite first validation stuck as the best
+                continue
             better = max if name.endswith(("acc", "accuracy", "exact_match")) else min
             self.best[name] = better(self.best.get(name, value), value)
         self.pending.append((self.global_step, metrics))
@@ -458,15 +466,25 @@ class LitTransformer(L.LightningModule):
         return out
 
     @torch.no_grad()
-    def evaluate(self, loader, prefix: str, decode_batches: int | None = None, positions: int = 0) -> dict[str, float]:
-        """Metrics of a whole split in this process (used after training for the test splits). ``positions`` > 0
-        (seq2seq): also the decoded error rate at each target position 1..positions that some target reaches,
-        ``{prefix}/error_at_{k}`` (``exact_matches``)."""
+    def evaluate(
+        self,
+        loader,
+        prefix: str,
+        decode_batches: int | None = None,
+        positions: int = 0,
+        max_batches: int | None = None,
+    ) -> dict[str, float]:
+        """Metrics of a whole split in this process (used after training for the test splits), or of its first
+        ``max_batches`` (the validations' ``val_batches``). ``positions`` > 0 (seq2seq): also the decoded error rate
+        at each target position 1..positions that some target reaches, ``{prefix}/error_at_{k}``
+        (``exact_matches``)."""
         was_training = self.training
         self.eval()
         sums = torch.zeros(8, dtype=torch.float64, device=self.device)
         by_position = torch.zeros(2, positions, dtype=torch.float64, device=self.device) if positions else None
         for i, batch in enumerate(loader):
+            if max_batches is not None and i >= max_batches:
+                break
             batch = {k: v.to(self.device) for k, v in batch.items()}
             sums += self.batch_sums(batch, decode_batches is None or i < decode_batches, by_position)
         self.train(was_training)
@@ -480,12 +498,17 @@ class LitTransformer(L.LightningModule):
 
     # -- cost -------------------------------------------------------------------------------------
     def cost_summary(self) -> dict[str, float]:
-        tokens_per_s = self._tokens / self._train_time if self._train_time else 0.0
+        """The cost of training. Throughput, step time and utilisation are of the steps after the first (step 0
+        holds torch.compile's compilation and the first allocations, counted against compile's own speed);
+        ``train_tokens`` and ``train_time_s`` count every step."""
+        first_tokens, first_time = self._first_step
+        timed = self._train_time > 0
+        tokens_per_s = self._tokens / self._train_time if timed else (first_tokens / first_time if first_time else 0.0)
         return {
             "tokens_per_s": tokens_per_s,
-            "step_time_ms": 1000 * self._train_time / max(1, self.global_step),
-            "train_tokens": float(self._tokens),
-            "train_time_s": self._train_time,
+            "step_time_ms": 1000 * (self._train_time / max(1, self.global_step - 1) if timed else first_time),
+            "train_tokens": float(self._tokens + first_tokens),
+            "train_time_s": self._train_time + first_time,
             "peak_memory_mb": peak_memory_mb(),
             "n_params": float(self.n_params),
             "flops_per_token": self.flops_per_token,

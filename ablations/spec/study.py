@@ -278,7 +278,9 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
                 skipped.append(Skipped(label, seed, reason))
                 continue
             seeded = run_data
-            if file.vary_data:  # the seed also draws the data: synthetic tasks regenerate (text refuses: split by position)
+            if (
+                file.vary_data
+            ):  # the seed also draws the data: synthetic tasks regenerate (text refuses: split by position)
                 seeded = apply_overrides(run_data, [(["task", "data_seed"], seed)])
             try:
                 run = resolve_run({**seeded, "seed": seed, "name": file.name}, Origin(None))

@@ -218,6 +218,35 @@ def test_a_run_whose_outputs_end_non_finite_is_diverged_not_left_without_a_value
     assert rec.data.metrics["diverged_step"] == 120 and "test/loss" not in rec.data.metrics
 
 
+def test_hooks_run_outside_the_timed_steps_and_the_final_validation_scores_the_validations_batches(store, monkeypatch):
+    """The metrics were handed to MLflow and to the hooks (Ray Tune's reports, a pruner) at the end of each step,
+    before the module stopped its clock: a 50 ms hook made a 2.5 ms step 23 ms. And the final validation scored the
+    whole split where every validation before it scored val_batches: final/val_* and best/val_* were of other
+    examples (a reviewer's findings)."""
+    from models.lightning import LitTransformer
+
+    evaluated = []
+    evaluate = LitTransformer.evaluate
+    monkeypatch.setattr(
+        LitTransformer, "evaluate", lambda self, *a, **kw: evaluated.append((a[1], kw)) or evaluate(self, *a, **kw)
+    )
+    trainers, running = [], []
+
+    def prepare(trainer):
+        trainers.append(trainer)
+        return trainer
+
+    def hook(step, metrics):
+        running.append(trainers[0].lightning_module._t0 is not None)  # the module's step clock
+
+    run = run_config(
+        {"name": "copy", "train_size": 300, "max_len": 5}, 25, {"n_layers": 1}, val_every=10, val_batches=1
+    )
+    train(run, Tracking(store, "timed"), hooks=[hook], prepare=prepare)
+    assert running and not any(running)
+    assert [kw.get("max_batches") for prefix, kw in evaluated if prefix == "val"] == [1]
+
+
 def test_an_exception_is_recorded_as_failed_with_its_traceback(store):
     def explode(step, metrics):
         if step >= 20:

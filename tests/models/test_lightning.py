@@ -191,6 +191,35 @@ def test_training_reads_nothing_from_the_device_between_logged_steps():
     assert "mfu" not in cost  # a CPU: no known peak
 
 
+def test_the_throughput_leaves_out_the_first_step_and_the_best_skips_non_finite_values():
+    """Step 0 holds torch.compile's compilation (1.7 s against 1.3 ms a step): counted, compile's own speed was
+    charged for it. Here step 0 is made 0.2 s slower: the throughput and step time are of the eleven steps after
+    it, the training time counts all twelve. A non-finite first validation stayed the best for ever (min(nan, x))."""
+    import time
+    import warnings
+
+    import lightning as L
+
+    module, data, trainer = tiny_lm(TrainingConfig(max_steps=12, warmup_steps=2), log_every=4)
+
+    class SlowFirstStep(L.Callback):
+        def on_before_backward(self, trainer, pl_module, loss):  # inside the module's timed step
+            if pl_module.global_step == 0:
+                time.sleep(0.2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer([SlowFirstStep()]).fit(module, datamodule=data)
+    cost = module.cost_summary()
+    steady = cost["step_time_ms"] * 11 / 1000  # the eleven steps after the first
+    assert cost["train_tokens"] == 12 * 4 * 17
+    assert cost["tokens_per_s"] == pytest.approx(11 * 4 * 17 / steady)
+    assert cost["train_time_s"] >= 0.2 + steady  # the first step's time is in the total, not in the average
+    for value in (float("nan"), 2.0, 1.0):
+        module.record_validation({"val/loss": value, "val/token_acc": value / 4})
+    assert module.best == {"val/loss": 1.0, "val/token_acc": 0.5}
+
+
 def test_a_divergence_found_later_is_dated_to_its_step():
     """The guard reads the losses of the steps since the last logged one in order: a loss that turned non-finite
     at step 5 is reported at step 5, and training stops at the next logged step (8)."""
