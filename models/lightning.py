@@ -218,10 +218,12 @@ class LitTransformer(L.LightningModule):
             label_smoothing=smoothing,
         )
 
-    @staticmethod
-    def _count_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Non-padding tokens of the batch, a tensor on its device (reading it would wait for the device)."""
-        return sum((t != PAD).sum() for k, t in batch.items() if k in ("src", "tgt_in", "tokens"))
+    def _count_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Non-padding tokens the model reads in the batch, a tensor on its device (reading it would wait for the
+        device). A language model reads tokens[:, :-1]: the last token is only a target (counted, the throughput
+        and MFU were T / (T - 1) too high)."""
+        inputs = [t[:, :-1] if k == "tokens" and self.kind == "lm" else t for k, t in batch.items()]
+        return sum((t != PAD).sum() for k, t in zip(batch, inputs) if k in ("src", "tgt_in", "tokens"))
 
     # -- training ---------------------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx) -> None:

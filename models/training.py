@@ -50,7 +50,9 @@ class TrainingConfig:
     length_penalty: float = 0.0
     sampling: str = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
     sampling_schedule: str = "inverse_sigmoid"
-    sampling_k: float = 500.0  # linear: 1 - step / k (floored at sampling_min); exponential: 1/e time; inverse_sigmoid: k
+    sampling_k: float = (
+        500.0  # linear: 1 - step / k (floored at sampling_min); exponential: 1/e time; inverse_sigmoid: k
+    )
     sampling_min: float = 0.0  # lowest probability of feeding the gold token
     diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
     diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)

@@ -187,7 +187,7 @@ def test_training_reads_nothing_from_the_device_between_logged_steps():
     logged = [step for step, metrics in module.pending if "train/loss" in metrics]
     assert logged == [0, 4, 8]
     cost = module.cost_summary()
-    assert cost["train_tokens"] == 12 * 4 * 17  # every step's tokens, the last four read at the end
+    assert cost["train_tokens"] == 12 * 4 * 16  # every step's input tokens (17 a block, the last a target only)
     assert "mfu" not in cost  # a CPU: no known peak
 
 
@@ -212,8 +212,8 @@ def test_the_throughput_leaves_out_the_first_step_and_the_best_skips_non_finite_
         trainer([SlowFirstStep()]).fit(module, datamodule=data)
     cost = module.cost_summary()
     steady = cost["step_time_ms"] * 11 / 1000  # the eleven steps after the first
-    assert cost["train_tokens"] == 12 * 4 * 17
-    assert cost["tokens_per_s"] == pytest.approx(11 * 4 * 17 / steady)
+    assert cost["train_tokens"] == 12 * 4 * 16
+    assert cost["tokens_per_s"] == pytest.approx(11 * 4 * 16 / steady)
     assert cost["train_time_s"] >= 0.2 + steady  # the first step's time is in the total, not in the average
     for value in (float("nan"), 2.0, 1.0):
         module.record_validation({"val/loss": value, "val/token_acc": value / 4})
