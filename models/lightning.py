@@ -165,13 +165,15 @@ class LitTransformer(L.LightningModule):
             return logits, tgt_out.masked_fill(tgt_out == PAD, -100)
         tokens = batch["tokens"]
         inp, tgt = tokens[:, :-1], tokens[:, 1:]
-        if tf_p < 1.0:
-            inp = self._mix_predictions(inp, self.model, tf_p)
-        logits = self.model(inp)  # right padding needs no mask in a causal model
         keep = tgt != PAD
         for mask in ("loss_mask", "score_mask"):  # answers only; positions scored only
             if mask in batch:
                 keep &= batch[mask]
+        if tf_p < 1.0:  # only tokens the model predicts are fed back: recall's given key-value pairs are not
+            predicted = torch.zeros_like(inp, dtype=torch.bool)
+            predicted[:, 1:] = keep[:, :-1]
+            inp = self._mix_predictions(inp, self.model, tf_p, predicted)
+        logits = self.model(inp)  # right padding needs no mask in a causal model
         return logits, tgt.masked_fill(~keep, -100)
 
     def _parallel(self, batch: dict[str, torch.Tensor], sample_masks: bool):
@@ -197,15 +199,18 @@ class LitTransformer(L.LightningModule):
         )
         return logits, target.masked_fill(~masked, -100), length_logits, lengths
 
-    def _mix_predictions(self, inp: torch.Tensor, forward, tf_p: float) -> torch.Tensor:
+    def _mix_predictions(self, inp: torch.Tensor, forward, tf_p: float, eligible=None) -> torch.Tensor:
         """Scheduled sampling for Transformers (Mihaylova and Martins 2019): a first teacher-forced pass
         predicts every next token; each input after the first is replaced by the prediction for it with
-        probability 1 - tf_p."""
+        probability 1 - tf_p. ``eligible``: the inputs that are the model's own outputs in generation (Bengio et
+        al. feed back generated tokens only; a language model's prompt and context are given)."""
         with torch.no_grad():
             pred = forward(inp).argmax(-1)  # (B, T): prediction of the token after each position
         replace = torch.rand(inp.shape, device=inp.device) >= tf_p
         replace[:, 0] = False
         replace &= inp != PAD
+        if eligible is not None:
+            replace &= eligible
         mixed = inp.clone()
         mixed[:, 1:] = torch.where(replace[:, 1:], pred[:, :-1], inp[:, 1:])
         return mixed

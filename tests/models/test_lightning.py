@@ -42,6 +42,37 @@ def test_teacher_forcing_schedules_of_bengio_et_al():
     assert teacher_forcing_p(sig, 10**7) == pytest.approx(0.0)  # no overflow
 
 
+def test_scheduled_sampling_feeds_back_only_the_tokens_a_language_model_predicts():
+    """Bengio et al. feed the model its own outputs in place of the tokens it generates. In a recall task the
+    key-value pairs and queries are given and only the answers predicted: every input was replaceable, so the
+    given context was overwritten with predictions. Here every eligible input is replaced (tf_p = 0)."""
+    import torch
+
+    from models.config import ModelConfig
+    from models.lightning import LitTransformer
+    from models.tasks import PAD, TaskDataModule, make_task
+
+    torch.manual_seed(0)
+    data = TaskDataModule(make_task({"name": "recall", "train_size": 16}), 8, 0)
+    data.setup()
+    batch = next(iter(data.train_dataloader()))
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=64, dropout=0.0, attn_dropout=0.0, emb_dropout=0.0)
+    module = LitTransformer(cfg, TrainingConfig(), "lm")
+    fed = []
+    forward = module.model.forward
+    module.model.forward = lambda inp, *a, **kw: fed.append(inp) or forward(inp, *a, **kw)
+    module._inputs(batch, tf_p=0.0)
+    given, mixed = batch["tokens"][:, :-1], fed[-1]
+    predicted = torch.zeros_like(given, dtype=torch.bool)
+    predicted[:, 1:] = batch["loss_mask"][:, :-1].bool() & (batch["tokens"][:, 1:-1] != PAD)
+    with torch.no_grad():
+        pred = forward(given).argmax(-1)  # the teacher-forced pass: the prediction of the token after each input
+    expected = given.clone()
+    expected[:, 1:] = torch.where(predicted[:, 1:], pred[:, :-1], given[:, 1:])
+    assert predicted.any() and (~predicted & (given != PAD)).any()
+    assert torch.equal(mixed, expected)  # answers fed back as predicted, the context as given
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
