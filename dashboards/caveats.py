@@ -205,7 +205,7 @@ def param_ratio(compared: Iterable[tuple[str, str, str, float, float]], warn: Wa
         big, small = (a, b) if pa >= pb else (b, a)
         r = max(pa, pb) / min(pa, pb)
         if r > warn.param_ratio:
-            over.append(f"{big} has {r:.2g}x the parameters of {small} ({max(pa, pb):,.0f} vs {min(pa, pb):,.0f})")
+            over.append(f"{big} has {r:.3g}x the parameters of {small} ({max(pa, pb):,.0f} vs {min(pa, pb):,.0f})")
             labels.append(label)
             names += [a, b]
     if not over:

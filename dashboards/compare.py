@@ -51,7 +51,10 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
     (name_a, sub_a), (name_b, sub_b) = parse(ref_a), parse(ref_b)
     runs_a, runs_b = load_study(uri, name_a, submission=sub_a), load_study(uri, name_b, submission=sub_b)
     metric = metric or runs_a.design.get("metric")
-    ta, tb = build(runs_a, metric), build(runs_b, metric)
+    ta = build(runs_a, metric)
+    # each variant against the same baseline in both: a study whose first variant differs asked "y vs x" where
+    # the other asked "y vs base", and the two were set side by side as one contrast that "changed"
+    tb = build(runs_b, metric, baseline=ta.baseline if ta.baseline in runs_b.variants else None)
 
     def warned(label_a: str, label_b: str) -> list[str]:
         mine = {c.text: [ref_a] for c in ta.caveats if c.concerns(label_a)}
@@ -62,7 +65,7 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
 
     changes = []
     for variant in [v for v in runs_a.variants if v in set(runs_b.variants)]:
-        if variant in (ta.baseline, tb.baseline):
+        if variant in (ta.baseline, tb.baseline) or ta.baseline != tb.baseline:
             continue
         (va, da), (vb, db) = verdict(ta, variant), verdict(tb, variant)
         if va == "absent" or vb == "absent":

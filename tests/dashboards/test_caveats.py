@@ -384,3 +384,10 @@ def test_the_warning_marks_of_a_contrast_are_in_their_order():
     ]
     rows = format_changes("a@1", "a@2", "m", changes).splitlines()[1:3]
     assert rows[0].endswith("[1][2]") and rows[1].endswith("[1][3]"), rows
+
+
+def test_a_ratio_just_over_the_threshold_is_printed_over_it():
+    """1.51 was printed "1.5x" under "differ by more than 1.5x": the warning contradicted itself."""
+    c = caveats.param_ratio([("a vs b", "a", "b", 1510.0, 1000.0)], Warn())
+    assert c is not None and "a has 1.51x the parameters of b" in c.text
+    assert caveats.param_ratio([("a vs b", "a", "b", 1500.0, 1000.0)], Warn()) is None  # not more than 1.5
