@@ -314,10 +314,15 @@ class LitTransformer(L.LightningModule):
         time the device still needed for them."""
         t = time.perf_counter()
         self._check_losses()
+        tokens = 0
         if self._token_count is not None:
-            self._tokens += int(self._token_count)
+            tokens = int(self._token_count)
             self._token_count = None
-        self._train_time += time.perf_counter() - t
+        if self.global_step <= 1:  # one step only: it is the first step's
+            self._first_step = (self._first_step[0] + tokens, self._first_step[1] + time.perf_counter() - t)
+        else:
+            self._tokens += tokens
+            self._train_time += time.perf_counter() - t
 
     def _guard(self, step: int, loss: float) -> bool:
         """The divergence guard: True (and the trainer told to stop) when the run has diverged."""

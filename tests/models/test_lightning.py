@@ -249,6 +249,12 @@ def test_the_throughput_leaves_out_the_first_step_and_the_best_skips_non_finite_
     for value in (float("nan"), 2.0, 1.0):
         module.record_validation({"val/loss": value, "val/token_acc": value / 4})
     assert module.best == {"val/loss": 1.0, "val/token_acc": 0.5}
+    one, data, trainer = tiny_lm(TrainingConfig(max_steps=1, warmup_steps=1), log_every=4)  # a first step only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer().fit(one, datamodule=data)
+    cost = one.cost_summary()
+    assert cost["train_tokens"] == 4 * 16 and cost["tokens_per_s"] == pytest.approx(4 * 16 / cost["train_time_s"])
 
 
 def test_a_divergence_found_later_is_dated_to_its_step():
