@@ -143,14 +143,25 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     for run in runs:
         by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)
     design = _design(uri, parents)
-    code = design.get("code")  # the latest submission's: whose results count (None: any code's, or an older record)
+    # whose results count: the latest submission's code (None: any code's, or an older record); NAME@N: the cells
+    # that submission trained, whatever code trained them
+    code = design.get("code") if submission is None else None
     rows = []
     for cell_id, attempts in by_cell.items():
         own = [r for r in attempts if same_code(r, code)]
         if own:  # as the sweep takes it: the first result of that code, else its latest attempt
             rows.append(_row(cell_id, result_run(own) or own[-1], own))
-        else:  # trained only by other code (the code changed since): no outcome of this study's code yet
-            rows.append({**_row(cell_id, attempts[-1], own, metrics=False), "state": OTHER_CODE})
+        else:  # trained only by other code (the code changed since): no outcome of this study's code yet (its
+            # metrics are there, without values: a study no cell of which the new code has trained is a table of
+            # cells without an outcome, not a metric "no run has")
+            run = attempts[-1]
+            rows.append(
+                {
+                    **_row(cell_id, run, own, metrics=False),
+                    **dict.fromkeys(run.data.metrics, math.nan),
+                    "state": OTHER_CODE,
+                }
+            )
     labels = design.get("cells", {})  # the latest design's name of each cell, whatever its runs were tagged
     settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
     for row in rows:

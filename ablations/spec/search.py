@@ -202,8 +202,6 @@ class SearchFile(Strict):
         if self.objectives is not None and (self.metric is not None or self.direction is not None):
             raise KeyedError(("objectives",), "give either objectives (a list) or metric and direction, not both")
         several = self.objectives is not None and len(self.objectives) > 1
-        if self.sampler == "nsga2" and self.startup_trials is not None and self.startup_trials < 2:
-            raise KeyedError(("startup_trials",), "is NSGA-II's population with sampler nsga2: give at least 2")
         if self.sampler == "cmaes" and several:
             raise KeyedError(("sampler",), "cmaes optimises one objective; use nsga2 (or tpe, gp) for several")
         if self.pruner not in (None, "none") and several:
@@ -392,6 +390,8 @@ def load_search(
     ]
     objectives = [(metric, direction or better(metric) or "minimize") for metric, direction in given]
     sampler = file.sampler or ("tpe" if len(objectives) == 1 else "nsga2")
+    if sampler == "nsga2" and file.startup_trials is not None and file.startup_trials < 2:  # the default one too
+        raise origin.error(("startup_trials",), "is NSGA-II's population with sampler nsga2: give at least 2")
     spec = SearchSpec(
         name=file.name,
         description=file.description,

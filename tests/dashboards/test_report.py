@@ -411,6 +411,17 @@ def test_the_report_takes_the_results_of_the_latest_submission_s_code_as_the_swe
     # a study swept with reuse_results: any_code (no code recorded), or before the code was recorded: any code's
     fill(store, "anycode", old, submission=1)
     assert set(load_study(store, "anycode").cells["test/acc"]) == {0.5, 0.6}
+    # NAME@N: the cells that submission trained, whatever the latest code (they all read "other code" and the
+    # comparison of the two submissions failed on a metric no run had)
+    first = load_study(store, "recode", submission=1).cells
+    assert set(first["test/acc"]) == {0.5, 0.6} and set(first["state"]) == {"finished"}
+    _, _, changes = compare(store, "recode@1", "recode@2")
+    assert {c.variant for c in changes} == {"other"}
+    # a study no cell of which the new code has trained yet: every cell without an outcome, not an error
+    fill(store, "untrained", old, code="c0de0ld", submission=1)
+    fill(store, "untrained", {}, code="c0de2", submission=2, settings={v: {"model.variant": v} for v in old})
+    table = build(load_study(store, "untrained"))
+    assert {r.variant: (r.outcomes.pending, r.summary.n) for r in table.rows} == {"baseline": (5, 0), "other": (5, 0)}
 
 
 def test_cells_take_the_latest_designs_names(store):

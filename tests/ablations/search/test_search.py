@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from ablations.records import KIND_SEARCH, KIND_TRIAL, client
 from ablations.search import open_storage, run_search
-from ablations.spec import load_search
+from ablations.spec import SpecError, load_search
 from tests import reliability
 from tests.conftest import ROOT, postgres_reachable
 
@@ -663,6 +663,9 @@ def test_samplers_are_honest(tmp_path):
     assert [t.system_attrs["NSGAIISampler:generation"] for t in generations.trials] == [0] * 4 + [1] * 4
     one = load_search(write_spec(tmp_path, n_trials=16, sampler="nsga2", pruner="none", startup_trials=20))
     assert one.random_only and "this is a random search" in describe_sampler(one)
+    two = [{"metric": "final/val_loss"}, {"metric": "cost/tokens_per_s"}]  # nsga2 by default: a population of 1
+    with pytest.raises(SpecError, match="startup_trials: is NSGA-II's population"):
+        load_search(write_spec(tmp_path, objectives=two, pruner="none", sampler=None, startup_trials=1))
     # a diverged trial is told as the worst value any completed trial reached
     for value in (0.5, 2.5):
         trial = first.ask()
