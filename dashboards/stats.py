@@ -350,7 +350,9 @@ def sign_flip_power(effect_size: float, n: int, level: float, draws: int = POWER
     ``effect_size`` standard deviations (the test is scale-free): the share of ``draws`` simulated samples whose
     exact p (every 2^n flip, as ``sign_flip_p``) is at most ``level``. The same draws for every effect size, so
     the power grows with it and the same question gets the same answer. The t-test's power overstated it at few
-    seeds: at 6 seeds and level 0.05, 0.62 where TTestPower says 0.80."""
+    seeds: at 6 seeds and level 0.05, 0.62 where TTestPower says 0.80. The p-values are ``sign_flip_p``'s,
+    computed here for all draws at once: scipy's permutation test on the same 4,000 draws took 0.4-1.1 s against
+    1-39 ms here (6-12 seeds, 2026-11-26), and brentq evaluates the power some twenty times."""
     d = np.random.default_rng(n).standard_normal((draws, n)) + effect_size
     flips, rejected = _sign_patterns(n), 0
     for chunk in np.array_split(d, max(1, draws * 2**n // 2_000_000)):  # bounded memory

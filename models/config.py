@@ -182,25 +182,41 @@ class ModelConfig:
         self._validate()
 
     # -- derived values -------------------------------------------------------------------------
+    def implied(self) -> dict[str, Any]:
+        """What each field left out (None) means here: the one place that says it (the properties below read it;
+        a cell's id writes a value equal to it as left out, ``ablations.spec.run.canonical``)."""
+        return {
+            "head_dim": self.d_model // self.n_heads if self.d_model % self.n_heads == 0 else None,  # else given
+            "d_ff": 4 * self.d_model,
+            "n_decoder_layers": self.n_layers,
+            "tgt_vocab_size": self.vocab_size,
+            "tie_embeddings": self.arch != "encoder",
+            "dilated_heads": max(1, self.n_heads // 4),
+        }
+
+    def _given(self, name: str) -> Any:
+        value = getattr(self, name)
+        return self.implied()[name] if value is None else value
+
     @property
     def head_size(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+        return self._given("head_dim")
 
     @property
     def ff_size(self) -> int:
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+        return self._given("d_ff")
 
     @property
     def decoder_layers(self) -> int:
-        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+        return self._given("n_decoder_layers")
 
     @property
     def target_vocab(self) -> int:
-        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+        return self._given("tgt_vocab_size")
 
     @property
     def tied(self) -> bool:
-        return self.arch != "encoder" if self.tie_embeddings is None else self.tie_embeddings
+        return self._given("tie_embeddings")
 
     @property
     def non_autoregressive(self) -> bool:
@@ -213,7 +229,7 @@ class ModelConfig:
 
     @property
     def n_dilated_heads(self) -> int:
-        return self.dilated_heads if self.dilated_heads is not None else max(1, self.n_heads // 4)
+        return self._given("dilated_heads")
 
     def patterns_for(self, n_layers: int) -> tuple[str, ...]:
         """The self-attention pattern of each layer of a stack of ``n_layers``."""

@@ -75,6 +75,10 @@ class TrainingConfig:
             raise ConfigError(f"unknown training key(s) {unknown}; valid keys: {sorted(names)}")
         return cls(**data)
 
+    def implied(self) -> dict[str, Any]:
+        """What each field left out (None) means here (``ModelConfig.implied``)."""
+        return {"eval_batch_size": self.batch_size}
+
     def to_dict(self) -> dict[str, Any]:
         """Every field, except those of ``OMITTED_AT_DEFAULT`` left at their defaults: a configuration written
         before they existed keeps its dictionary, hence its config hash (its run's identity)."""

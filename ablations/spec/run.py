@@ -17,6 +17,7 @@ problem is one line naming the file, the line, the key and the fix (``SpecError`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -95,20 +96,11 @@ class RunConfig:
     def result_config(self) -> dict[str, Any]:
         """What determines the result: model, task, training and seed (not names, paths or resources), each value
         in one spelling (``canonical``), so that one run has one id."""
-        m, t = self.model, self.training
-        model_defaults = {
-            "head_dim": m.d_model // m.n_heads if m.d_model % m.n_heads == 0 else None,
-            "d_ff": 4 * m.d_model,
-            "n_decoder_layers": m.n_layers,
-            "tgt_vocab_size": m.vocab_size,
-            "tie_embeddings": m.arch != "encoder",
-            "dilated_heads": max(1, m.n_heads // 4),
-        }
         return {
             "seed": self.seed,
-            "model": canonical(m, m.to_dict(), model_defaults),
+            "model": canonical(self.model),
             "task": dict(self.task_spec),
-            "training": canonical(t, t.to_dict(), {"eval_batch_size": t.batch_size}),
+            "training": canonical(self.training),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,28 +129,35 @@ class RunConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def canonical(config: Any, data: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a dataclass ``config``'s dictionary) with each value in one spelling: a whole number given for a
-    field of type float as that float (grad_clip: 1 is 1.0), and a value equal to what leaving the field out means
-    as left out (eval_batch_size equal to batch_size, d_ff equal to 4 * d_model: None). Each spelling had its own
+def canonical(config: Any) -> dict[str, Any]:
+    """A config's ``to_dict()`` with each value in one spelling: a whole number given for a field of type float
+    as that float (grad_clip: 1 is 1.0), and a value equal to what leaving the field out means (``implied()``) as
+    left out (eval_batch_size equal to batch_size, d_ff equal to 4 * d_model: None). Each spelling had its own
     cell id: the same run trained twice, or two variants of one model compared as different."""
-    hints = typing.get_type_hints(type(config))
-    out = dict(data)
-    for key, value in data.items():
-        kind = hints.get(key)
-        if key in derived and value is not None and value == derived[key]:
+    floats, float_tuples = _float_fields(type(config))
+    implied = config.implied()
+    out = config.to_dict()
+    for key, value in out.items():
+        if key in implied and value is not None and value == implied[key]:
             out[key] = None
-        elif (
-            isinstance(value, int) and not isinstance(value, bool) and float in _types(kind) and int not in _types(kind)
-        ):
+        elif key in floats and isinstance(value, int) and not isinstance(value, bool):
             out[key] = float(value)
-        elif isinstance(value, list) and typing.get_origin(kind) is tuple and set(typing.get_args(kind)) == {float}:
+        elif key in float_tuples and isinstance(value, list):
             out[key] = [float(v) for v in value]
     return out
 
 
-def _types(kind: Any) -> tuple:
-    return typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+@functools.cache
+def _float_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """The fields of a dataclass typed float (or float | None), and those typed tuple[float, ...]."""
+    floats, tuples = set(), set()
+    for name, kind in typing.get_type_hints(cls).items():
+        kinds = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+        if float in kinds and int not in kinds:
+            floats.add(name)
+        elif typing.get_origin(kind) is tuple and set(typing.get_args(kind)) == {float}:
+            tuples.add(name)
+    return frozenset(floats), frozenset(tuples)
 
 
 def run_keys(base: dict[str, Any]) -> list[str]:

@@ -220,7 +220,7 @@ def test_a_run_whose_outputs_end_non_finite_is_diverged_not_left_without_a_value
 
 def test_hooks_run_outside_the_timed_steps_and_the_final_validation_scores_the_validations_batches(store, monkeypatch):
     """The metrics were handed to MLflow and to the hooks (Ray Tune's reports, a pruner) at the end of each step,
-    before the module stopped its clock: a 50 ms hook made a 2.5 ms step 23 ms. And the final validation scored the
+    before the module stopped its clock: a 50 ms hook made a 2.5 ms step 23 ms (a review measured). And the final validation scored the
     whole split where every validation before it scored val_batches: final/val_* and best/val_* were of other
     examples (a reviewer's findings)."""
     from models.lightning import LitTransformer

@@ -223,7 +223,7 @@ def test_training_reads_nothing_from_the_device_between_logged_steps():
 
 
 def test_the_throughput_leaves_out_the_first_step_and_the_best_skips_non_finite_values():
-    """Step 0 holds torch.compile's compilation (1.7 s against 1.3 ms a step): counted, compile's own speed was
+    """Step 0 holds torch.compile's compilation (1.7 s against 1.3 ms a step, as a review measured): counted, compile's own speed was
     charged for it. Here step 0 is made 0.2 s slower: the throughput and step time are of the eleven steps after
     it, the training time counts all twelve. A non-finite first validation stayed the best for ever (min(nan, x))."""
     import time
