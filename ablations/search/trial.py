@@ -147,7 +147,7 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
             experiment=task.experiment,
             parent_run_id=task.parent_run_id,
             run_name=f"trial {task.number}",
-            tags=trial_tags(task),
+            tags=trial_tags(task) | {"config_hash": run.config_hash(workers=task.resources.workers)},
         )
         if task.resources.workers > 1:
             from functools import partial

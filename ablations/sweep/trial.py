@@ -52,6 +52,7 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
         records.TAG_VARIANT: cell.variant,
         records.TAG_SEED: str(cell.seed),
         records.TAG_CELL_ID: cell.cell_id,
+        "config_hash": cell.cell_id,  # the hash of what it trains, its data-parallel workers included
         records.TAG_SUBMISSION: str(ctx.submission),
         records.TAG_ATTEMPT: str(attempt),
         "pid": str(os.getpid()),

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from ablations.records import KIND_SEARCH, KIND_TRIAL, client
 from ablations.search import open_storage, run_search
-from ablations.spec import SpecError, load_search
+from ablations.spec import SpecError, load_search, resolve_run
 from tests import reliability
 from tests.conftest import ROOT, postgres_reachable
 
@@ -215,6 +215,9 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
     assert sorted(runs) == [1]  # one run for the trial trained: rank 1 logged nothing
     run = runs[1]
     assert run.data.tags["workers"] == "2"
+    # the hash tagged is of what was trained, two ranks' global batch included: not that of one worker's run
+    trained = resolve_run({**load_search(spec_path).run_data({"training.lr": 3.0e-3}), "name": "srch"}, "trial 1")
+    assert run.data.tags["config_hash"] == trained.config_hash(workers=2) != trained.config_hash()
     assert run.data.tags["status_detail"].startswith("pruned") and run.data.metrics["stopped_step"] == 20
     history = c.get_metric_history(run.info.run_id, "val/loss")
     assert [m.step for m in history] == [10, 20]  # each point once: no other rank logged, no step after 20

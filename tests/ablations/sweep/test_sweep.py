@@ -391,6 +391,9 @@ def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
     assert len(runs) == 1  # one MLflow run, from rank 0 alone
     run = runs[0]
     assert run.data.tags["workers"] == "2" and cell_state(run) == "finished"
+    # the hash tagged is of what was trained, two ranks' global batch included: not that of one worker's cell
+    assert run.data.tags["config_hash"] == run.data.tags["cell_id"] == load_study(path).cells[0].cell_id
+    assert run.data.tags["config_hash"] != load_study(path).cells[0].run.config_hash()
     history = MlflowClient(store).get_metric_history(run.info.run_id, "val/loss")
     assert [m.step for m in history] == [10, 20, 25]  # each point once: no other rank logged
 
