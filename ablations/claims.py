@@ -12,7 +12,11 @@ States: ``open`` (anyone may claim), ``claimed`` (held until ``lease_until``), `
 ``run_id``; ``lease_until`` is the window in which the holder writes that run to MLflow). A ``done`` cell whose
 run never reached MLflow is reopened once that window has passed (``reopen_lost``).
 
-The key is (study, cell id, code fingerprint): a cell trained by other code is another cell.
+The key is (study, cell id, code fingerprint): a cell trained by other code is another cell. A submission that
+takes any code's results (``reuse_results: any_code``) claims under ``ANY_CODE`` instead, and a claim is refused
+while a rival holds the cell: for ``ANY_CODE`` a live claim under any fingerprint (its result will count), for a
+fingerprint a live ``ANY_CODE`` claim (its result may be this code's). Without that, two such submissions of other
+code, or one beside a submission of its own code, both trained the cell.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ from sqlalchemy import (
     and_,
     case,
     create_engine,
+    func,
     literal_column,
     or_,
     select,
 )
 from sqlalchemy.engine import Engine
 
+ANY_CODE = "any"  # the code key of a submission whose results may be any code's (reuse_results: any_code)
 LEASE_S = 60.0  # a claim held this long without renewal is free again
 RENEW_S = 15.0  # how often a live submission renews its leases
 WRITE_WINDOW_S = 600.0  # a done cell whose run is not in MLflow after this long is reopened
@@ -166,9 +172,25 @@ class Claims:
     def _key(self, study: str, cell_id: str, code: str):
         return and_(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id, CLAIMS.c.code == code)
 
+    def _rival(self, conn, study: str, cell_id: str, code: str):
+        """Another owner's live claim that stands for this one: under a fingerprint if ``code`` is ``ANY_CODE``,
+        under ``ANY_CODE`` otherwise (module docstring)."""
+        other = CLAIMS.c.code != ANY_CODE if code == ANY_CODE else CLAIMS.c.code == ANY_CODE
+        live = and_(CLAIMS.c.state == "claimed", CLAIMS.c.lease_until >= _now(self.engine))
+        query = select(CLAIMS).where(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id, other, live)
+        return conn.execute(query.where(CLAIMS.c.owner != self.owner).limit(1)).first()
+
+    def rival(self, study: str, cell_id: str, code: str) -> dict | None:
+        """The row of a live rival claim (``_rival``), or None."""
+        with self.engine.begin() as conn:
+            row = self._rival(conn, study, cell_id, code)
+        return dict(row._mapping) if row else None
+
     def claim(self, study: str, cell_id: str, code: str) -> Claim | None:
-        """Take the cell if it is open, its lease has expired, or this owner holds it; None if another holds it or
-        it is done. Atomic: of any number of concurrent claims, one gets the cell."""
+        """Take the cell if it is open, its lease has expired, or this owner holds it; None if another holds it, a
+        rival holds it (``_rival``), or it is done. Atomic: of any number of concurrent claims, one gets the cell
+        (the rival check and the claim are one transaction: under SQLite's write lock, or PostgreSQL's advisory
+        lock on the cell)."""
         now = _now(self.engine)
         stmt = _insert(self.engine).values(
             study=study, cell_id=cell_id, code=code, owner=self.owner, token=1, lease_until=now + self.lease_s,
@@ -189,6 +211,10 @@ class Claims:
             ),
         ).returning(CLAIMS.c.token)
         with self.engine.begin() as conn:
+            if self.engine.dialect.name == "postgresql":  # the rival check and the claim, one at a time per cell
+                conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"claim {study} {cell_id}"))))
+            if self._rival(conn, study, cell_id, code) is not None:
+                return None
             row = conn.execute(stmt).first()
         return Claim(study, cell_id, code, row[0]) if row else None
 
@@ -281,6 +307,13 @@ class Claims:
                     .values(lease_until=_now(self.engine))
                 )
         return len(dead)
+
+    def cell_rows(self, study: str, cell_id: str) -> list[dict]:
+        """The cell's rows under every code (as ``state`` gives one)."""
+        left = (CLAIMS.c.lease_until - _now(self.engine)).label("left")
+        with self.engine.begin() as conn:
+            rows = conn.execute(select(CLAIMS, left).where(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id))
+            return [dict(row._mapping) for row in rows]
 
     def state(self, study: str, cell_id: str, code: str) -> dict | None:
         """The cell's row (state, owner, token, run_id, seconds left on the lease), or None if never claimed."""

@@ -153,6 +153,7 @@ def run_study(
     fingerprint = tracking.code_fingerprint()
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint
+    key = code or cl.ANY_CODE  # what its cells' claims are keyed by (ablations.claims)
     claims = Claims(cl.claims_url(uri, claims_url))
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before the searches
@@ -161,7 +162,7 @@ def run_study(
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
     p = plan(study, uri, code)
     claims.expire_dead_local_owners(study.name)  # a killed driver on this machine: its cells are free at once
-    stale = _stale(study, p, claims, fingerprint)
+    stale = _stale(study, p, claims)
     for run in stale:
         records.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
     if stale:
@@ -202,7 +203,7 @@ def run_study(
         while pending:
             mine = []
             for cell in pending:
-                claim = claims.claim(study.name, cell.cell_id, fingerprint) if cell.cell_id not in tried else None
+                claim = claims.claim(study.name, cell.cell_id, key) if cell.cell_id not in tried else None
                 if claim is not None:
                     held[cell.cell_id] = claim
                     keeper.hold(claim)
@@ -221,7 +222,7 @@ def run_study(
                     tried.add(cell.cell_id)
                     keeper.drop(held[cell.cell_id])
                     claims.release(held.pop(cell.cell_id))
-            pending = _still_pending(study, uri, code, pending, tried, claims, fingerprint, out)
+            pending = _still_pending(study, uri, code, pending, tried, claims, key, out)
             if pending and not mine:
                 time.sleep(POLL_S)
         status = records.STATUS_FINISHED
@@ -255,32 +256,33 @@ def run_study(
     return StudyResult(study=study.name, parent_run_id=parent.run_id, counts=counts, rows=rows, tracking_uri=uri)
 
 
-def _stale(study: Study, p, claims: Claims, fingerprint: str) -> list:
-    """Runs left RUNNING whose cell no live submission holds (a RUNNING run of a held cell is someone's trial, and
-    so is one whose holder has passed its fence and is writing it: a ``done`` claim within its write window; marked
-    killed, that result was lost and its cell held for the window, then trained again)."""
+def _stale(study: Study, p, claims: Claims) -> list:
+    """Runs left RUNNING whose cell no live submission holds, under any code (a RUNNING run of a held cell is
+    someone's trial, whatever code that submission runs, and so is one whose holder has passed its fence and is
+    writing it: a ``done`` claim within its write window; marked killed, that result was lost and its cell held for
+    the window, then trained again)."""
     out = []
     for run in p.stale:
-        row = claims.state(study.name, run.data.tags.get(records.TAG_CELL_ID, ""), fingerprint)
-        held = row is not None and row["left"] > 0
-        if not (held and (row["state"] == "claimed" or row["run_id"] == run.info.run_id)):
+        rows = claims.cell_rows(study.name, run.data.tags.get(records.TAG_CELL_ID, ""))
+        if not any(r["left"] > 0 and (r["state"] == "claimed" or r["run_id"] == run.info.run_id) for r in rows):
             out.append(run)
     return out
 
 
-def _still_pending(study, uri, code, pending, tried, claims: Claims, fingerprint, out) -> list:
-    """The cells still without a result that this submission has not tried yet (held by another submission)."""
+def _still_pending(study, uri, code, pending, tried, claims: Claims, key, out) -> list:
+    """The cells still without a result that this submission has not tried yet (held by another submission).
+    ``key``: what this submission's claims are keyed by (its code's fingerprint, or ``claims.ANY_CODE``)."""
     done = {cell_id for cell_id, runs in records.cell_runs(uri, study.name).items() if records.result_run(runs, code)}
     left = [c for c in pending if c.cell_id not in done and c.cell_id not in tried]
     if left:
         owners, writing = set(), 0
         for cell in left:
-            row = claims.state(study.name, cell.cell_id, fingerprint)
+            row = claims.state(study.name, cell.cell_id, key)
             if row is not None and row["state"] == "done":  # claimed done, but its run is not a result in MLflow
                 elsewhere = records.run_missing(uri, row["run_id"])  # another store shares these claims
-                if not claims.reopen_lost(study.name, cell.cell_id, fingerprint, row["run_id"], at_once=elsewhere):
+                if not claims.reopen_lost(study.name, cell.cell_id, key, row["run_id"], at_once=elsewhere):
                     writing += 1
-            elif row is not None:
+            elif row is not None or (row := claims.rival(study.name, cell.cell_id, key)) is not None:
                 owners.add(row["owner"].rsplit(":", 1)[0])
         if owners:
             out(f"waiting for {len(left)} cell(s) another submission is training ({', '.join(sorted(owners))})")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations import records, tracking
-from ablations.claims import Claim, Fence
+from ablations.claims import ANY_CODE, Claim, Fence
 from ablations.process import exit_quickly, import_paused, trial_modules
 from ablations.secrets import Credentials
 from ablations.spec import Cell, Resources
@@ -108,7 +108,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     tags = cell_tags(cell, ctx, attempt)
     fence = None
     if cell.cell_id in ctx.tokens:  # the result is written only while this submission's claim holds
-        claim = Claim(ctx.study, cell.cell_id, ctx.fingerprint, ctx.tokens[cell.cell_id])
+        claim = Claim(ctx.study, cell.cell_id, code or ANY_CODE, ctx.tokens[cell.cell_id])  # the driver's key
         fence = Fence(ctx.claims_url, ctx.owner, claim)
         tags[records.TAG_CLAIM] = str(claim.token)
     where = tracking.Tracking(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations.claims import Claims, Fence
+from ablations.claims import ANY_CODE, Claims, Fence
 
 STUDY, CODE = "s", "abc123"
 
@@ -39,6 +39,25 @@ def test_one_holder_leases_expire_and_stale_tokens_are_fenced_out(url):
     assert (row["state"], row["run_id"], row["token"]) == ("done", "run-b", 2)
     assert a.claim(STUDY, "c1", CODE) is None and b.claim(STUDY, "c1", CODE) is None  # done: nobody trains it
     assert b.renew([second]) == ([], [second])  # ended, not lost
+
+
+def test_a_submission_taking_any_code_s_results_and_one_of_a_given_code_do_not_both_train_a_cell(url):
+    """``reuse_results: any_code`` claims under ANY_CODE. Two such submissions of other code trained a cell twice
+    (each claimed under its own fingerprint), and so did one beside a submission of a given code (whose result it
+    would take). Submissions of two given codes still each train it: other code is another cell."""
+    a, b, c = Claims(url, "host:1:a"), Claims(url, "host:2:b"), Claims(url, "host:3:c")
+    held = a.claim(STUDY, "c1", ANY_CODE)
+    assert held is not None
+    assert b.claim(STUDY, "c1", ANY_CODE) is None  # the same key: held
+    assert b.claim(STUDY, "c1", CODE) is None  # the any-code holder's result may be this code's: wait for it
+    assert b.rival(STUDY, "c1", CODE)["owner"] == "host:1:a"  # what the waiting submission names
+    a.release(held)  # it failed, or was interrupted
+    mine = b.claim(STUDY, "c1", CODE)
+    assert mine is not None and a.rival(STUDY, "c1", CODE) is None  # b's own key is no rival of itself
+    assert a.claim(STUDY, "c1", ANY_CODE) is None  # b's result will count for a: a waits
+    assert c.claim(STUDY, "c1", "other-code") is not None  # a given other code: another cell, trained
+    assert b.finish(mine, "run-b")  # done: its result is in MLflow, where the any-code submission finds it
+    assert c.claim(STUDY, "c2", CODE) is not None and a.claim(STUDY, "c3", ANY_CODE) is not None  # other cells
 
 
 def test_a_released_cell_is_free_at_once_and_a_lost_result_is_reopened_after_its_window(url, monkeypatch):
@@ -80,23 +99,27 @@ def test_a_dead_process_of_this_machine_loses_its_claims_at_once(url):
     assert other.claim(STUDY, "c2", CODE) is None and other.claim(STUDY, "c3", CODE) is None
 
 
-def _claim_all(url: str, owner: str, cells: int, start: float, out: str) -> None:
+def _claim_all(url: str, owner: str, cells: int, start: float, out: str, code: str) -> None:
     while time.time() < start:
         time.sleep(0.001)
     c = Claims(url, owner, lease_s=600)  # the first use creates the table: all eight at once
     number = c.next_number(STUDY, at_least=3)  # submissions 1 and 2 are in MLflow already
-    got = [i for i in range(cells) if c.claim(STUDY, f"c{i}", CODE) is not None]
+    got = [i for i in range(cells) if c.claim(STUDY, f"c{i}", code) is not None]
     Path(out).write_text(f"{number};" + ",".join(map(str, got)))
 
 
 @pytest.mark.slow
 def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
     """Eight processes race to create the table, to number their submissions and for the same 40 cells, at the
-    same moment."""
+    same moment; half of them take any code's results (ANY_CODE: a rival of the others' code, checked in the same
+    transaction as the claim)."""
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 3.0
     procs = [
-        ctx.Process(target=_claim_all, args=(url, f"host:{i}:p", 40, start, str(tmp_path / f"{i}.txt")))
+        ctx.Process(
+            target=_claim_all,
+            args=(url, f"host:{i}:p", 40, start, str(tmp_path / f"{i}.txt"), ANY_CODE if i % 2 else CODE),
+        )
         for i in range(8)
     ]
     for p in procs:
@@ -201,8 +224,12 @@ def test_a_run_whose_holder_is_writing_it_is_not_taken_for_stale(tmp_path, store
         runs.append(c.create_run(exp, tags={**tags, records.TAG_CODE: CODE}).info.run_id)
     writer = claims.claim(study.name, study.cells[0].cell_id, CODE)
     assert claims.finish(writer, runs[0])  # past its fence, writing its run
-    stale = driver._stale(study, plan(study, store, CODE), other, CODE)
+    stale = driver._stale(study, plan(study, store, CODE), other)
     assert [r.info.run_id for r in stale] == [runs[1]]
+    # a submission of other code held the second cell: its trial's run is not stale to this one (whose claims are
+    # under another key; it marked that live run killed)
+    Claims(url, "host:3:c").claim(study.name, study.cells[1].cell_id, "other-code")
+    assert driver._stale(study, plan(study, store, CODE), other) == []
 
 
 def test_a_retry_of_the_holder_s_own_trial_after_its_fence_passes_again(url):
