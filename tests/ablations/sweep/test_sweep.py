@@ -117,13 +117,19 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
     assert again.parent_run_id is None and any("nothing to train" in line for line in lines)
     assert {r.info.run_id for r in runs_of(store, "s")} == first_ids
 
-    # one more seed: only its two cells are trained, in a second submission
+    # one more seed: only its two cells are trained, in a second submission (one that takes any code's results:
+    # its claims are under the key "any", and its trials' results pass the fence under that key)
     bigger = load_study(path, seeds=[0, 1, 2])
-    run_study(bigger, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append)
+    run_study(bigger, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append, reuse_any_code=True)
     runs = runs_of(store, "s")
     assert len(runs) == 6 and first_ids < {r.info.run_id for r in runs}
     assert Counter(r.data.tags["submission"] for r in runs) == {"1": 4, "2": 2}
     assert_exactly_once(store, bigger)
+    from ablations.claims import ANY_CODE, Claims, claims_url
+
+    claims = Claims(claims_url(store))
+    new_cells = [cell for cell in bigger.cells if cell.seed == 2]
+    assert [claims.state("s", cell.cell_id, ANY_CODE)["state"] for cell in new_cells] == ["done", "done"]
 
     # the code is part of a result's identity: every run says which code trained it, and after a change to the
     # model, the tasks or the training loop (another fingerprint) nothing is done until it trains again, unless
