@@ -222,7 +222,7 @@ def train(
             "seed": str(run.seed),
             "task": task.name,
             "arch": run.model.arch,
-            "config_hash": run.config_hash(),  # one worker's: a data-parallel trial's caller tags its own
+            "config_hash": run.config_hash(),
             **where.tags,
             records.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
         }
