@@ -17,6 +17,7 @@ problem is one line naming the file, the line, the key and the fix (``SpecError`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -110,7 +111,11 @@ class RunConfig:
         return out
 
     def params(self) -> dict[str, Any]:
-        return flatten(self.result_config())
+        """MLflow's params: the seed, the task and every field of the model and the training as the run trains
+        them (``effective``), what a reader compares runs by. The run's identity (``config_hash``) is
+        ``result_config``, which writes a value that means the default as left out."""
+        model, training = effective(self.model), effective(self.training)
+        return flatten({"seed": self.seed, "model": model, "task": dict(self.task_spec), "training": training})
 
     def config_hash(self, workers: int = 1) -> str:
         """Stable id of the result-affecting configuration (seed included), and of the data-parallel ``workers``
@@ -144,6 +149,23 @@ def canonical(config: Any) -> dict[str, Any]:
             out[key] = float(value)
         elif key in float_tuples and isinstance(value, list):
             out[key] = [float(v) for v in value]
+    return out
+
+
+def effective(config: Any) -> dict[str, Any]:
+    """Every field of a model or training config as it trains: a field left out shows what leaving it out means
+    (``implied()``: head_dim d_model / n_heads, eval_batch_size the batch size), and a field ``to_dict`` leaves
+    out at its default shows that default (MLflow's params showed 'None' for the one and nothing for the other)."""
+    out = config.to_dict()
+    for f in fields(config):
+        out.setdefault(f.name, getattr(config, f.name))
+    for key, value in config.implied().items():
+        if out.get(key) is None and value is not None:
+            try:  # a key this model refuses (dilated_heads without a dilated layer, a decoder-only model's
+                dataclasses.replace(config, **{key: value})  # n_decoder_layers) is not part of it: nothing shown
+            except ConfigError:
+                continue
+            out[key] = value
     return out
 
 

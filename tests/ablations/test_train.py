@@ -103,6 +103,9 @@ def assert_run_recorded(uri: str, experiment: str, run, result) -> None:
     assert rec.info.run_id == result.run_id and rec.info.status == "FINISHED"
     # params: the flattened resolved configuration, nothing operational
     assert rec.data.params == {k: str(v) for k, v in run.params().items()}
+    # a field left out shows what it means, as the model and the loop read it (MLflow showed 'None')
+    assert rec.data.params["model.head_dim"] == str(run.model.head_size)
+    assert rec.data.params["training.eval_batch_size"] == str(run.training.batch_size)
     tags = rec.data.tags
     assert tags["status_detail"] == "finished" and tags["seed"] == "0" and tags["task"] == "copy"
     assert tags["config_hash"] == run.config_hash()

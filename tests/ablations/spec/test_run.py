@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ablations.spec import SpecError, load_run, resolve_run
+from models.config import ModelConfig
 from tests.conftest import ROOT
 
 GOOD = {"task": {"name": "copy"}, "model": {"d_model": 32, "n_heads": 2}}
@@ -214,6 +215,27 @@ def test_resolution_fills_what_the_task_determines():
     )
     assert same.config_hash() == run.config_hash()
     assert resolve_run({**GOOD, "seed": 1}).config_hash() != resolve_run(GOOD).config_hash()
+
+
+def test_params_show_every_field_as_it_trains_and_leave_the_identity_alone():
+    """MLflow's params are what a reader compares runs by: a field left out shows what it means (head_dim 'None'
+    hid the head size the heads studies vary), a field the config's dictionary leaves out at its default shows it,
+    and a field this model refuses stays empty. The run's identity is untouched: the same model spelt with its
+    head size given has the same params and the same config_hash."""
+    from dataclasses import fields
+
+    from models.training import TrainingConfig
+
+    run = resolve_run({**GOOD, "model": {"d_model": 32, "n_heads": 4}})
+    params = run.params()
+    assert {k for k in params if k.startswith("model.")} == {f"model.{f.name}" for f in fields(ModelConfig)}
+    assert {k for k in params if k.startswith("training.")} == {f"training.{f.name}" for f in fields(TrainingConfig)}
+    assert params["model.head_dim"] == run.model.head_size == 8 and params["model.d_ff"] == run.model.ff_size
+    assert params["training.eval_batch_size"] == run.training.batch_size
+    assert params["training.beam_size"] == 1 and params["training.compile"] is False  # left out of its dictionary
+    assert params["model.dilated_heads"] is None  # no dilated layer: refused if given
+    spelt = resolve_run({**GOOD, "model": {"d_model": 32, "n_heads": 4, "head_dim": 8, "d_ff": 128}})
+    assert spelt.params() == params and spelt.config_hash() == run.config_hash()
 
 
 def test_overrides_apply_before_validation(tmp_path):
