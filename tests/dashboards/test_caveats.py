@@ -148,14 +148,31 @@ def test_compare_lists_the_warnings_of_each_conclusion(store):
     [
         (ENCODER10, 10),
         ({**ENCODER10, "model.classifier": "token"}, None),  # tagging: the loss sums over a sequence's tokens
-        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "None"}, 13),
-        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "40"}, 40),
+        # an encoder-decoder's targets hold the task's symbols and the end of sequence, never padding, the start
+        # or the separator (models.tasks.batches: tgt_out is the target and EOS)
+        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "None"}, 10),
+        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "40"}, 37),
+        ({"model.arch": "encoder_decoder", "model.vocab_size": "13", "model.tgt_vocab_size": "13"}, 10),
         ({"model.arch": "decoder", "model.vocab_size": "256", "model.n_classes": "None"}, 256),
         ({}, None),  # an older run without params: unknown, no warning
     ],
 )
 def test_the_classes_a_loss_is_over(params, classes):
     assert caveats.output_classes({f"params.{k}": v for k, v in params.items()}) == classes
+
+
+def test_an_encoder_decoder_that_learned_nothing_of_its_input_is_near_chance():
+    """norm_placement's Post-LN cell without warm-up at 4 layers and lr 1e-2 (2026-11-26): 2.354 nats on reversal
+    over 10 symbols, above ln 10 = 2.30, what a guess that ignores the input scores; over its 14-token vocabulary
+    (ln 14 = 2.64) it sat at 89% and was not warned of. Its targets hold 11 tokens (the symbols and the end)."""
+    from models.tasks import make_task
+
+    task = make_task({"name": "reverse", "symbols": 10})
+    params = {"params.model.arch": "encoder_decoder", "params.model.vocab_size": str(task.vocab_size)}
+    assert caveats.output_classes(params) == 11
+    classes = {"post, no warm-up": caveats.output_classes(params), "pre": caveats.output_classes(params)}
+    c = caveats.near_chance({"post, no warm-up": (2.354, 9), "pre": (0.026, 9)}, classes, "final/val_loss", Warn())
+    assert c is not None and c.variants == ("post, no warm-up",) and "ln 11" in c.text
 
 
 def test_near_chance_by_its_definition():
