@@ -38,6 +38,9 @@ class Caveat:
 # --- near chance ----------------------------------------------------------------------------------------------
 
 NEVER_TARGETS = (PAD, BOS, SEP)  # the special tokens a sequence-to-sequence target never holds (EOS it does)
+# a decoder task scored on its answers only (``answer_mask``): the field of its params that counts the tokens an
+# answer can hold (a recall answer is one of the values, a retrieval answer one of the symbols)
+ANSWER_CHOICES = {"recall": "values", "retrieval": "symbols"}
 
 
 def output_classes(params: dict[str, Any]) -> int | None:
@@ -45,9 +48,11 @@ def output_classes(params: dict[str, Any]) -> int | None:
     encoder's classes; the tokens an encoder-decoder's target can hold (its target vocabulary less the special
     tokens no target holds: padding, the start and the separator; the end of sequence is predicted); a decoder's
     vocabulary. None when the run did not record them, or for token tagging (its loss is summed over a sequence's
-    tokens, not one choice). Counting the never-targets, a model that learned nothing of its input (on reversal
-    2.354 nats against ln 11 = 2.40 for a guess over the 10 symbols and the end) sat at 89% of ln 14 and went
-    unwarned."""
+    tokens, not one choice); a decoder scored on its answers only (recall, retrieval), the tokens an answer can
+    hold. Counting the never-targets, a model that learned nothing of its input (on reversal 2.354 nats against
+    ln 11 = 2.40 for a guess over the 10 symbols and the end) sat at 89% of ln 14 and went unwarned; counting a
+    recall task's whole vocabulary (36 tokens), a model that guessed among its 16 values (ln 16 = 2.77) sat at 77%
+    of ln 36."""
 
     def count(key: str) -> int | None:
         try:
@@ -62,7 +67,26 @@ def output_classes(params: dict[str, Any]) -> int | None:
     if arch == "encoder_decoder":
         vocabulary = count("tgt_vocab_size") or count("vocab_size")
         return None if vocabulary is None else max(2, vocabulary - len(NEVER_TARGETS))
-    return count("vocab_size") if arch == "decoder" else None
+    if arch != "decoder":
+        return None
+    task = str(params.get("params.task.name", ""))
+    if task in ANSWER_CHOICES:
+        return _answer_choices(params, task)
+    return count("vocab_size")
+
+
+def _answer_choices(params: dict[str, Any], task: str) -> int | None:
+    """How many tokens an answer of ``task`` can hold: its params' count, or the task's default where the run
+    file left it out (MLflow's params hold the task's keys as written)."""
+    from models.tasks import TASKS
+
+    key = ANSWER_CHOICES[task]
+    value = params.get(f"params.task.{key}")
+    try:
+        n = int(str(value)) if value is not None else getattr(TASKS[task].Params(), key)
+    except ValueError:
+        return None
+    return n if n >= 2 else None
 
 
 def chance_kind(metric: str) -> str | None:

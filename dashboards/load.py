@@ -28,13 +28,22 @@ from ablations.records import (
     search_all,
 )
 from ablations.secrets import redact_url
+from dashboards.caveats import ANSWER_CHOICES
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 
 
 # what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the
 # size of the output the loss is over, from which the report knows the level of a uniform guess (caveats.py)
-PARAMS_KEPT = ("model.arch", "model.vocab_size", "model.tgt_vocab_size", "model.n_classes", "model.classifier")
+PARAMS_KEPT = (
+    "model.arch",
+    "model.vocab_size",
+    "model.tgt_vocab_size",
+    "model.n_classes",
+    "model.classifier",
+    "task.name",
+    *(f"task.{key}" for key in ANSWER_CHOICES.values()),  # what an answer can hold
+)
 PARAMS_PREFIX = "params."
 OTHER_CODE = "other code"  # a cell's state when only other code than its study's latest submission trained it
 

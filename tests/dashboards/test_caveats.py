@@ -175,6 +175,51 @@ def test_an_encoder_decoder_that_learned_nothing_of_its_input_is_near_chance():
     assert c is not None and c.variants == ("post, no warm-up",) and "ln 11" in c.text
 
 
+def answer_tokens(task: dict) -> set[int]:
+    """The tokens the answers of an answer-scored task hold, read from its own examples (the loss mask marks the
+    targets that are scored), not from the task's params."""
+    from models.tasks import make_task
+    from models.tasks.recall import _examples as recall_examples
+    from models.tasks.retrieval import _examples as retrieval_examples
+
+    made = make_task(task)
+    params = {f: getattr(made.params, f) for f in made.params.__dataclass_fields__}
+    examples = {"recall": recall_examples, "retrieval": retrieval_examples}[task["name"]]
+    found: set[int] = set()
+    for example in examples(**{**params, "seed": 0, "size": 2000}):
+        targets = example["tokens"][1:]
+        found |= {t for t, scored in zip(targets, example["loss_mask"]) if scored}
+    return found
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"name": "recall"},  # the task's default: 16 values, 16 keys (a vocabulary of 36 with the special tokens)
+        {"name": "recall", "values": 8, "keys": 20},
+        {"name": "retrieval", "symbols": 12},
+    ],
+)
+def test_an_answer_scored_decoder_is_judged_over_what_its_answers_hold(store, task):
+    """Zoology's multi-query recall (Arora et al. 2023) scores a decoder on its answers only, each one of the
+    values; a model that has learned which tokens are values but not which value a key holds guesses among them:
+    ln(values), not ln(vocabulary). Counted over the recall task's 36 tokens, such a model (ln 16 = 2.77) sat at
+    77% of ln 36 and was not warned of. The row's params are those a run of the task logs (the run file's task
+    keys as written), read back from a real store."""
+    from ablations.spec.run import resolve_run
+    from models.tasks import make_task
+
+    answers = answer_tokens(task)
+    run = resolve_run({"task": task, "model": {"arch": "decoder", "d_model": 16, "n_heads": 2, "n_layers": 1}})
+    params = {k: str(v) for k, v in run.params().items() if k.startswith(("model.", "task."))}
+    assert int(params["model.vocab_size"]) == make_task(task).vocab_size > len(answers)
+    guess = uniform_guess_loss(len(answers))
+    values = {"guesses": {s: guess + 0.01 * s for s in range(5)}, "learns": {s: 0.3 + 0.01 * s for s in range(5)}}
+    fill(store, "answers", values, metric="final/val_loss", direction="minimize", params={v: params for v in values})
+    (c,) = [c for c in build(load_study(store, "answers")).caveats if c.kind == "chance"]
+    assert c.variants == ("guesses",) and f"ln {len(answers)} = {guess:.3g}" in c.text
+
+
 def test_near_chance_by_its_definition():
     warn = Warn()
     ln10 = uniform_guess_loss(10)
