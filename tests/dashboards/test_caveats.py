@@ -183,7 +183,7 @@ def answer_tokens(task: dict) -> set[int]:
     from models.tasks.retrieval import _examples as retrieval_examples
 
     made = make_task(task)
-    params = {f: getattr(made.params, f) for f in made.params.__dataclass_fields__}
+    params = dataclasses.asdict(made.params)
     examples = {"recall": recall_examples, "retrieval": retrieval_examples}[task["name"]]
     found: set[int] = set()
     for example in examples(**{**params, "seed": 0, "size": 2000}):
