@@ -14,7 +14,8 @@ which equals the distance between positions of two real tokens of a row, so they
 - ``sinusoidal`` (Vaswani et al. 2017, section 3.5): PE[p, 2i] = sin(p / 10000^(2i/C)),
   PE[p, 2i+1] = cos(p / 10000^(2i/C)), interleaved, added to the embeddings; any length.
 - ``learned``: a table of ``max_len`` vectors added to the embeddings; longer inputs are refused. It starts
-  on the scale of the token embeddings (``position_init_std``).
+  on the scale of the token embeddings (``position_init_std``) and is stored like them (times sqrt(d) when
+  used), so that Adam's steps move both by the same amount.
 - ``none``: no position information (the model is permutation-equivariant apart from masks).
 - ``rotary`` (Su et al. 2021): q and k rotated by position-dependent angles inside attention
   (half-split convention of GPT-NeoX); any length.
@@ -113,16 +114,22 @@ class SinusoidalPositions(Positions):
 
 @POSITIONS.register("learned")
 class LearnedPositions(LearnedTraits, Positions):
+    """A table of ``max_len`` vectors, stored and scaled like the token embeddings: the parameter starts at
+    std ``position_init_std / scale`` and is multiplied by ``scale`` (sqrt(d) with ``scale_embeddings``) when
+    added. Adam moves every stored element by about the learning rate whatever its scale, so a table stored at
+    the scale it is added at moved sqrt(d) times less, in what enters the stack, than the token embeddings."""
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.max_len = cfg.max_len
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0  # Transformer.emb_scale
         self.table = nn.Embedding(cfg.max_len, cfg.d_model)
-        nn.init.normal_(self.table.weight, std=self.init_std(cfg))
+        nn.init.normal_(self.table.weight, std=self.init_std(cfg) / self.scale)
 
     @staticmethod
     def init_std(cfg) -> float:
-        """``position_init_std``, by default the RMS of the token embeddings as they enter the stack
-        (initialised N(0, d^-0.5), times sqrt(d) when scale_embeddings)."""
+        """The std of what the table adds at the start: ``position_init_std``, by default the RMS of the token
+        embeddings as they enter the stack (initialised N(0, d^-0.5), times sqrt(d) when scale_embeddings)."""
         if cfg.position_init_std is not None:
             return float(cfg.position_init_std)
         return 1.0 if cfg.scale_embeddings else cfg.d_model**-0.5
@@ -136,9 +143,8 @@ class LearnedPositions(LearnedTraits, Positions):
                 "(positions='learned'); raise model.max_len, shorten the input, or use positions "
                 "sinusoidal, rotary, alibi or none, which extrapolate"
             )
-        if ids is not None:
-            return x + self.table(ids).to(x.dtype)
-        return x + self.table.weight[start:end].to(x.dtype)
+        pe = self.table(ids) if ids is not None else self.table.weight[start:end]  # (B, T, C) or (T, C)
+        return x + (pe * self.scale).to(x.dtype)
 
 
 @POSITIONS.register("none")

@@ -152,10 +152,11 @@ def constant(value: float):
 def rules(cfg: ModelConfig) -> list[tuple[str, object]]:
     d, D = cfg.d_model, cfg.head_size
     pos_std = cfg.position_init_std if cfg.position_init_std is not None else (1.0 if cfg.scale_embeddings else d**-0.5)
+    scale = d**0.5 if cfg.scale_embeddings else 1.0  # learned positions are stored like the token embeddings
     return [
         (r"(tgt_)?embed\.weight", normal(d**-0.5)),  # times sqrt(d) when used: RMS 1
         (r"mask_embed", normal(d**-0.5)),
-        (r"positions\.table\.weight", normal(pos_std)),
+        (r"positions\.table\.weight", normal(pos_std / scale)),  # times sqrt(d) when used
         (r".*qkv_proj\.weight", fused_xavier(3)),
         (r".*kv_proj\.weight", fused_xavier(2)),
         (r".*ff\.sublayer\.linear1\.weight", fused_xavier(2 if cfg.ffn == "swiglu" else 1)),  # SwiGLU: gate, value

@@ -163,6 +163,44 @@ def test_initial_scale_of_every_position_scheme(scale_embeddings):
     assert rms["rotary"] == rms["alibi"] == rms["none"] == 0.0
     # configurable: the old 0.02 start, or any other
     small = Transformer(ModelConfig(arch="decoder", d_model=d, n_heads=4, positions="learned", position_init_std=0.02))
-    assert small.positions.table.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    added = small.positions(torch.zeros(1, 512, d))
+    assert added.std().item() == pytest.approx(0.02, rel=0.02)
     with pytest.raises(ConfigError, match=r"position_init_std=0.02.*positions='sinusoidal' has none"):
         ModelConfig(position_init_std=0.02)
+
+
+@pytest.mark.parametrize("d_model", [64, 256])
+def test_learned_positions_take_the_token_embeddings_step_under_adam(d_model):
+    """Adam moves every stored element by about the learning rate, whatever its scale, so what enters the stack
+    moves by lr times the factor a table is multiplied by when used. Token embeddings are stored at d^-0.5 and
+    multiplied by sqrt(d); a position table stored at the scale it is added at moved sqrt(d) times less (8x at
+    d 64, 16x at d 256), and learned positions learned slower for it. After N steps of the project's AdamW
+    settings on a language model whose every token and position gets a gradient at every step, the change of
+    what each table adds to the stack must be of one size."""
+    from models.training import TrainingConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        arch="decoder", vocab_size=16, d_model=d_model, n_heads=4, max_len=32, positions="learned", tie_embeddings=False
+    )
+    model = Transformer(cfg)
+    t = TrainingConfig()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=t.betas, eps=t.eps, weight_decay=0.0)
+
+    def entering() -> tuple[torch.Tensor, torch.Tensor]:  # what each table adds to the stack, (V, C) and (T, C)
+        with torch.no_grad():
+            return model.embed.weight * model.emb_scale, model.positions(torch.zeros(1, 32, d_model))[0]
+
+    tokens0, positions0 = entering()
+    for _ in range(10):  # N = 10 steps
+        batch = torch.randint(0, 16, (8, 33))
+        logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 16), batch[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    tokens1, positions1 = entering()
+    token_step = (tokens1 - tokens0).pow(2).mean().sqrt()
+    position_step = (positions1 - positions0).pow(2).mean().sqrt()
+    assert token_step > 1e-3  # both tables did move
+    assert 0.5 < position_step / token_step < 2.0, (float(position_step), float(token_step))
