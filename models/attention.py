@@ -8,6 +8,11 @@ Score functions (``SCORES``, registered here):
   general       (q W_h).k / sqrt(D), W_h learned     (Luong et al. 2015, bilinear; W = I + delta, delta starts at 0)
   cosine        tau_h cos(q, k), tau_h learned       (Henry et al. 2020; Swin v2)
   additive      v_h . tanh(q + k)                    (Bahdanau et al. 2015; q, k are W_q x, W_k x)
+With ``qk_projections`` (the default) q and k are learned projections of the states (Vaswani et al.): then
+``general`` is ``dot`` with W_h folded into the query projection, the same bilinear family. Without them
+(``qk_projections=False``) each head scores its slice of the states themselves, as Luong et al. scored a
+decoder state against encoder states: ``dot`` has no parameter, ``general`` one matrix W_h, and ``additive`` is
+Luong's ``concat`` v_h . tanh(W1_h q + W2_h k) with maps of its own (``Score.over_states``).
 The dot-like scores reduce to torch's scaled_dot_product_attention on transformed q and k (flash kernels
 where the inputs allow: no mask is passed where none is needed). Additive scores go through
 ``additive_scores``, an autograd function that never holds more than ``chunk_elements`` elements of its
@@ -70,6 +75,10 @@ class Score(ScoreTraits, nn.Module):
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.prepare_query(q), self.prepare_key(k)
+
+    def over_states(self) -> None:
+        """Called when q and k are the states themselves (``qk_projections=False``, Luong et al.'s setting): a
+        score whose definition holds maps of q and k creates them here (additive: Luong's concat W_a)."""
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:
         return q @ k.transpose(-1, -2) * self.scale
@@ -135,11 +144,27 @@ class CosineScore(Score):
 
 @SCORES.register("additive")
 class AdditiveScore(AdditiveTraits, Score):
-    """Bahdanau's v_h . tanh(q + k), computed by ``additive_scores`` in bounded memory."""
+    """Bahdanau's v_h . tanh(q + k), computed by ``additive_scores`` in bounded memory. Over projected q and k
+    this is Luong et al.'s ``concat`` v^T tanh(W_a [h_t; h_s]) with W_a = [W_q; W_k]; over the states themselves
+    (``over_states``) the score holds W_a itself: per head, (D, D) maps of q and of k, without bias."""
 
     def __init__(self, n_heads: int, head_dim: int, chunk_elements: int = 1 << 20) -> None:
         super().__init__(n_heads, head_dim, chunk_elements)
         self.v = nn.Parameter(torch.randn(n_heads, head_dim) / math.sqrt(head_dim))  # (H, D)
+        self.w_q: nn.Parameter | None = None
+        self.w_k: nn.Parameter | None = None
+
+    def over_states(self) -> None:
+        H, D = self.n_heads, self.head_dim
+        bound = math.sqrt(3.0 / D)  # Xavier uniform over each head's (D, D) map: sqrt(6 / (fan_in + fan_out))
+        self.w_q = nn.Parameter(torch.empty(H, D, D).uniform_(-bound, bound))
+        self.w_k = nn.Parameter(torch.empty(H, D, D).uniform_(-bound, bound))
+
+    def prepare_query(self, q):  # (B, H, T, D) @ (H, D, D)
+        return q if self.w_q is None else q @ self.w_q.to(q.dtype)
+
+    def prepare_key(self, k):
+        return k if self.w_k is None else k @ self.w_k.to(k.dtype)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, heads=slice(None)) -> torch.Tensor:  # (B,H,T,D) (B,H,S,D)
         return additive_scores(q, k, self.v[heads], self.chunk_elements)
@@ -301,7 +326,8 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with pluggable slots: a score function, a pattern (``models.patterns``)
     and the attention part of a position scheme (``AttentionPositions``: rotary, ALiBi, or nothing).
 
-    ``pattern`` applies to self-attention; cross-attention is always full and position-free.
+    ``pattern`` applies to self-attention; cross-attention is always full and position-free. Without
+    ``qk_projections`` q and k are the states themselves, split into heads (only values are projected).
     """
 
     def __init__(
@@ -318,21 +344,29 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         chunk_elements: int = 1 << 20,
+        qk_projections: bool = True,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim = n_heads, head_dim
+        self.qk_projections = qk_projections
         self.pattern = FullPattern.plain(n_heads) if cross or pattern is None else pattern
         self.causal = causal and not cross
         self.cross = cross
         self.dropout = dropout
         inner = n_heads * head_dim
-        if cross:
+        if not qk_projections:  # Luong's setting: the scores read the states; only values are projected
+            if inner != d_model:
+                raise ValueError(f"without q/k projections n_heads * head_dim ({inner}) must equal d_model ({d_model})")
+            self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        elif cross:
             self.q_proj = nn.Linear(d_model, inner, bias=bias)
             self.kv_proj = projections(nn.Linear(d_model, 2 * inner, bias=bias), 2)
         else:
             self.qkv_proj = projections(nn.Linear(d_model, 3 * inner, bias=bias), 3)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.score = SCORES[score](n_heads, head_dim, chunk_elements)
+        if not qk_projections:
+            self.score.over_states()
         self.positions = positions if positions is not None and not cross else AttentionPositions()
         self.head_gate: torch.Tensor | None = None  # (H,) set by Transformer.set_head_mask
 
@@ -361,18 +395,23 @@ class MultiHeadAttention(nn.Module):
         columns (left padding); cache: keys/values of earlier steps (updated in place)."""
         B, T, _ = x.shape
         if self.cross:
-            (q,) = self._heads(self.q_proj(x), 1)
-            q = self.score.prepare_query(q)
+            q = self.score.prepare_query(
+                self._heads(self.q_proj(x), 1)[0] if self.qk_projections else self._heads(x, 1)[0]
+            )
             if cache is not None and cache.static:
                 k, v = cache.k, cache.v
             else:
-                k, v = self._heads(self.kv_proj(memory), 2)
+                k, v = self._keys_values(memory)
                 k = self.score.prepare_key(k)
                 if cache is not None:
                     cache.set_static(k, v)
             out = self._cross(q, k, v, key_padding)
         else:
-            q, k, v = self._heads(self.qkv_proj(x), 3)
+            if self.qk_projections:
+                q, k, v = self._heads(self.qkv_proj(x), 3)
+            else:  # q = k = the states, head by head (B, H, T, D)
+                (q,), (v,) = self._heads(x, 1), self._heads(self.v_proj(x), 1)
+                k = q
             q, k = self.score.prepare(q, k)
             q, k = self.positions.rotate(q, k, start, position_ids)
             if cache is not None and cache.end > 0:
@@ -393,6 +432,13 @@ class MultiHeadAttention(nn.Module):
         if self.head_gate is not None:  # (H,) for every sequence, or (B, H): one gate per sequence and head
             out = out * self.head_gate.to(out.dtype).view(-1 if self.head_gate.dim() > 1 else 1, self.n_heads, 1, 1)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def _keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's keys and values (B', H, S, D) of the encoder memory (B', S, C)."""
+        if self.qk_projections:
+            k, v = self._heads(self.kv_proj(memory), 2)
+            return k, v
+        return self._heads(memory, 1)[0], self._heads(self.v_proj(memory), 1)[0]
 
     def _ring(self) -> int | None:
         """Slots a cache needs: reach + 1 for a causal layer whose pattern sees a bounded distance back."""

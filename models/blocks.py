@@ -102,6 +102,7 @@ def self_attention(cfg: ModelConfig, attention: LayerAttention | str, causal: bo
         dropout=cfg.attn_dropout,
         bias=cfg.bias,
         chunk_elements=cfg.chunk_elements,
+        qk_projections=cfg.qk_projections,
     )
 
 
@@ -115,6 +116,7 @@ def cross_attention(cfg: ModelConfig) -> MultiHeadAttention:
         dropout=cfg.attn_dropout,
         bias=cfg.bias,
         chunk_elements=cfg.chunk_elements,
+        qk_projections=cfg.qk_projections,
     )
 
 

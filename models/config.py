@@ -27,6 +27,9 @@ NORM_PLACEMENTS = ("pre", "post")
 CLASSIFIERS = ("mean", "first", "token")
 SCHEDULES = ("fixed", "increasing", "decreasing")
 DECODINGS = ("autoregressive", "non_autoregressive")
+# Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
+# keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
+OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True}
 
 
 def _choice(name: str, value: Any, choices) -> None:
@@ -144,6 +147,9 @@ class ModelConfig:
     position_init_std: float | None = None
     rotary_base: float = ROTARY_BASE
     score: str = "dot"
+    # False: q and k are the states themselves, split into heads (Luong et al. 2015 scored unprojected states:
+    # dot has no parameter, general one matrix, additive is their concat with its own maps); only v is projected.
+    qk_projections: bool = True
     pattern: str = "full"
     # local/dilated: keys at distance <= window are seen (one-sided: 2 * window + 1 keys, window + 1 when
     # causal; Longformer's w is 2 * window, Mistral's W is window). With a schedule: the mean over layers.
@@ -262,7 +268,12 @@ class ModelConfig:
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _show(getattr(self, f.name)) for f in fields(self)}
+        """Every field, except those of ``OMITTED_AT_DEFAULT`` left at their defaults (older cell ids stay)."""
+        out = {f.name: _show(getattr(self, f.name)) for f in fields(self)}
+        for name, default in OMITTED_AT_DEFAULT.items():
+            if out[name] == default:
+                del out[name]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -301,7 +312,7 @@ class ModelConfig:
             _positive_int(name, getattr(self, name), allow_none=True)
         for name in ("dropout", "attn_dropout", "emb_dropout"):
             _probability(name, getattr(self, name))
-        for name in ("bias", "scale_embeddings"):
+        for name in ("bias", "scale_embeddings", "qk_projections"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.tie_embeddings is not None and not isinstance(self.tie_embeddings, bool):
@@ -325,6 +336,12 @@ class ModelConfig:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 "choose a divisible pair or set head_dim explicitly"
+            )
+        if not self.qk_projections and self.head_size * self.n_heads != self.d_model:
+            raise ConfigError(
+                f"qk_projections=false splits each state into n_heads={self.n_heads} slices of head_dim="
+                f"{self.head_size}, which must cover d_model={self.d_model}; remove head_dim or set it to "
+                "d_model / n_heads"
             )
 
         # arch-specific fields
@@ -499,7 +516,7 @@ class ModelConfig:
             f"H{self.n_heads}",
             self.norm,
             self.positions,
-            self.score,
+            self.score if self.qk_projections else f"{self.score}-states",
         ]
         parts.append(self.pattern if self.window is None else f"{self.pattern}{self.window}")
         if self.non_autoregressive:

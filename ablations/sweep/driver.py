@@ -31,6 +31,7 @@ from ablations import records, tracking
 from ablations.claims import Claim, Claims
 from ablations.secrets import Credentials, redact_url
 from ablations.spec import Cell, Study
+from ablations.spec.equivalence import warning_lines
 from ablations.sweep.placement import check_placement, describe_cluster, is_local, trial_slots
 from ablations.sweep.plan import format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, open_submission
@@ -150,6 +151,8 @@ def run_study(
     uri = tracking.resolve_uri(tracking_uri)
     if warning := unresolvable_warning(study):  # said before anything runs: the seeds cannot resolve the pairs
         out(warning)
+    for line in warning_lines(study):  # variants that compare one model family under two names
+        out(line)
     fingerprint = tracking.code_fingerprint()
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ablations import stores, tracking
 from ablations.secrets import redact_url
 from ablations.spec import Study
+from ablations.spec.equivalence import warning_lines
 from ablations.sweep.plan import Plan, describe_plan, plan
 from ablations.sweep.submission import live_notes
 
@@ -23,6 +24,8 @@ def dry_run(
     """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search)."""
     uri = tracking.resolve_uri(tracking_uri, create=False)
     problems: list[str] = []
+    for line in warning_lines(study):  # variants that compare one model family under two names
+        out(line)
     if study.tune:  # the searches come first, and the cells' ids hold the values they choose
         from ablations.search.tuned import preview_tuning
 

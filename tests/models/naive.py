@@ -78,7 +78,9 @@ def allowed(layer, H: int, T: int, S: int, causal: bool) -> torch.Tensor:
 def scores(cfg: ModelConfig, score, q: torch.Tensor, k: torch.Tensor, rotary: bool) -> torch.Tensor:
     """(B, H, T, S) from each function's definition; q and k are transformed before rotary positions."""
     D = q.shape[-1]
-    if cfg.score == "additive":  # Bahdanau: v_h . tanh(q + k)
+    if cfg.score == "additive":  # Bahdanau: v_h . tanh(q + k); over the states, Luong's concat maps them first
+        if not cfg.qk_projections:
+            q, k = q @ score.w_q.double(), k @ score.w_k.double()
         return torch.einsum("bhtsd,hd->bhts", torch.tanh(q[:, :, :, None] + k[:, :, None]), score.v.double())
     if cfg.score == "general":  # Luong: q^T W_h k
         q = torch.einsum("bhtd,hde->bhte", q, (torch.eye(D, dtype=torch.float64) + score.delta.double()))
@@ -99,7 +101,11 @@ def heads(x: torch.Tensor, H: int) -> torch.Tensor:
 def attention(cfg, module, x, memory=None, layer=None, causal=False) -> torch.Tensor:
     """One attention module from its weights: softmax over the allowed keys of scores + bias, then values."""
     H, C = cfg.n_heads, cfg.n_heads * cfg.head_size
-    if memory is None:  # self-attention
+    if not cfg.qk_projections:  # Luong: q and k are the states, head by head; values projected
+        source = x if memory is None else memory
+        q, k = heads(x, H), heads(source, H)
+        v = heads(F.linear(source, module.v_proj.weight.double(), module.v_proj.bias.double()), H)
+    elif memory is None:  # self-attention
         w, b = module.qkv_proj.weight.double(), module.qkv_proj.bias.double()
         q, k, v = (heads(F.linear(x, w[i * C : (i + 1) * C], b[i * C : (i + 1) * C]), H) for i in range(3))
     else:  # cross-attention: no positions, every key

@@ -181,6 +181,83 @@ def test_cross_attention_equals_nn_multihead_attention():
     torch.testing.assert_close(ours(x, mem, key_padding=pad), ref)
 
 
+# --- Luong et al. (2015): scores over states that are not separately projected ----------------------
+
+
+def perturbed(module: nn.Module) -> nn.Module:
+    with torch.no_grad():  # every score parameter off its start (general: W = I)
+        for name, p in module.named_parameters():
+            if name.startswith("score."):
+                p.add_(0.3 * torch.randn_like(p))
+    return module
+
+
+def block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
+    return torch.block_diag(*blocks.unbind(0))
+
+
+@pytest.mark.parametrize("name", ["dot", "general", "additive"])
+@pytest.mark.parametrize("cross", [False, True])
+def test_luong_scores_over_states_equal_their_definitions(name, cross):
+    """Luong et al. (2015, section 3.1) score a decoder state h_t against encoder states h_s themselves: dot
+    h_t . h_s (no parameter), general h_t^T W_a h_s (one matrix), concat v_a^T tanh(W_a [h_t; h_s]). With
+    qk_projections false each head scores its slice of the states so (scaled by 1/sqrt(D) like dot), and only the
+    values are projected. dot and general against torch's nn.MultiheadAttention whose query and key projections are
+    the identity (general: the query's is W_h^T, block by block); concat written out."""
+    torch.manual_seed(5)
+    B, T, S, C, H = 2, 5, 7 if cross else 5, 16, 2
+    D = C // H
+    ours = perturbed(MultiHeadAttention(C, H, D, score=name, cross=cross, qk_projections=False).double())
+    assert not hasattr(ours, "qkv_proj") and not hasattr(ours, "q_proj") and not hasattr(ours, "kv_proj")
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    mem = torch.randn(B, S, C, dtype=torch.float64) if cross else x
+    got = ours(x, mem) if cross else ours(x)
+    eye = torch.eye(C, dtype=torch.float64)
+    if name == "additive":  # concat: v_h . tanh(x_t^h W1_h + x_s^h W2_h), over each head's slice
+        sc = ours.score
+        q = torch.einsum("bthd,hde->bhte", x.view(B, T, H, D), sc.w_q)
+        k = torch.einsum("bshd,hde->bhse", mem.view(B, S, H, D), sc.w_k)
+        s = torch.einsum("bhtse,he->bhts", torch.tanh(q[:, :, :, None] + k[:, :, None]), sc.v)
+        v = F.linear(mem, ours.v_proj.weight, ours.v_proj.bias).view(B, S, H, D).transpose(1, 2)
+        out = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
+        want = F.linear(out, ours.out_proj.weight, ours.out_proj.bias)
+    else:
+        theirs = nn.MultiheadAttention(C, H, batch_first=True).double()
+        query = eye if name == "dot" else block_diagonal(ours.score.weight.transpose(1, 2))
+        with torch.no_grad():
+            theirs.in_proj_weight.copy_(torch.cat([query, eye, ours.v_proj.weight]))
+            theirs.in_proj_bias.copy_(torch.cat([torch.zeros(2 * C, dtype=torch.float64), ours.v_proj.bias]))
+            theirs.out_proj.weight.copy_(ours.out_proj.weight)
+            theirs.out_proj.bias.copy_(ours.out_proj.bias)
+        want, _ = theirs(x, mem, mem, need_weights=False)
+    torch.testing.assert_close(got, want)
+
+
+def test_general_equals_dot_when_q_and_k_are_projected_and_not_over_states():
+    """With q and k projected, q^T W_h k = (W_h^T W_q x)^T (W_k x): a dot model whose query projection absorbs
+    W_h gives the same outputs (what a study of general against dot measured there was only over-
+    parameterisation). Over the states themselves dot has no parameter to absorb W_h: the two differ."""
+    torch.manual_seed(6)
+    C, H = 16, 2
+    D = C // H
+    x = torch.randn(2, 6, C, dtype=torch.float64)
+    general = perturbed(MultiHeadAttention(C, H, D, score="general").double())
+    dot = MultiHeadAttention(C, H, D, score="dot").double()
+    dot.load_state_dict({k: v for k, v in general.state_dict().items() if not k.startswith("score.")})
+    W = general.score.weight  # (H, D, D)
+    with torch.no_grad():  # q_h W_h = x (W_q,h^T W_h): rows of head h of the query projection become W_h^T W_q,h
+        fold = block_diagonal(W.transpose(1, 2))
+        dot.qkv_proj.weight[:C] = fold @ general.qkv_proj.weight[:C]
+        dot.qkv_proj.bias[:C] = fold @ general.qkv_proj.bias[:C]
+    torch.testing.assert_close(dot(x), general(x), rtol=1e-12, atol=1e-12)
+
+    general_states = perturbed(MultiHeadAttention(C, H, D, score="general", qk_projections=False).double())
+    dot_states = MultiHeadAttention(C, H, D, score="dot", qk_projections=False).double()
+    dot_states.load_state_dict({k: v for k, v in general_states.state_dict().items() if not k.startswith("score.")})
+    assert not any(n.startswith("score.") for n, _ in dot_states.named_parameters())  # Luong's dot: no parameter
+    assert (dot_states(x) - general_states(x)).abs().max() > 1e-2
+
+
 # --- local and dilated against band-masked full attention -------------------------------------------
 
 

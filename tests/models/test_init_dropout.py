@@ -142,6 +142,12 @@ def fused_xavier(layers: int):
     return lambda name, p: xavier(name, p, layers)
 
 
+def per_head_xavier(name: str, p: torch.Tensor) -> None:
+    """(H, D, D): each head's map a layer of its own (the additive score's W_a over the states themselves)."""
+    for h, block in enumerate(p.detach()):
+        xavier(f"{name}[{h}]", block)
+
+
 def constant(value: float):
     def check(name: str, p: torch.Tensor) -> None:
         assert torch.equal(p.detach(), torch.full_like(p, value)), name
@@ -166,6 +172,7 @@ def rules(cfg: ModelConfig) -> list[tuple[str, object]]:
         (r".*score\.delta", constant(0.0)),  # general: W = I + delta starts at the identity
         (r".*score\.log_tau", constant(math.log(10.0))),  # cosine: tau = 10
         (r".*score\.v", normal(D**-0.5)),  # additive: v ~ N(0, 1/D)
+        (r".*score\.w_[qk]", per_head_xavier),  # additive over the states (Luong's concat): its own W_a
     ]
 
 
@@ -177,6 +184,7 @@ MODELS = [
     dict(arch="decoder", score="additive", positions="alibi", pattern="dilated", window=4, dilation=2),
     dict(arch="encoder", n_classes=5, positions="learned", scale_embeddings=False),
     dict(arch="encoder", n_classes=5, positions="learned", position_init_std=0.02),
+    dict(arch="encoder_decoder", score="additive", qk_projections=False, n_heads=1),
 ]
 
 

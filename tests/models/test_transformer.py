@@ -34,6 +34,13 @@ DECODING_CASES = [
     for positions in ("sinusoidal", "learned", "rotary", "alibi", "none")
     for pattern in PATTERNS
     if not (positions == "rotary" and score == "additive")
+] + [  # Luong et al.'s scores over the states themselves (qk_projections false)
+    (arch, f"{score}-states", positions, pattern)
+    for arch in ("decoder", "encoder_decoder")
+    for score in ("dot", "general", "additive")
+    for positions in ("sinusoidal", "rotary")
+    for pattern in ("full", "local")
+    if not (positions == "rotary" and score == "additive")
 ]
 
 
@@ -54,7 +61,8 @@ def test_cached_incremental_decoding_equals_a_naive_step_by_step_decoder(arch, s
     (``tests/models/naive.py``): at every step it recomputes every layer from scratch over the tokens so far, with
     each score, position scheme and pattern from its definition and no code of the model's."""
     torch.manual_seed(0)
-    model = tiny(arch, pattern, score=score, positions=positions)
+    states = {"qk_projections": False} if score.endswith("-states") else {}
+    model = tiny(arch, pattern, score=score.removesuffix("-states"), positions=positions, **states)
     src, tgt = torch.randint(1, 17, (2, 9)), torch.randint(1, 17, (2, 16))
     with torch.no_grad():  # move the score's parameters off their start (general: W = I, cosine: tau = 10)
         for name, p in model.named_parameters():
