@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 
 from ablations import records, tracking
 from ablations.spec import RunConfig
+from ablations.spec.metrics import metric_split
 from ablations.tracking import Hook, RunResult, Tracking, experiment_name
 from models.lightning import LitTransformer, reset_peak_memory
 from models.tasks import TaskDataModule
@@ -289,11 +291,10 @@ def train(
                 status = records.STATUS_FINISHED
             if trainer.is_global_zero and drain.stopped is None:
                 extra.update(_final_evaluation(module, data, drain))
-                lost = [
-                    k for k, v in {**module.last_val, **extra}.items() if k.endswith("/loss") and not math.isfinite(v)
-                ]
+                lost = [k for k, v in {**module.last_val, **extra}.items() if not math.isfinite(v)]
                 if status == records.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
-                    # did not: a result with no value, counted as diverged (dropped as "no value yet", it vanished)
+                    # did not: a result with no value, counted as diverged whatever the metric is called (dropped as
+                    # "no value yet", it vanished; only a loss's name was checked)
                     status, detail = records.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
                     extra["diverged_step"] = float(trainer.global_step)
                 if run_logger is not None and run.tracking.checkpoint:
@@ -346,4 +347,18 @@ def _final_evaluation(module, data, drain: Drain) -> dict[str, float]:
     for split in data.task.splits:
         if split not in ("train", "validation"):
             results.update(module.evaluate(data.loader(split), split, positions=data.task.target_positions(split)))
-    return results
+    return results | majority_shares(data)
+
+
+def majority_shares(data) -> dict[str, float]:
+    """A classification task's ``data/<split>_majority``: what always answering a held-out split's most frequent
+    class scores, the level a model that learned nothing of its input falls to (the report's room check: a
+    variant cannot lose more accuracy than its comparator holds above it)."""
+    if data.task.kind != "classify":
+        return {}
+    out = {}
+    for split in data.task.splits:
+        labels = Counter(r["label"] for r in data.rows[split])
+        if split != "train" and labels and all(isinstance(k, int) for k in labels):
+            out[f"data/{metric_split(split)}_majority"] = max(labels.values()) / sum(labels.values())
+    return out

@@ -14,6 +14,12 @@ analysis:
     interactions: false        # true (every pair of axes) or a list of [axis, axis]
   power: 0.8                   # the power at which the detectable difference is stated
   detect: {}                   # {metric: difference}: how many seeds that difference needs
+  expect:                      # the effects the study looks for (a paper's), each judged for room in the metric
+    - contrast: [variant, comparator]   # a contrast of the family: a pair, or an effect's label
+      value: -0.21             # the expected difference (variant - comparator) in the metric's units
+      metric: test/accuracy    # default: the study's metric
+      source: "Tay et al. 2021, Table 1"
+  converged: {window: 0.2, fraction: 0.05}  # declared: a contrast of a variant still improving is not testable
   warn:                        # when the report warns a reader (dashboards/caveats.py)
     chance_fraction: 0.9       # near chance: a loss at or above 0.9 x ln(classes), an accuracy within 10% of the way from 1/classes to 1
     converged_window: 0.2      # the last fraction of training steps the convergence check looks at
@@ -30,7 +36,10 @@ anything runs (``parse_analysis`` then ``check_analysis``), and the report reads
 from __future__ import annotations
 
 import difflib
+import itertools
+import math
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
@@ -54,6 +63,12 @@ FIXES = {  # what to do about a bad value, by key (the last part of its location
     "param_ratio": "use a ratio above 1, e.g. 1.5",
     "min_seeds": "use a whole number of seeds, at least 2, e.g. 5",
     "warn": "write a mapping of settings, e.g. warn: {param_ratio: 2}",
+    "expect": "write a list of {contrast: [variant, comparator], value: -0.21, source: ...}",
+    "contrast": "name a contrast of the family: [variant, comparator], or an effect's label",
+    "value": "give the expected difference (variant - comparator) in the metric's units, e.g. -0.21",
+    "converged": "write a mapping, e.g. converged: {window: 0.2, fraction: 0.05}",
+    "window": "use a fraction of the training steps between 0 and 1, e.g. 0.2",
+    "fraction": "use a relative fall above 0, e.g. 0.05",
 }
 
 
@@ -99,6 +114,67 @@ class Contrasts(BaseModel):
         return self
 
 
+class Expect(BaseModel):
+    """The effect a study looks for in one contrast (a paper's number): where the metric leaves less room than
+    this between the comparator and the metric's ceiling, floor or chance level, the verdict is *not testable
+    here* (docs/statistics.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    contrast: tuple[str, str] | str = Field(description="[variant, comparator], or a factorial effect's label")
+    value: float = Field(description="the expected difference, variant - comparator, in the metric's units")
+    metric: str | None = Field(None, description="default: the study's metric")
+    source: str = Field("", description="where the value comes from (a paper, its table)")
+
+    @field_validator("contrast", mode="before")
+    @classmethod
+    def _contrast(cls, value: Any) -> Any:
+        if isinstance(value, str) or (
+            isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(x, str) for x in value)
+        ):
+            return value
+        raise ValueError(f"must be [variant, comparator] or an effect's label (got {value!r})")
+
+    @field_validator("value")
+    @classmethod
+    def _nonzero(cls, value: float) -> float:
+        if not (math.isfinite(value) and value != 0):
+            raise ValueError(f"must be a finite difference other than 0 (got {value})")
+        return value
+
+    @property
+    def name(self) -> str:
+        """The label of the contrast it names (a pair's "a vs b")."""
+        return self.contrast if isinstance(self.contrast, str) else " vs ".join(self.contrast)
+
+
+class Converged(BaseModel):
+    """A declared convergence criterion: a variant whose validation loss (the training loss's trend where
+    validation is too sparse) still fell by more than ``fraction`` (relative) over the last ``window`` of its
+    training steps has not converged, and its contrasts are *not testable here*."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: float = Field(0.2, gt=0, lt=1, description="the last fraction of training steps looked at")
+    fraction: float = Field(0.05, gt=0, description="the relative fall above which a cell is still improving")
+
+
+@dataclass(frozen=True)
+class Family:
+    """The contrasts Holm's correction runs over, resolved for one study: its pairs, the axes whose main effects
+    and the pairs of axes whose interactions are in it, and whether it is the default (nothing declared)."""
+
+    pairs: list[tuple[str, str]]
+    main: list[str]
+    interactions: list[tuple[str, str]]
+    default: bool
+
+    def size(self, levels: dict[str, int]) -> int:
+        """Pairs, each main effect's levels - 1 and each interaction's (levels - 1) x (levels - 1) terms."""
+        size = len(self.pairs) + sum(levels[a] - 1 for a in self.main)
+        return max(1, size + sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interactions))
+
+
 class Warn(BaseModel):
     """When the report warns a reader that a number could mislead (dashboards/caveats.py, docs/statistics.md)."""
 
@@ -125,6 +201,8 @@ class Analysis(BaseModel):
     contrasts: Contrasts | None = None  # None: each variant against the baseline
     power: float = Field(0.8, gt=0, lt=1)
     detect: dict[str, float] = Field(default_factory=dict)
+    expect: list[Expect] = Field(default_factory=list)
+    converged: Converged | None = None  # None: not declared (the report still warns, by ``warn``)
     warn: Warn = Field(default_factory=Warn)
 
     @field_validator("margins", "detect")
@@ -153,81 +231,59 @@ class Analysis(BaseModel):
         """The level of every interval: 1 - alpha."""
         return 1.0 - self.alpha
 
-    def pairs(self, variants: list[str], baseline: str) -> list[tuple[str, str]]:
-        """The declared [variant, comparator] pairs (the default: each variant against the baseline)."""
+    def family(self, variants: list[str], baseline: str, axes: list[str], is_grid: bool) -> Family:
+        """The correction family. Declared: what ``contrasts`` lists (factorial effects only on a grid). The
+        default: a grid of two axes or more, its main effects and two-way interactions (the questions a factorial
+        design asks); otherwise each variant against the baseline."""
         c = self.contrasts
-        if c is None or c.pairs == "baseline":
-            return [(v, baseline) for v in variants if v != baseline]
-        return [tuple(p) for p in c.pairs]
+        if c is None:
+            if is_grid and len(axes) >= 2:
+                return Family([], list(axes), list(itertools.combinations(axes, 2)), True)
+            return Family([(v, baseline) for v in variants if v != baseline], [], [], True)
+        pairs = [(v, baseline) for v in variants if v != baseline] if c.pairs == "baseline" else list(c.pairs)
+        main = (
+            [] if not is_grid or c.main_effects is False else list(axes if c.main_effects is True else c.main_effects)
+        )
+        inter = c.interactions if is_grid and c.interactions is not False else []
+        inter = list(itertools.combinations(axes, 2)) if inter is True else [tuple(p) for p in inter]
+        return Family([tuple(p) for p in pairs], main, inter, False)
 
-    def main_effect_axes(self, axes: list[str]) -> list[str]:
-        c = self.contrasts
-        if c is None or c.main_effects is False:
-            return []
-        return list(axes) if c.main_effects is True else list(c.main_effects)
-
-    def interaction_pairs(self, axes: list[str]) -> list[tuple[str, str]]:
-        c = self.contrasts
-        if c is None or c.interactions is False:
-            return []
-        if c.interactions is True:
-            return [(a, b) for i, a in enumerate(axes) for b in axes[i + 1 :]]
-        return [tuple(p) for p in c.interactions]
-
-    def family_size(self, n_pairs: int, levels: dict[str, int], is_grid: bool) -> int:
-        """How many contrasts Holm corrects over: the declared pairs, each main effect's levels - 1 and each
-        interaction's (levels - 1) x (levels - 1) terms (factorial effects only on a grid; ``levels``: each
-        axis's number of levels)."""
-        size = n_pairs
-        if is_grid:
-            axes = list(levels)
-            size += sum(levels[a] - 1 for a in self.main_effect_axes(axes))
-            size += sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interaction_pairs(axes))
-        return max(1, size)
-
-    def _pairs_stuck(
-        self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int, tails: int
-    ) -> tuple[str, int, int] | None:
-        """Before any run: why the declared pairs, whose exact test cannot go below tails / 2^seeds, cannot pass
-        the largest step Holm can give them in the declared family (its factorial effects, by OLS, reach any p and
-        may come out first), the seeds that can and the family's size; None when they can."""
+    def _stuck(self, size: int, seeds: int, tails: int) -> tuple[str, int] | None:
+        """Before any run: why the family's tests, each the exact test over ``seeds`` (pairs and factorial effects
+        alike: each effect is tested within each seed), cannot go below tails / 2^seeds at Holm's first step
+        alpha / size, and the seeds that can; None when they can."""
         from dashboards import stats
 
-        if self.test == "t" or n_pairs == 0 or seeds < 1:
+        if self.test == "t" or seeds < 1:
             return None
-        size = self.family_size(n_pairs, levels, is_grid)
         floor = 0.5**seeds if tails == 1 else stats.min_p(seeds)  # the two one-sided tests: 1 / 2^n
-        step = stats.holm_best_steps([floor] * n_pairs + [0.0] * (size - n_pairs), self.alpha)[0]
         what = "exact test's" if tails == 2 else "exact two one-sided tests'"
-        why = stats.holm_floor(seeds, self.alpha, size, floor, step=step, what=what)
-        return (why, stats.smallest_exact_n(step, tails=tails), size) if why else None
+        why = stats.holm_floor(seeds, self.alpha, size, floor, what=what)
+        return (why, stats.smallest_exact_n(self.alpha / size, tails=tails)) if why else None
 
-    def unshowable_equivalence(
-        self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int, metric: str
-    ) -> str | None:
-        """Before any run: why the declared pairs cannot come out equivalent within ``metric``'s margin whatever
-        the data (the exact two one-sided tests' smallest p, 1/2^seeds), or None when they can or no margin is
-        declared."""
-        stuck = self._pairs_stuck(n_pairs, levels, is_grid, seeds, 1) if metric in self.margins else None
+    def unshowable_equivalence(self, size: int, seeds: int, metric: str) -> str | None:
+        """Before any run: why no contrast of a family of ``size`` can come out equivalent within ``metric``'s
+        margin whatever the data (the exact two one-sided tests' smallest p, 1/2^seeds), or None when they can or
+        no margin is declared."""
+        stuck = self._stuck(size, seeds, 1) if metric in self.margins else None
         if stuck is None:
             return None
-        why, need, size = stuck
+        why, need = stuck
         return (
-            f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
-            f"equivalent within ±{self.margins[metric]:g} on {metric} whatever the data; use at least {need} seeds "
-            f"(seeds: {need})"
+            f"{why} for the family of {size}: none of its contrasts can come out equivalent within "
+            f"±{self.margins[metric]:g} on {metric} whatever the data; use at least {need} seeds (seeds: {need})"
         )
 
-    def unresolvable_pairs(self, n_pairs: int, levels: dict[str, int], is_grid: bool, seeds: int) -> str | None:
-        """Before any run: why the declared paired contrasts cannot come out different whatever the data (the
-        exact test's smallest p, 2/2^seeds), or None when they can."""
-        stuck = self._pairs_stuck(n_pairs, levels, is_grid, seeds, 2)
+    def unresolvable(self, size: int, seeds: int) -> str | None:
+        """Before any run: why no contrast of a family of ``size`` (pairs and factorial effects, each tested by the
+        exact test within each seed) can come out different whatever the data, or None when they can."""
+        stuck = self._stuck(size, seeds, 2)
         if stuck is None:
             return None
-        why, need, size = stuck
+        why, need = stuck
         return (
-            f"{why} for the declared family of {size}: none of the {n_pairs} paired contrast(s) can come out "
-            f"different whatever the data; use at least {need} seeds (seeds: {need})"
+            f"{why} for the family of {size}: none of its contrasts can come out different whatever the data; use "
+            f"at least {need} seeds (seeds: {need})"
             + (" or declare fewer contrasts (analysis.contrasts)" if size > 1 else "")
         )
 
@@ -299,8 +355,8 @@ def _error(e: dict[str, Any], where: str) -> AnalysisError:
     path = _path(tuple(e["loc"]), where)
     key = next((str(x) for x in reversed(e["loc"]) if isinstance(x, str) and x in FIXES), "")
     if e["type"] == "extra_forbidden":
-        parent = tuple(x for x in e["loc"][:-1])
-        model = {"contrasts": Contrasts, "warn": Warn}.get(parent[-1] if parent else "", Analysis)
+        parent = next((x for x in reversed(e["loc"][:-1]) if isinstance(x, str)), "")
+        model = {"contrasts": Contrasts, "warn": Warn, "expect": Expect, "converged": Converged}.get(parent, Analysis)
         valid = ", ".join(model.model_fields)
         close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -316,7 +372,12 @@ def _error(e: dict[str, Any], where: str) -> AnalysisError:
     return AnalysisError(path, f"{msg}{got}{fix}")
 
 
-PLURAL = {"a variant": "variants", "an axis": "axes", "a metric": "metrics"}
+PLURAL = {
+    "a variant": "variants",
+    "an axis": "axes",
+    "a metric": "metrics",
+    "a contrast of the family": "its contrasts",
+}
 
 
 def _unknown(what: str, name: str, known: list[str] | set[str], path: tuple[Any, ...], fix: str) -> AnalysisError:
@@ -333,18 +394,53 @@ def check_analysis(
     metrics: set[str] | None = None,
     *,
     kind: str | None = None,
+    levels: dict[str, list[str]] | None = None,
     where: str = "analysis",
 ) -> None:
     """Refuse an analysis that names what the study does not have, before anything runs.
 
     ``variants``: the study's variant names (the baseline first); ``axes``: its design's axes; ``metrics``: the
     metrics its runs log, when known (None: metric names are not checked); ``kind``: the design's kind (grid,
-    one_at_a_time, variants), when known: main effects and interactions need a full grid. Raises AnalysisError
-    (a ValueError) with the key, what is valid and the fix: the first, carrying every other (``also``).
+    one_at_a_time, variants), when known: main effects and interactions need a full grid; ``levels``: each axis's
+    levels as the report spells them, when known (an expectation on a factorial effect names one of its labels).
+    Raises AnalysisError (a ValueError) with the key, what is valid and the fix: the first, carrying every other
+    (``also``).
     """
     problems = list(_problems(analysis, variants, axes, metrics, kind, where))
+    problems += _expect_problems(analysis, variants, axes, metrics, kind, levels, where)
     if problems:
         raise _carrying(problems)
+
+
+def _expect_problems(
+    analysis: Analysis,
+    variants: list[str],
+    axes: list[str],
+    metrics: set[str] | None,
+    kind: str | None,
+    levels: dict[str, list[str]] | None,
+    where: str,
+) -> list[AnalysisError]:
+    """Every expectation that names no contrast of the family, or a metric the runs do not log."""
+    from dashboards import stats
+
+    if not analysis.expect or not variants:
+        return []
+    family = analysis.family(variants, variants[0], axes, kind == "grid")
+    names = [f"{a} vs {b}" for a, b in family.pairs]
+    if levels is not None and all(a in levels for a in axes):
+        names += stats.effect_labels(levels, family.main, family.interactions)
+    out = []
+    for i, e in enumerate(analysis.expect):
+        if e.name not in names and (isinstance(e.contrast, tuple) or levels is not None):
+            out.append(
+                _unknown("a contrast of the family", e.name, names, (where, "expect", i, "contrast"), FIXES["contrast"])
+            )
+        if e.metric is not None and metrics is not None and e.metric not in metrics:
+            out.append(
+                _unknown("a metric", e.metric, set(metrics), (where, "expect", i, "metric"), "name a summary metric")
+            )
+    return out
 
 
 def _problems(
@@ -419,4 +515,15 @@ def from_design(design: dict[str, Any]) -> Analysis:
         ) from None
 
 
-__all__ = ["Analysis", "AnalysisError", "Contrasts", "Warn", "check_analysis", "from_design", "parse_analysis"]
+__all__ = [
+    "Analysis",
+    "AnalysisError",
+    "Contrasts",
+    "Converged",
+    "Expect",
+    "Family",
+    "Warn",
+    "check_analysis",
+    "from_design",
+    "parse_analysis",
+]

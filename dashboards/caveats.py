@@ -295,9 +295,9 @@ def _stuck(
 
 def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> Caveat | None:
     """A caveat when contrasts of the family cannot come out different whatever the data: their smallest
-    attainable p (the exact test's 2/2^n) is above the largest step Holm can give them (``stats.holm_best_steps``:
-    alpha / family size, raised where other tests, factorial effects by OLS say, can be rejected first). Every
-    testable one (nothing can be resolved), or some of them: those are named."""
+    attainable p (the exact test's 2/2^n, for pairs and factorial effects alike) is above the largest step Holm can
+    give them (``stats.holm_best_steps``: alpha / family size, raised where other tests with more seeds can be
+    rejected first). Every testable one (nothing can be resolved), or some of them: those are named."""
     testable = [c for c in family if c.testable]
     if test == "t" or not testable:
         return None
@@ -313,7 +313,7 @@ def unresolvable(family: Sequence[stats.Contrast], alpha: float, test: str) -> C
         return Caveat("resolution", text)
     labels = tuple(c.label for c in stuck)
     text = (
-        f"too few seeds for the paired contrasts: {why}, so {', '.join(labels)} cannot come out different whatever "
+        f"too few seeds for some contrasts: {why}, so {', '.join(labels)} cannot come out different whatever "
         f"the data ({need} seeds can, or a smaller family); their 'not resolved' says nothing about the size of a "
         "difference"
     )
@@ -324,8 +324,7 @@ def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test:
     """A caveat when contrasts with a declared margin cannot come out equivalent whatever the data: the exact
     form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, above
     the largest step Holm over the contrasts with a margin can give them (as ``correct`` corrects: every one in
-    the family, an untestable one at p 1). Those contrasts are named; factorial effects fitted by OLS cannot be
-    stuck (their t form reaches any p)."""
+    the family, an untestable one at p 1). Those contrasts are named."""
     margined = [c for c in family if math.isfinite(c.margin)]
     if test == "t" or not any(c.testable for c in margined):
         return None

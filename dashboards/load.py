@@ -46,6 +46,7 @@ PARAMS_KEPT = (
 )
 PARAMS_PREFIX = "params."
 OTHER_CODE = "other code"  # a cell's state when only other code than its study's latest submission trained it
+NONFINITE = "nonfinite"  # a cell's column: the metrics its run logged as nan or infinite, comma-separated
 
 
 class NoResults(LookupError):
@@ -207,6 +208,7 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
     row.update({PARAMS_PREFIX + k: run.data.params[k] for k in PARAMS_KEPT if k in run.data.params})
     if metrics:
         row.update(run.data.metrics)
+        row[NONFINITE] = ",".join(k for k, v in run.data.metrics.items() if not math.isfinite(v))
     return row
 
 

@@ -1,10 +1,13 @@
 """``ablate report STUDY``: the answer to the question a study asks, with its uncertainty, in one self-contained
-HTML file (interactive plots, the ablation table, factorial effects, the study file, links to every run),
-plus the table as Markdown, LaTeX and CSV. Everything is logged as artifacts of the study's latest parent
-run (``report/``), so the report opens inside the MLflow UI, next to the runs it summarises."""
+HTML file that leads with each verdict in words (why, and the next step), then the ablation table, factorial
+effects, the figures (compressed PNG inside the page: the 4-cell quickstart's page with plotly.js inside weighed
+4.9 MB and rendered blank for 15 s), the study file and links to every run; the interactive plots beside it
+(plots.html), and the table as Markdown, LaTeX and CSV. Everything is logged as artifacts of the study's latest
+parent run (``report/``), so the report opens inside the MLflow UI, next to the runs it summarises."""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -20,6 +23,7 @@ from dashboards.plots import all_figures
 from dashboards.table import (
     Table,
     build,
+    html_lead,
     mde_text,
     number_text,
     p_text,
@@ -42,6 +46,9 @@ th:nth-child(2){text-align:left} tr.baseline td{border-bottom:1px solid #999} tb
 .cells td{font-size:0.85em} a{color:#1f5fa8}
 .warnings{background:#fff4e5;border-left:4px solid #e08a00;padding:6px 12px;margin:12px 0;font-size:0.9em}
 .warnings ul{margin:4px 0;padding-left:18px}
+.verdicts{background:#eef5ff;border-left:4px solid #1f5fa8;padding:6px 12px;margin:12px 0}
+.verdicts ul{margin:4px 0;padding-left:18px} .verdicts li{margin:4px 0} .why,.next{color:#444;font-size:0.9em}
+img{max-width:100%}
 """
 
 
@@ -64,12 +71,13 @@ def run_link(runs: StudyRuns, run_id: str) -> str:
 
 EFFECTS_LEGEND = (
     "Main effects: the metric at a level minus at the reference level, averaged over the other axes' combinations; "
-    "interactions: the difference of differences. Both are contrasts of the cell means of an OLS fit with the seed "
-    "as a block (statsmodels), which keeps every seed in every cell mean when cells are missing; failed seeds enter "
-    "under the failure rule. p: OLS t-test, Holm-corrected with the declared family when the effect is declared in "
-    "analysis.contrasts (otherwise '–': not in the family, no verdict). Where analysis.margins gives the metric a "
-    "margin, 'TOST' beside it is the equivalence test's p (two one-sided tests against ±margin, Holm-corrected over "
-    "the contrasts with a margin): what an 'equivalent' verdict rests on."
+    "interactions: the difference of differences. Each is computed within every seed from that seed's own cells "
+    "and tested like a paired difference (the same exact sign-flip test, interval and power as the pairs, so the "
+    "family holds tests of one kind); a seed without every cell of an effect stays out of it; failed seeds enter "
+    "under the failure rule. p: Holm-corrected with the family when the effect is in it (declared in "
+    "analysis.contrasts, or by default on a grid of two axes or more; otherwise '–': not in the family, no verdict). "
+    "Where analysis.margins gives the metric a margin, 'TOST' beside it is the equivalence test's p (two one-sided "
+    "tests against ±margin, Holm-corrected over the contrasts with a margin): what an 'equivalent' verdict rests on."
 )
 
 
@@ -187,15 +195,36 @@ def cells_html(runs: StudyRuns, metric: str) -> str:
     )
 
 
-def render_html(runs: StudyRuns, table: Table, study_text: str, description: str) -> str:
-    figs = all_figures(runs, table)
+FIGURE_TITLES = {
+    "curves": "Learning curves",
+    "differences": "Differences from the baseline",
+    "error_by_position": "Decoded error by target position",
+}
+
+
+def figures_html(pngs: list[Path]) -> str:
+    """The static figures inside the page (PNG as data URIs: one file that renders at once, offline)."""
+    parts = []
+    for path in pngs:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        title = html.escape(FIGURE_TITLES.get(path.stem, path.stem))
+        parts.append(f"<h3>{title}</h3><img alt='{title}' src='data:image/png;base64,{data}'>")
+    return "".join(parts) or "<p>No metric histories to plot.</p>"
+
+
+def interactive_html(runs: StudyRuns, table: Table) -> str:
+    """The interactive plots (plotly, self-contained: plotly.js inside), as a page of their own."""
     parts, first = [], True
-    for title, fig in figs:
-        parts.append(
-            f"<h3>{html.escape(title)}</h3>"
-            + fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False})
-        )
+    for title, fig in all_figures(runs, table):
+        chart = fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False})
+        parts.append(f"<h3>{html.escape(title)}</h3>{chart}")
         first = False
+    body = "".join(parts) or "<p>No metric histories to plot.</p>"
+    return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(runs.name)}: plots</title>
+<style>{CSS}</style></head><body><h1>{html.escape(runs.name)}: interactive plots</h1>{body}</body></html>"""
+
+
+def render_html(runs: StudyRuns, table: Table, study_text: str, description: str, pngs: list[Path] = ()) -> str:
     links = {}
     for variant in runs.variants:
         sub = runs.cells[runs.cells["variant"] == variant]
@@ -210,14 +239,16 @@ def render_html(runs: StudyRuns, table: Table, study_text: str, description: str
 <p class="sub">{len(runs.cells)} cells over {n_sub} submission(s); metric {html.escape(table.metric)}
 ({"higher" if table.direction == "maximize" else "lower"} is better); baseline {html.escape(table.baseline)};
 generated {stamp} from {html.escape(redact_url(runs.uri))}.</p>
+{html_lead(table)}
 <h2>Ablation table</h2>
-{to_html(table, links)}
+{to_html(table, links, lead=False)}
 {effects_html(table)}
 {pairing_html(table)}
 {seeds_html(table)}
 {analysis_html(table)}
 <h2>Plots</h2>
-{"".join(parts) or "<p>No metric histories to plot.</p>"}
+<p class="legend">Interactive versions (zoom, hover): plots.html, beside this file among the run's artifacts.</p>
+{figures_html(list(pngs))}
 {cells_html(runs, table.metric)}
 <h2>Study file</h2><pre>{html.escape(study_text or "(not recorded)")}</pre>
 </body></html>"""
@@ -249,11 +280,15 @@ def make_report(
     table = build(runs, metric, baseline=baseline)
     parent = runs.latest_parent
     description = parent.data.tags.get("mlflow.note.content", "") if parent is not None else ""
-    page = render_html(runs, table, _study_text(runs), description)
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from dashboards.static import save_pngs
+
+    pngs = save_pngs(runs, table, out_dir)  # the same figures as PNG, for papers and Markdown, and in the page
+    page = render_html(runs, table, _study_text(runs), description, pngs)
     files = {
         "html": out_dir / "report.html",
+        "plots": out_dir / "plots.html",
         "markdown": out_dir / "table.md",
         "latex": out_dir / "table.tex",
         "csv": out_dir / "table.csv",
@@ -261,6 +296,7 @@ def make_report(
         "contrasts": out_dir / "contrasts.csv",
     }
     files["html"].write_text(page)
+    files["plots"].write_text(interactive_html(runs, table))
     files["markdown"].write_text(to_markdown(table))
     files["latex"].write_text(to_latex(table))
     files["csv"].write_text(to_csv(table))
@@ -271,9 +307,7 @@ def make_report(
         files["effects"].write_text(effects_markdown(table))
     else:  # an earlier report's, in a reused folder
         (out_dir / "effects.md").unlink(missing_ok=True)
-    from dashboards.static import save_pngs
-
-    for path in save_pngs(runs, table, out_dir):  # the same figures as PNG, for papers and Markdown
+    for path in pngs:
         files[path.stem] = path
     parent_id = None
     if log and parent is not None:

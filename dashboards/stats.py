@@ -10,13 +10,14 @@ the same rules hold everywhere. docs/statistics.md explains every number.
   could detect and the seeds a stated difference needs (the exact test's own power, simulated, up to 12 seeds;
   ``statsmodels`` TTestPower for the t-test and beyond); the correlation between
   the paired runs (what pairing bought).
-- Factorial effects of a grid: main effects and interactions as contrasts of cell means from an OLS fit with
-  the seed as a block (``statsmodels``), which handles missing cells without letting each seed average a
-  different subset.
+- Factorial effects of a grid: main effects and interactions computed within each seed from its own cells (the
+  difference, or the difference of differences) and tested like a paired difference, so that a Holm family
+  holds tests of one kind; a seed without every cell of an effect stays out of it, as a pair's seed without
+  both values does.
 - Holm's correction (``statsmodels.stats.multitest``) over exactly the declared family; a contrast with no
   data counts in it with p = 1 (it never silently leaves the family).
-- Verdicts: the words "different (better|worse)", "equivalent within ±m", "not resolved" and "untestable"
-  come from the tests only.
+- Verdicts: the words "different (better|worse)", "equivalent within ±m", "not resolved" and "untestable" come
+  from the tests only; "not testable here" (dashboards/verdicts.py) from the room and convergence checks.
 
 statsmodels and scipy.stats are imported inside the functions that need them (about a second and 0.8 s): a driver
 that only plans its cells (holm_floor, smallest_exact_n) does not pay for them.
@@ -500,10 +501,10 @@ class Contrast:
     p: float  # two-sided, uncorrected; 1 when untestable
     method: str  # how p was computed
     seeds: tuple[Any, ...] = ()
-    differences: tuple[float, ...] = ()  # per seed, pairs only
+    differences: tuple[float, ...] = ()  # per seed: the paired difference, or the effect within that seed
     ci_boot: tuple[float, float] = NAN2
     spread: bool = True  # False: every seed gave the same difference (no interval can be estimated)
-    sd: float = NAN  # of the paired differences (pairs) or the residuals (effects)
+    sd: float = NAN  # of the per-seed differences (or effects)
     min_p: float = NAN  # the smallest p the test can give here
     hedges_g: float = NAN
     correlation: float = NAN  # between the paired runs' values, across seeds
@@ -519,17 +520,25 @@ class Contrast:
     p_rate_holm: float = NAN
     verdict: str = ""
     note: str = ""
+    imputed: int = 0  # pairs: the seeds with a value imputed for a failure (either side), under the failure rule
+    all_imputed: str = ""  # pairs: the side (a or b) every one of whose values here was imputed, if any
+    untestable_here: str = ""  # why the verdict is "not testable here" (no room, not converged); "" when testable
+    make_testable: str = ""  # what would make it testable
 
     @property
     def testable(self) -> bool:
         return self.n > 0 and not self.method.startswith("untestable")
 
 
-def paired_contrast(
-    comparator: dict[Any, float],
-    variant: dict[Any, float],
+def _seed_order(s: Any) -> tuple[str, Any]:
+    return (str(type(s)), s)
+
+
+def seed_contrast(
+    per_seed: dict[Any, float],
     *,
-    label: str = "",
+    label: str,
+    kind: str = "pair",
     a: str = "",
     b: str = "",
     test: str = "permutation",
@@ -541,38 +550,28 @@ def paired_contrast(
     family_size: int = 1,
     n_boot: int = BOOT_RESAMPLES,
     seed: int = 0,
+    missing: str = "both",
 ) -> Contrast:
-    """variant − comparator over the seeds where both have a finite value. ``level``: where the detectable
-    difference is stated (default (1 - confidence) / family_size, Holm's strictest step)."""
-    from scipy import stats as sps
-
+    """A contrast from one value per seed: a paired difference, or a factorial effect computed within each seed
+    (the difference of differences of one seed's own cells). Every kind goes through the same test, so a Holm
+    family holds tests of one kind. ``level``: where the detectable difference is stated (default
+    (1 - confidence) / family_size, Holm's strictest step); ``missing``: what a seed lacks when none enters."""
     alpha = 1 - confidence
     level = alpha / max(1, family_size) if level is None else level
-    seeds = tuple(
-        sorted(
-            (s for s in set(comparator) & set(variant) if finite([comparator[s]]).size and finite([variant[s]]).size),
-            key=lambda s: (str(type(s)), s),
-        )
-    )
-    x = np.array([float(variant[s]) for s in seeds])
-    y = np.array([float(comparator[s]) for s in seeds])
-    d = x - y
+    seeds = tuple(sorted((s for s, v in per_seed.items() if finite([v]).size), key=_seed_order))
+    d = np.array([float(per_seed[s]) for s in seeds])
     n = len(d)
     margin = NAN if margin is None else float(margin)
     if n == 0:
         return Contrast(
-            label or f"{a} vs {b}", "pair", a, b, 0, NAN, NAN2, 1.0, "untestable: no seed has both", margin=margin,
+            label, kind, a, b, 0, NAN, NAN2, 1.0, f"untestable: no seed has {missing}", margin=margin,
             p_tost=1.0 if math.isfinite(margin) else NAN, min_p=1.0, mde=math.inf,
-            note="no seed has a value for both",
+            note=f"no seed has a value for {missing}",
         )  # fmt: skip
     resamples = resamples_for(level) if n > EXACT_MAX_N else MC_RESAMPLES
     p, method = paired_p(d, test, n_resamples=resamples)
     spread = _spread(d)
     sd = float(np.std(d, ddof=1)) if n > 1 and spread else (0.0 if n > 1 else NAN)
-    corr = NAN
-    if n >= 3 and _spread(x) and _spread(y):
-        corr = float(sps.pearsonr(x, y).statistic)
-    sd_unpaired = float(math.sqrt(np.var(x, ddof=1) + np.var(y, ddof=1))) if n > 1 else NAN
     notes = []
     if n > 1 and not spread:
         notes.append(
@@ -583,31 +582,39 @@ def paired_contrast(
     needed = None
     if detect is not None and n >= 2:
         needed = seeds_needed(d, detect, alpha=alpha, power=power, test=test, family_size=family_size)
+    exact = test if spread else "permutation"
     return Contrast(
-        label or f"{a} vs {b}",
-        "pair",
-        a,
-        b,
-        n,
-        float(d.mean()),
-        t_interval(d, confidence),
-        p,
-        method,
-        seeds=seeds,
-        differences=tuple(float(v) for v in d),
-        ci_boot=bca_interval(d, confidence, n_boot, seed),
-        spread=spread or n < 2,
-        sd=sd,
-        min_p=min_p(n, test if spread else "permutation", resamples),
-        hedges_g=hedges_g(d),
-        correlation=corr,
-        sd_unpaired=sd_unpaired,
-        margin=margin,
+        label, kind, a, b, n, float(d.mean()), t_interval(d, confidence), p, method,
+        seeds=seeds, differences=tuple(float(v) for v in d), ci_boot=bca_interval(d, confidence, n_boot, seed),
+        spread=spread or n < 2, sd=sd, min_p=min_p(n, exact, resamples), hedges_g=hedges_g(d), margin=margin,
         p_tost=tost_p(d, margin, test, n_resamples=resamples) if math.isfinite(margin) else NAN,
-        mde=detectable(sd, n, level, power, test if spread else "permutation"),
-        seeds_needed=needed,
-        note="; ".join(notes),
-    )
+        mde=detectable(sd, n, level, power, exact), seeds_needed=needed, note="; ".join(notes),
+    )  # fmt: skip
+
+
+def paired_contrast(
+    comparator: dict[Any, float],
+    variant: dict[Any, float],
+    *,
+    label: str = "",
+    a: str = "",
+    b: str = "",
+    **options: Any,
+) -> Contrast:
+    """variant − comparator over the seeds where both have a finite value (``seed_contrast``'s options), with the
+    correlation between the paired runs and the spread the difference would have had unpaired."""
+    from scipy import stats as sps
+
+    seeds = [s for s in set(comparator) & set(variant) if finite([comparator[s]]).size and finite([variant[s]]).size]
+    seeds.sort(key=_seed_order)
+    x = np.array([float(variant[s]) for s in seeds])
+    y = np.array([float(comparator[s]) for s in seeds])
+    c = seed_contrast(dict(zip(seeds, x - y)), label=label or f"{a} vs {b}", a=a, b=b, **options)
+    corr = NAN
+    if len(seeds) >= 3 and _spread(x) and _spread(y):
+        corr = float(sps.pearsonr(x, y).statistic)
+    sd_unpaired = float(math.sqrt(np.var(x, ddof=1) + np.var(y, ddof=1))) if len(seeds) > 1 else NAN
+    return dataclasses.replace(c, correlation=corr, sd_unpaired=sd_unpaired)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -629,6 +636,8 @@ def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
         return "not in the family"
     if not c.testable:
         return "untestable"
+    if c.untestable_here:  # the test still runs and counts in the family; its words would claim too much
+        return "not testable here"
     m = c.margin
     equivalent = math.isfinite(m) and math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha
     within = f"equivalent within ±{m:.3g}"
@@ -667,224 +676,122 @@ def _levels(df: Any, factor: str) -> list[str]:
     return list(dict.fromkeys(str(x) for x in df[factor]))
 
 
+def main_label(factor: str, level: str, ref: str) -> str:
+    """A main effect's label: "model.norm: post vs pre" (what ``analysis.expect`` names it by)."""
+    return f"{factor}: {level} vs {ref}"
+
+
+def interaction_label(fi: str, fj: str, ab: tuple[str, str], ref: tuple[str, str]) -> str:
+    return f"{fi} x {fj}: {ab[0]} x {ab[1]} vs {ref[0]} x {ref[1]}"
+
+
+def effect_labels(
+    levels: dict[str, list[str]], main: Iterable[str], interactions: Iterable[tuple[str, str]]
+) -> list[str]:
+    """The labels of the main effects of ``main`` and the interactions of ``interactions`` (each level against an
+    axis's first), in ``factorial_effects``' order."""
+    out = [main_label(f, x, levels[f][0]) for f in main for x in levels[f][1:]]
+    for fi, fj in interactions:
+        ref = (levels[fi][0], levels[fj][0])
+        out += [interaction_label(fi, fj, ab, ref) for ab in itertools.product(levels[fi][1:], levels[fj][1:])]
+    return out
+
+
+Weights = dict[tuple[str, ...], float]  # cell (the levels of every factor) -> its weight in a contrast
+
+
+def _main_weights(cells: set[tuple], i: int, level: str, ref: str) -> tuple[Weights, int, int]:
+    """The main effect of factor ``i`` (level against ref), averaged over the other factors' combinations where
+    both cells were run: (weights, combinations used, combinations there are)."""
+    weights: Weights = {}
+    total = {k[:i] + k[i + 1 :] for k in cells if k[i] in (level, ref)}
+    used = [k[:i] + k[i + 1 :] for k in cells if k[i] == level and k[:i] + (ref,) + k[i + 1 :] in cells]
+    for rest in used:
+        weights[rest[:i] + (level,) + rest[i:]] = 1 / len(used)
+        weights[rest[:i] + (ref,) + rest[i:]] = -1 / len(used)
+    return weights, len(used), len(total)
+
+
+def _interaction_weights(cells: set[tuple], i: int, j: int, ab: tuple[str, str], ref: tuple[str, str]):
+    """The interaction of factors i and j (levels ``ab`` against ``ref``): the difference of differences,
+    averaged over the remaining factors' combinations where all four corners were run."""
+
+    def at(key: tuple, x: str, y: str) -> tuple:
+        k = list(key)
+        k[i], k[j] = x, y
+        return tuple(k)
+
+    rest = lambda k: tuple(x for n, x in enumerate(k) if n not in (i, j))  # noqa: E731
+    total = {rest(k) for k in cells if k[i] in (ab[0], ref[0]) and k[j] in (ab[1], ref[1])}
+    corners = [((ab[0], ab[1]), 1), ((ref[0], ab[1]), -1), ((ab[0], ref[1]), -1), ((ref[0], ref[1]), 1)]
+    used = [k for k in cells if (k[i], k[j]) == ab and all(at(k, x, y) in cells for (x, y), _ in corners)]
+    weights: Weights = {}
+    for key in used:
+        for (x, y), w in corners:
+            weights[at(key, x, y)] = weights.get(at(key, x, y), 0) + w / len(used)
+    return weights, len(used), len(total)
+
+
+def _per_seed(values: dict[tuple, dict[Any, float]], weights: Weights) -> dict[Any, float]:
+    """Each seed's own contrast: the weighted sum of its cells' values, for the seeds that have every cell."""
+    seeds = set.intersection(*(set(values.get(k, {})) for k in weights)) if weights else set()
+    return {s: sum(w * values[k][s] for k, w in weights.items()) for s in seeds}
+
+
 def factorial_effects(
     df: Any,
     factors: list[str],
     metric: str,
     seed_col: str = "seed",
     *,
-    confidence: float = 0.95,
     declared_main: Sequence[str] | None = None,
     declared_interactions: Sequence[tuple[str, str]] | None = None,
-    margin: float | None = None,
-    power: float = 0.8,
-    family_size: int = 1,
+    **options: Any,
 ) -> list[Contrast]:
     """Main effects (each level against the first, averaged over the other axes' combinations) and two-way
-    interactions (the difference of differences, averaged over the remaining axes), as contrasts of the cell
-    means of an OLS fit ``y ~ 0 + C(cell) + C(seed)``: the seed is a block, so every seed's values inform every
-    cell mean and a missing cell is not averaged away seed by seed. An effect averages only over the other axes'
-    combinations where all of its cells were run (the note says how many). ``declared_*``: those in the family
-    (None: none). Without residual spread (deterministic values), the p-value is the exact sign-flip test on
-    the per-seed contrasts."""
-    import pandas as pd
-
-    rows = df[[*factors, seed_col, metric]].copy()
-    rows = rows[np.isfinite(pd.to_numeric(rows[metric], errors="coerce").astype(float))]
-    if not len(rows):
+    interactions (the difference of differences, averaged over the remaining axes), each computed within every
+    seed from that seed's own cells and tested like a paired difference (``seed_contrast``: the same exact test,
+    intervals and power as the pairs, so one Holm family holds tests of one kind; a pooled OLS variance gave an
+    interaction p of 6e-18 where the cells' spreads differed 64-fold). A seed enters an effect when it has every
+    cell of it; an effect averages only over the combinations where all its cells were run (the note says how
+    many). ``declared_*``: those in the family (None: none); ``options``: ``seed_contrast``'s."""
+    rows = df[[*factors, seed_col, metric]]
+    values: dict[tuple, dict[Any, float]] = {}
+    for *key, s, y in rows.itertuples(index=False, name=None):
+        if finite([y]).size:
+            values.setdefault(tuple(str(k) for k in key), {})[s] = float(y)
+    if not values:
         return []
-    rows[metric] = rows[metric].astype(float)
-    for f in factors:
-        rows[f] = rows[f].map(str)
-    cells = list(dict.fromkeys(zip(*(rows[f] for f in factors))))
-    code = {c: f"c{i}" for i, c in enumerate(cells)}
-    seeds = list(dict.fromkeys(rows[seed_col]))
-    frame = pd.DataFrame(
-        {
-            "y": rows[metric].to_numpy(),
-            "cell": [code[c] for c in zip(*(rows[f] for f in factors))],
-            "block": [f"s{seeds.index(s)}" for s in rows[seed_col]],
-        }
-    )
-    fit = _ols(frame, len(seeds))
-    levels = {f: _levels(df, f) for f in factors}
-    declared_main = set(declared_main or ())
+    cells, levels = set(values), {f: _levels(df, f) for f in factors}
     declared_inter = {frozenset(p) for p in (declared_interactions or ())}
     out = []
     for i, f in enumerate(factors):
-        ref = levels[f][0]
         for level in levels[f][1:]:
-            weights, combos = {}, 0
-            total = len({key[:i] + key[i + 1 :] for key in cells if key[i] in (level, ref)})
-            for key in cells:
-                if key[i] != level:
-                    continue
-                other = key[:i] + (ref,) + key[i + 1 :]
-                if other in code:
-                    combos += 1
-                    weights[code[key]] = weights.get(code[key], 0) + 1
-                    weights[code[other]] = weights.get(code[other], 0) - 1
-            c = _effect_contrast(
-                fit, frame, weights, combos, f"{f}: {level} vs {ref}", "main", level, ref, confidence, power,
-                family_size, margin, f in declared_main,
-            )  # fmt: skip
-            out.append(_note_combos(c, combos, total))
-    for i in range(len(factors)):
-        for j in range(i + 1, len(factors)):
-            fi, fj = factors[i], factors[j]
-            ri, rj = levels[fi][0], levels[fj][0]
-            for a in levels[fi][1:]:
-                for b in levels[fj][1:]:
-                    weights, combos = {}, 0
-                    total = len(
-                        {
-                            tuple(x for n, x in enumerate(k) if n not in (i, j))  # the remaining axes' levels
-                            for k in cells
-                            if k[i] in (a, ri) and k[j] in (b, rj)
-                        }
-                    )
-                    for key in cells:
-                        if key[i] != a or key[j] != b:
-                            continue
-                        corners = [_with(key, i, x, j, y) for x, y in ((a, b), (ri, b), (a, rj), (ri, rj))]
-                        if all(k in code for k in corners):
-                            combos += 1
-                            for k, w in zip(corners, (1, -1, -1, 1)):
-                                weights[code[k]] = weights.get(code[k], 0) + w
-                    c = _effect_contrast(
-                        fit, frame, weights, combos, f"{fi} x {fj}: {a} x {b} vs {ri} x {rj}", "interaction",
-                        f"{a} x {b}", f"{ri} x {rj}", confidence, power, family_size, margin,
-                        frozenset((fi, fj)) in declared_inter,
-                    )  # fmt: skip
-                    out.append(_note_combos(c, combos, total))
+            weights, used, total = _main_weights(cells, i, level, levels[f][0])
+            label = main_label(f, level, levels[f][0])
+            c = _effect(values, weights, label, "main", level, levels[f][0], options)
+            out.append(_noted(c, used, total, f in set(declared_main or ())))
+    for i, j in itertools.combinations(range(len(factors)), 2):
+        fi, fj = factors[i], factors[j]
+        ref = (levels[fi][0], levels[fj][0])
+        for ab in itertools.product(levels[fi][1:], levels[fj][1:]):
+            weights, used, total = _interaction_weights(cells, i, j, ab, ref)
+            label = interaction_label(fi, fj, ab, ref)
+            c = _effect(values, weights, label, "interaction", " x ".join(ab), " x ".join(ref), options)
+            out.append(_noted(c, used, total, frozenset((fi, fj)) in declared_inter))
     return out
 
 
-def _with(key: tuple, i: int, x: str, j: int, y: str) -> tuple:
-    k = list(key)
-    k[i], k[j] = x, y
-    return tuple(k)
+def _effect(values, weights: Weights, label: str, kind: str, a: str, b: str, options: dict) -> Contrast:
+    per_seed = _per_seed(values, weights)
+    return seed_contrast(per_seed, label=label, kind=kind, a=a, b=b, missing="every cell of it", **options)
 
 
-def _note_combos(c: Contrast, combos: int, total: int) -> Contrast:
-    if 0 < combos < total:
-        extra = f"averaged over the {combos} of {total} combinations of the other axes where every cell was run"
-        return dataclasses.replace(c, note="; ".join(x for x in (c.note, extra) if x))
-    return c
-
-
-def _detectable_contrast(se: float, df: float, level: float, power: float) -> float:
-    """The smallest |effect| an OLS contrast with standard error ``se`` and ``df`` residual degrees of freedom
-    detects with ``power`` at ``level``: statsmodels' ttest_power (noncentrality effect / se), solved for the
-    effect with scipy's brentq."""
-    from scipy.optimize import brentq
-    from statsmodels.stats.power import ttest_power
-
-    if not (se > 0 and df > 0):
-        return NAN
-
-    def gap(effect: float) -> float:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            p = float(ttest_power(effect / se, nobs=1, alpha=level, df=df, alternative="two-sided"))
-        if not math.isfinite(p):  # scipy's noncentral t (see _t_power)
-            p = noncentral_power_integral(effect / se, df, level)
-        return p - power
-
-    hi = se
-    while gap(hi) < 0 and hi < 1e6 * se:
-        hi *= 2
-    return float(brentq(gap, 0.0, hi)) if gap(hi) >= 0 else math.inf
-
-
-@dataclass
-class _Fit:
-    result: Any  # statsmodels OLS results, or None without residual degrees of freedom
-    names: list[str]
-    deterministic: bool
-
-
-def _ols(frame: Any, n_blocks: int) -> _Fit:
-    import statsmodels.formula.api as smf
-
-    formula = "y ~ 0 + C(cell)" + (" + C(block)" if n_blocks > 1 else "")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = smf.ols(formula, data=frame).fit()
-    names = list(result.params.index)
-    scale = max(1.0, float(np.max(np.abs(frame["y"]))))
-    deterministic = bool(np.all(np.abs(result.resid) <= 1e-10 * scale))
-    return _Fit(result if result.df_resid > 0 else None, names, deterministic)
-
-
-def _effect_contrast(
-    fit: _Fit,
-    frame: Any,
-    weights: dict[str, float],
-    combos: int,
-    label: str,
-    kind: str,
-    a: str,
-    b: str,
-    confidence: float,
-    power: float,
-    family_size: int,
-    margin: float | None,
-    in_family: bool,
-) -> Contrast:
-    from scipy import stats as sps
-
-    margin = NAN if margin is None else float(margin)
-    base = dict(label=label, kind=kind, a=a, b=b, in_family=in_family, margin=margin)
-    if combos == 0:
-        return Contrast(
-            n=0, estimate=NAN, ci_t=NAN2, p=1.0, method="untestable: no combination has every cell", mde=math.inf,
-            p_tost=1.0 if math.isfinite(margin) else NAN, **base,
-        )  # fmt: skip
-    weights = {k: w / combos for k, w in weights.items() if w}
-    used = frame[frame["cell"].isin(weights)]
-    n_seeds = int(used["block"].nunique())
-    # per seed: the contrast from that seed's own cells (only seeds that have every cell of it)
-    per_seed = []
-    for _, g in used.groupby("block"):
-        means = g.groupby("cell")["y"].mean()
-        if all(k in means.index for k in weights):
-            per_seed.append(sum(w * means[k] for k, w in weights.items()))
-    per_seed_arr = np.array(per_seed)
-    result = fit.result
-    untestable = dict(mde=math.inf, p_tost=1.0 if math.isfinite(margin) else NAN, **base)
-    if n_seeds < 2:
-        estimate = float(np.mean(per_seed_arr)) if len(per_seed_arr) else NAN
-        return Contrast(n=n_seeds, estimate=estimate, ci_t=NAN2, p=1.0, method="untestable: one seed", **untestable)
-    if fit.deterministic:
-        # no residual spread: OLS's t is 0/0; the exact sign-flip test on the per-seed contrasts is defined
-        k = len(per_seed_arr)
-        return Contrast(
-            n=n_seeds, estimate=float(np.mean(per_seed_arr)) if k else NAN, ci_t=NAN2,
-            p=float(sign_flip_p(per_seed_arr)) if k else 1.0, method="sign-flip on per-seed contrasts (no residual spread)",
-            spread=False, sd=0.0, min_p=min_p(k), mde=NAN if min_p(k) <= (1 - confidence) / family_size else math.inf,
-            p_tost=tost_p(per_seed_arr, margin) if math.isfinite(margin) else NAN,
-            note=f"the same value in every seed: no interval; smallest attainable p {min_p(k):.3g}", **base,
-        )  # fmt: skip
-    if result is None:
-        return Contrast(
-            n=n_seeds, estimate=NAN, ci_t=NAN2, p=1.0, method="untestable: no residual degrees of freedom", **untestable
-        )
-    params = result.params
-    L = np.zeros(len(params))
-    for k, w in weights.items():
-        L[fit.names.index(f"C(cell)[{k}]")] = w
-    tt = result.t_test(L)
-    estimate = float(np.squeeze(tt.effect))
-    se = float(np.squeeze(tt.sd))
-    lo, hi = (float(v) for v in np.squeeze(tt.conf_int(alpha=1 - confidence)))
-    p = float(np.squeeze(tt.pvalue))
-    df = float(result.df_resid)
-    p_tost = NAN
-    if math.isfinite(margin):  # two one-sided t-tests on the OLS contrast
-        p_tost = float(max(sps.t.sf((estimate + margin) / se, df), sps.t.cdf((estimate - margin) / se, df)))
-    mde = _detectable_contrast(se, df, (1 - confidence) / max(1, family_size), power)
-    return Contrast(
-        n=n_seeds, estimate=estimate, ci_t=(lo, hi), p=p, method=f"OLS t (seed as block, {df:g} residual df)",
-        sd=float(np.sqrt(result.scale)), min_p=0.0, mde=mde, p_tost=p_tost, **base,
-    )  # fmt: skip
+def _noted(c: Contrast, used: int, total: int, in_family: bool) -> Contrast:
+    note = c.note
+    if used == 0:
+        note = "no combination of the other axes has every cell"
+    elif used < total:
+        extra = f"averaged over the {used} of {total} combinations of the other axes where every cell was run"
+        note = "; ".join(x for x in (c.note, extra) if x)
+    return dataclasses.replace(c, in_family=in_family, note=note)

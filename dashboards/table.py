@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablations.records import TUNED_SETTING
-from ablations.spec.metrics import better
-from dashboards import caveats, stats
+from ablations.spec.metrics import better, majority_metric
+from dashboards import caveats, stats, verdicts
 from dashboards.analysis import Analysis, from_design
-from dashboards.load import OTHER_CODE, StudyRuns
+from dashboards.load import NONFINITE, OTHER_CODE, StudyRuns
 
 COSTS = [
     ("cost/n_params", "params"),
@@ -77,6 +77,7 @@ class Table:
     notes: list[str] = field(default_factory=list)
     caveats: list[caveats.Caveat] = field(default_factory=list)  # warnings for a reader (dashboards/caveats.py)
     ranking: caveats.Best = field(default_factory=lambda: caveats.Best(None, None))  # who is bold, or why none
+    source: str = ""  # the study file (its next steps are commands on it)
 
     @property
     def warnings(self) -> list[str]:
@@ -186,6 +187,8 @@ def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
         "sd_unpaired": c.sd_unpaired,
         "detectable": c.mde,
         "seeds_needed": c.seeds_needed if c.seeds_needed is not None else "",
+        "imputed": c.imputed if not none else "",
+        "not_testable": c.untestable_here,
         "note": c.note,
     }
 
@@ -241,20 +244,33 @@ def _float(v: Any) -> float:
 
 
 def outcome(row: Any, metric: str, never_learned: dict[str, tuple[float, str]]) -> str:
-    """A cell's outcome: success | diverged | failed | killed | not_learned | pending (running, or finished
-    without a finite value of the metric: no outcome to count)."""
+    """A cell's outcome: success | diverged | failed | killed | not_learned | pending (running, or trained only by
+    other code: no outcome of this code yet). A finished run whose decision metric is non-finite diverged (its
+    outputs did, whatever the metric is called); one without the metric at all failed to give a result."""
     state = str(row.get("state", ""))
     if state in ("running", OTHER_CODE):
         return "pending"
     if state == "finished":
         if not math.isfinite(_float(row.get(metric))):
-            return "pending"
+            return "diverged" if metric in str(row.get(NONFINITE) or "").split(",") else "failed"
         for m, (threshold, direction) in never_learned.items():
             v = _float(row.get(m))
             if math.isfinite(v) and (v >= threshold if direction == "minimize" else v <= threshold):
                 return "not_learned"
         return "success"
     return state if state in ("diverged", "killed") else "failed"
+
+
+@dataclass
+class _Frame:
+    """What ``build`` works from: the cells with their outcomes, and each variant's values under the failure rule
+    (``values``), with the seeds whose value was imputed for a failure (``imputed``)."""
+
+    cells: Any
+    variants: list[str]
+    values: dict[str, dict[Any, float]]
+    imputed: dict[str, set[Any]]
+    worst: float
 
 
 def build(
@@ -270,15 +286,45 @@ def build(
     the ``analysis`` section the submission recorded in design.json, or the defaults); ``curves``: read the
     cells' loss curves from MLflow to check convergence (a dry run's pilot needs none)."""
     analysis = analysis or from_design(runs.design)
+    metric, direction, notes = _decision_metric(runs, metric)
+    baseline = _baseline(runs, baseline)
+    frame = _frame(runs, metric, direction, analysis, notes)
+    contrasts = _contrasts(runs, frame, baseline, analysis, n_boot, metric)
+    falls = _judged_falls(runs, frame.cells, analysis) if curves and analysis.converged else {}
+    contrasts = _judge(runs, frame, contrasts, metric, analysis, falls)
+    contrasts = stats.correct(contrasts, analysis.alpha, direction)
+    rows = _rows(runs, frame, contrasts, baseline, metric, analysis, n_boot)
+    ranking = caveats.best_variant(
+        {r.variant: r.rule_mean for r in rows}, [c for c in contrasts if c.in_family], direction
+    )
+    for r in rows:
+        r.best = r.variant == ranking.variant
+    found = _caveats(runs, frame.cells, rows, contrasts, metric, analysis, notes, curves)
+    notes += _row_notes(rows, frame.cells, metric) + _contrast_notes(contrasts)
+    source = str(runs.design.get("source") or f"ablations/studies/{runs.name}.yaml")
+    return Table(
+        runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source
+    )
+
+
+def _decision_metric(runs: StudyRuns, metric: str | None) -> tuple[str, str, list[str]]:
+    """The metric compared, its direction, and a note when it has none of its own."""
     study_metric = runs.design.get("metric", "final/val_loss")
     direction = runs.design.get("direction", "minimize")
     if metric and metric != study_metric:
         direction = metric_direction(metric)
     metric = metric or study_metric
-    unranked = better(metric) is None and metric != study_metric
-    cells = runs.cells
-    if metric not in cells.columns:
+    if metric not in runs.cells.columns:
         raise stats_error(runs, metric)
+    notes = []
+    if better(metric) is None and metric != study_metric:
+        notes.append(
+            f"{metric} has no direction of its own (it says when a run stopped): 'better' reads lower as better"
+        )
+    return metric, direction, notes
+
+
+def _baseline(runs: StudyRuns, baseline: str | None) -> str:
     baseline = baseline or runs.baseline
     if baseline not in runs.variants:
         close = difflib.get_close_matches(str(baseline), runs.variants, 1, 0.6)
@@ -286,132 +332,144 @@ def build(
         raise ValueError(
             f"baseline {baseline!r} is not a variant of {runs.name!r}; {hint}variants: {', '.join(runs.variants)}"
         )
-    notes: list[str] = []
-    if unranked:
-        notes.append(
-            f"{metric} has no direction of its own (it says when a run stopped): 'better' reads lower as better"
-        )
-    study_direction = runs.design.get("direction", "minimize")
+    return baseline
+
+
+def _frame(runs: StudyRuns, metric: str, direction: str, analysis: Analysis, notes: list[str]) -> _Frame:
+    """Each cell's outcome, and each variant's values with failed seeds entered under the failure rule."""
+    cells = runs.cells
+    study_metric, study_direction = runs.design.get("metric", "final/val_loss"), runs.design.get("direction")
     never = {
-        m: (t, study_direction if m == study_metric else metric_direction(m)) for m, t in analysis.never_learned.items()
+        m: (t, (study_direction or "minimize") if m == study_metric else metric_direction(m))
+        for m, t in analysis.never_learned.items()
     }
     for key in ("margins", "detect", "never_learned", "failure_values"):
-        for m in getattr(analysis, key):
-            if m not in cells.columns:
-                notes.append(f"analysis.{key} names {m!r}, which no run of this study logged")
+        notes += [
+            f"analysis.{key} names {m!r}, which no run of this study logged"
+            for m in getattr(analysis, key)
+            if m not in cells.columns
+        ]
     kinds = [outcome(row, metric, never) for row in cells.to_dict("records")]
     cells = cells.assign(_outcome=kinds)
     # the values cells reached by finishing (learned or not); a diverged run's last value is not a measurement
-    finished = cells[cells["_outcome"].isin(["success", "not_learned"])]
-    observed = [v for v in (_float(x) for x in finished[metric]) if math.isfinite(v)]
-    worst = (max(observed) if direction == "minimize" else min(observed)) if observed else math.nan
-    if analysis.failure_rule == "value" and metric in analysis.failure_values:
-        fill = float(analysis.failure_values[metric])
-    elif analysis.failure_rule == "exclude":
-        fill = None
-    else:
-        fill = worst
-        if analysis.failure_rule == "value":
-            notes.append(f"analysis.failure_values has no value for {metric}: failed seeds take the worst observed")
+    observed = stats.finite(cells.loc[cells["_outcome"].isin(FINISHED), metric])
+    worst = float(observed.max() if direction == "minimize" else observed.min()) if observed.size else math.nan
+    fill = _fill(analysis, metric, worst, notes)
     variants = [v for v in runs.variants if (cells["variant"] == v).any()]
-
-    def rule_values(variant: str) -> dict[Any, float]:
-        sub = cells[cells["variant"] == variant]
-        out = {}
+    values, imputed = {}, {}
+    for v in variants:
+        sub = cells[cells["variant"] == v]
+        values[v], imputed[v] = {}, set()
         for seed, kind, value in zip(sub["seed"], sub["_outcome"], sub[metric]):
             if kind == "success":
-                out[seed] = float(value)
+                values[v][seed] = float(value)
             elif kind != "pending" and fill is not None and math.isfinite(fill):
-                out[seed] = fill
-        return out
-
-    values = {v: rule_values(v) for v in variants}
-    if analysis.failure_rule != "exclude" and any(k not in ("success", "pending") for k in kinds) and not observed:
+                values[v][seed] = fill
+                imputed[v].add(seed)
+    if analysis.failure_rule != "exclude" and any(k not in ("success", "pending") for k in kinds) and not observed.size:
         notes.append(f"no finished cell has {metric}: failed seeds have no worst value to take")
+    return _Frame(cells, variants, values, imputed, worst)
 
-    pairs = analysis.pairs(variants, baseline)
+
+def _fill(analysis: Analysis, metric: str, worst: float, notes: list[str]) -> float | None:
+    """The value a failed seed takes under the failure rule (None: left out)."""
+    if analysis.failure_rule == "value" and metric in analysis.failure_values:
+        return float(analysis.failure_values[metric])
+    if analysis.failure_rule == "exclude":
+        return None
+    if analysis.failure_rule == "value":
+        notes.append(f"analysis.failure_values has no value for {metric}: failed seeds take the worst observed")
+    return worst
+
+
+def _grid(runs: StudyRuns, frame: _Frame) -> tuple[list[str], bool, dict[str, list[str]]]:
+    """The design's axes present in the cells, whether it is a grid, and each axis's levels in the study's order."""
+    cells = frame.cells
     axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in cells.columns]
     is_grid = runs.design.get("kind") == "grid" and len(axes) >= 1
-    main_axes = analysis.main_effect_axes(axes) if is_grid else []
-    inter = analysis.interaction_pairs(axes) if is_grid else []
-    if (analysis.main_effect_axes(axes) or analysis.interaction_pairs(axes)) and not is_grid:
-        notes.append("analysis.contrasts declares factorial effects, but this study is not a grid: none computed")
-    ordered = cells.assign(_order=cells["variant"].map({v: i for i, v in enumerate(variants)})).sort_values("_order")
-    levels = {a: list(dict.fromkeys(str(x) for x in ordered[f"axis.{a}"])) for a in axes}
-    family_size = analysis.family_size(len(pairs), {a: len(v) for a, v in levels.items()}, is_grid)
-    margin = analysis.margins.get(metric)
+    order = cells["variant"].map({v: i for i, v in enumerate(frame.variants)})
+    ordered = cells.assign(_order=order).sort_values("_order")
+    return axes, is_grid, {a: list(dict.fromkeys(str(x) for x in ordered[f"axis.{a}"])) for a in axes}
+
+
+def _contrasts(
+    runs: StudyRuns, frame: _Frame, baseline: str, analysis: Analysis, n_boot: int, metric: str
+) -> list[stats.Contrast]:
+    """Every row's contrast against the baseline, the family's other pairs, and a grid's factorial effects (in
+    the family where declared, or by default), before Holm's correction."""
+    axes, is_grid, levels = _grid(runs, frame)
+    family = analysis.family(frame.variants, baseline, axes, is_grid)
+    size = family.size({a: len(v) for a, v in levels.items()})
     common = dict(
         test=analysis.test,
         confidence=analysis.confidence,
-        margin=margin,
+        margin=analysis.margins.get(metric),
         power=analysis.power,
         detect=analysis.detect.get(metric),
-        family_size=family_size,
+        family_size=size,
         n_boot=n_boot,
     )
-    outcomes = {
-        v: stats.successes(
-            [k for k in cells.loc[cells["variant"] == v, "_outcome"] if k != "pending"],
-            analysis.confidence,
-            pending=int((cells.loc[cells["variant"] == v, "_outcome"] == "pending").sum()),
+    outcomes = _outcomes(frame, analysis)
+    declared = set(family.pairs)
+
+    def pair(a: str, b: str) -> stats.Contrast:
+        c = stats.paired_contrast(frame.values.get(b, {}), frame.values.get(a, {}), a=a, b=b, **common)
+        ia, ib = frame.imputed.get(a, set()), frame.imputed.get(b, set())
+        every = next((v for v, i in ((a, ia), (b, ib)) if c.seeds and set(c.seeds) <= i), "")
+        p_rate = stats.rate_test(outcomes.get(a, EMPTY), outcomes.get(b, EMPTY))
+        return dataclasses.replace(
+            c, in_family=(a, b) in declared, p_rate=p_rate, imputed=len(set(c.seeds) & (ia | ib)), all_imputed=every
         )
-        for v in variants
-    }
-    empty = stats.successes([], analysis.confidence)
 
-    def pair(a: str, b: str, in_family: bool) -> stats.Contrast:
-        c = stats.paired_contrast(values.get(b, {}), values.get(a, {}), label=f"{a} vs {b}", a=a, b=b, **common)
-        p_rate = stats.rate_test(outcomes.get(a, empty), outcomes.get(b, empty))
-        return dataclasses.replace(c, in_family=in_family, p_rate=p_rate)
-
-    declared = {tuple(p) for p in pairs}
-    contrasts: list[stats.Contrast] = []
-    row_contrast: dict[str, int] = {}
-    for v in variants:
-        if v != baseline:
-            row_contrast[v] = len(contrasts)
-            contrasts.append(pair(v, baseline, (v, baseline) in declared))
-    for a, b in pairs:
-        if b != baseline or a not in row_contrast:
-            contrasts.append(pair(a, b, True))
+    contrasts = [pair(v, baseline) for v in frame.variants if v != baseline]
+    contrasts += [pair(a, b) for a, b in family.pairs if b != baseline or a not in frame.variants]
     if is_grid:
-        df = ordered.rename(columns={f"axis.{a}": a for a in axes})
-        df = df[df["variant"].isin(variants)]
-        df = df.assign(_value=[values[v].get(s, math.nan) for v, s in zip(df["variant"], df["seed"])])
+        df = frame.cells.rename(columns={f"axis.{a}": a for a in axes})
+        df = df[df["variant"].isin(frame.variants)]
+        df = df.assign(_value=[frame.values[v].get(s, math.nan) for v, s in zip(df["variant"], df["seed"])])
         contrasts += stats.factorial_effects(
-            df,
-            axes,
-            "_value",
-            confidence=analysis.confidence,
-            declared_main=main_axes,
-            declared_interactions=inter,
-            margin=margin,
-            power=analysis.power,
-            family_size=family_size,
+            df, axes, "_value", declared_main=family.main, declared_interactions=family.interactions, **common
         )
-    contrasts = stats.correct(contrasts, analysis.alpha, direction)
-    if is_grid:
-        spreads = [stats.describe(values[v].values()).std for v in variants]
-        spreads = [x for x in spreads if math.isfinite(x) and x > 0]
-        if len(spreads) > 1 and max(spreads) > 10 * min(spreads):
-            notes.append(
-                f"the variants' spreads over seeds differ up to {max(spreads) / min(spreads):.0f}x: the factorial "
-                "effects' OLS assumes one spread for every cell, so their p-values and intervals lean on the "
-                "noisiest and quietest cells alike; the paired contrasts do not assume it"
-            )
+    return contrasts
 
+
+EMPTY = stats.Successes(0, 0, stats.NAN2)
+
+
+def _outcomes(frame: _Frame, analysis: Analysis) -> dict[str, stats.Successes]:
+    cells = frame.cells
+    out = {}
+    for v in frame.variants:
+        kinds = list(cells.loc[cells["variant"] == v, "_outcome"])
+        out[v] = stats.successes(
+            [k for k in kinds if k != "pending"], analysis.confidence, pending=kinds.count("pending")
+        )
+    return out
+
+
+def _rows(
+    runs: StudyRuns,
+    frame: _Frame,
+    contrasts: list[stats.Contrast],
+    baseline: str,
+    metric: str,
+    analysis: Analysis,
+    n_boot: int,
+) -> list[VariantRow]:
+    cells, outcomes = frame.cells, _outcomes(frame, analysis)
+    mine = {c.a: c for c in contrasts if c.kind == "pair" and c.b == baseline}
     rows = []
-    for v in variants:
+    for v in frame.variants:
         sub = cells[cells["variant"] == v]
         ok = sub[sub["_outcome"] == "success"]
         costs = {key: float(ok[key].mean()) for key, _ in COSTS if key in ok.columns and len(ok)}
-        rv = list(values[v].values())
+        rv = list(frame.values[v].values())
         rows.append(
             VariantRow(
                 v,
                 _changed(runs.design, v, baseline),
                 stats.describe(ok[metric], confidence=analysis.confidence, n_boot=n_boot),
-                contrasts[row_contrast[v]] if v in row_contrast else None,
+                mine.get(v) if v != baseline else None,
                 outcomes[v],
                 costs,
                 rule_mean=sum(rv) / len(rv) if rv else math.nan,
@@ -419,29 +477,98 @@ def build(
                 tuned=_tuned(runs.design, v),
             )
         )
-    ranking = caveats.best_variant(
-        {r.variant: r.rule_mean for r in rows}, [c for c in contrasts if c.in_family], direction
-    )
-    for r in rows:
-        r.best = r.variant == ranking.variant
-    found = _caveats(runs, cells, rows, contrasts, metric, analysis, notes, curves)
+    return rows
+
+
+def _row_notes(rows: list[VariantRow], cells: Any, metric: str) -> list[str]:
+    notes = []
     for r in rows:
         o = r.outcomes
         if o.pending:
             notes.append(
-                f"{r.variant}: {o.pending} cell(s) without an outcome yet (running, trained only by other code than "
-                f"the latest submission's, or no {metric})"
+                f"{r.variant}: {o.pending} cell(s) without an outcome yet (running, or trained only by other code "
+                "than the latest submission's)"
             )
+        sub = cells[(cells["variant"] == r.variant) & (cells["state"] == "finished")]
+        unvalued = int((~sub["_outcome"].isin(FINISHED)).sum())
+        if unvalued:
+            notes.append(f"{r.variant}: {unvalued} finished run(s) without a finite {metric}, counted as failures")
         if o.cells and o.successes == 0:
             notes.append(f"{r.variant}: failed on every seed ({_failures(o)})")
         elif r.summary.n == 1:
             notes.append(f"{r.variant}: one successful seed only, no interval")
         if r.best and r.failed_any:
             notes.append(f"{r.variant} is best {FAILED_MARK} although {o.failures} of {o.cells} seeds failed")
+    return notes
+
+
+def _contrast_notes(contrasts: list[stats.Contrast]) -> list[str]:
+    return [
+        f"{c.label}: untestable ({c.method.split(': ', 1)[-1]}); counted in the family with p = 1"
+        for c in contrasts
+        if c.in_family and not c.testable
+    ]
+
+
+# --- not testable here ---------------------------------------------------------------------------------------
+
+
+def _judge(
+    runs: StudyRuns,
+    frame: _Frame,
+    contrasts: list[stats.Contrast],
+    metric: str,
+    analysis: Analysis,
+    falls: dict[str, list[float]],
+) -> list[stats.Contrast]:
+    """Mark the family's contrasts the miniature cannot test (``dashboards/verdicts.py``): no room in the metric
+    for the effect the study expects, or a variant not converged by the declared criterion."""
+    still = verdicts.not_converged(falls, analysis.converged) if analysis.converged else {}
+    steps = _mean(frame.cells, "cost/steps")
+    out = []
     for c in contrasts:
-        if c.in_family and not c.testable:
-            notes.append(f"{c.label}: untestable ({c.method.split(': ', 1)[-1]}); counted in the family with p = 1")
-    return Table(runs.name, metric, direction, baseline, rows, analysis, contrasts, worst, notes, found, ranking)
+        problem = None
+        if c.in_family and still:
+            involved = (c.a, c.b) if c.kind == "pair" else frame.variants
+            problem = verdicts.convergence_problem(involved, still, analysis.converged, steps)
+        if c.in_family and problem is None:
+            problem = _room(runs, frame, c, metric, analysis)
+        if problem:
+            c = dataclasses.replace(c, untestable_here=problem[0], make_testable=problem[1])
+        out.append(c)
+    return out
+
+
+def _room(runs: StudyRuns, frame: _Frame, c: stats.Contrast, metric: str, analysis: Analysis) -> tuple[str, str] | None:
+    """The room check of an expectation declared for this contrast on this metric (pairs and main effects)."""
+    expect = next(
+        (e for e in analysis.expect if e.name == c.label and (e.metric or runs.design.get("metric")) == metric), None
+    )
+    if expect is None or c.kind == "interaction":
+        return None
+    cells = frame.cells
+    ok = cells[cells["_outcome"] == "success"]
+    if c.kind == "pair":
+        comparator = ok[ok["variant"] == c.b]
+    else:
+        axis = c.label.split(": ", 1)[0]
+        comparator = ok[ok[f"axis.{axis}"].astype(str) == c.b]
+    rows = comparator.to_dict("records")
+    classes = next((k for k in map(caveats.output_classes, rows) if k is not None), None)
+    majority = _mean(comparator, majority_metric(metric))
+    span = verdicts.bounds(metric, classes, majority if math.isfinite(majority) else None)
+    return verdicts.room_problem(expect, _mean(comparator, metric), span, metric)
+
+
+def _mean(cells: Any, column: str) -> float:
+    x = stats.finite(cells[column]) if column in cells.columns else stats.finite([])
+    return float(x.mean()) if x.size else math.nan
+
+
+def _judged_falls(runs: StudyRuns, cells: Any, analysis: Analysis) -> dict[str, list[float]]:
+    """The falls the declared convergence criterion judges (its own window)."""
+    falls, _, _ = _falls(runs, cells, analysis.converged.window)
+    return falls
 
 
 FINISHED = ("success", "not_learned")  # outcomes of cells whose runs trained to the end
@@ -581,18 +708,34 @@ def success_text(o: stats.Successes, c: stats.Contrast | None = None) -> str:
     return text
 
 
+UNSHARED_MARK = "‡"  # a t interval that excludes 0 beside an exact test that does not resolve the contrast
+
+
 def diff_text(c: stats.Contrast | None) -> str:
     if c is None:
         return ""
     if c.n == 0:
         return "– (no paired seed)"
+    if c.all_imputed:  # its spread is the other side's alone: an interval would look measured
+        return f"{signed_text(c.estimate)} (imputed: every seed of {c.all_imputed} failed; no interval)"
+    imputed = f" ({c.imputed} of {c.n} imputed)" if c.imputed else ""
     if c.n < 2:
-        return f"{signed_text(c.estimate)} (n=1)"
+        return f"{signed_text(c.estimate)} (n=1){imputed}"
     if not c.spread:
-        return f"{signed_text(c.estimate)} (same in all {c.n} seeds)"
+        return f"{signed_text(c.estimate)} (same in all {c.n} seeds){imputed}"
     if not math.isfinite(c.ci_t[0]):
-        return signed_text(c.estimate)
-    return f"{signed_text(c.estimate)} [{signed_text(c.ci_t[0])}, {signed_text(c.ci_t[1])}]"
+        return signed_text(c.estimate) + imputed
+    lo, hi = c.ci_t
+    mark = UNSHARED_MARK if unshared(c) else ""
+    return f"{signed_text(c.estimate)} [{signed_text(lo)}, {signed_text(hi)}]{mark}{imputed}"
+
+
+def unshared(c: stats.Contrast) -> bool:
+    """The t interval excludes 0 while the verdict's exact test does not resolve the contrast: the interval is
+    not the test's, and says more than the seeds can."""
+    lo, hi = c.ci_t
+    exact = not c.method.startswith("paired t")
+    return exact and c.verdict == "not resolved" and math.isfinite(lo) and (lo > 0 or hi < 0)
 
 
 def p_text(c: stats.Contrast | None) -> str:
@@ -627,7 +770,7 @@ def header(t: Table) -> list[str]:
         *(["tuned"] if t.tuned else []),
         f"success [{pct} CI]",
         f"{t.metric} {arrow} (mean ± {pct} CI)",
-        f"Δ vs baseline [{pct} CI]",
+        f"Δ vs baseline [{pct} t CI]",
         "p (Holm)",
         "verdict",
         "detectable Δ",
@@ -716,7 +859,10 @@ def legend(t: Table) -> list[str]:
         f"Δ = variant − baseline ({t.baseline}) over the seeds both have; failure rule: "
         f"{a.describe_rule(t.metric, t.worst if math.isfinite(t.worst) else None)}; "
         f"{pct} t interval, which assumes normal differences (the exact test does not, so at few seeds an "
-        'interval can exclude 0 while the test cannot resolve it); "same in all n seeds": no spread, no interval.',
+        f"interval can exclude 0 while the test cannot resolve it: {UNSHARED_MARK} marks such an interval, which is "
+        'not the verdict\'s); "same in all n seeds": no spread, no interval; "k of n imputed": seeds whose value '
+        "was imputed for a failure under the rule; where every seed of a side was imputed, no interval is shown "
+        "(its spread would be the other side's alone).",
         f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
         + "; after Δ, where the verdict is different: * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
@@ -728,7 +874,9 @@ def legend(t: Table) -> list[str]:
         ),
         f"verdict at alpha {a.alpha:g}: different (better / worse), "
         + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if math.isfinite(t.margin) else "")
-        + "not resolved (neither), untestable (no paired seed; p = 1 in the family)"
+        + "not resolved (neither), untestable (no paired seed; p = 1 in the family), not testable here (the "
+        "miniature leaves no room for the expected effect, or a variant has not converged by the declared "
+        "criterion: the test still runs and counts in the family; see Verdicts)"
         + ("" if math.isfinite(t.margin) else f"; declare analysis.margins.{t.metric} to test equivalence")
         + ".",
         f"detectable Δ: the smallest difference these seeds detect with {a.power:.0%} power at Holm's strictest "
@@ -783,6 +931,12 @@ def contrasts_rows(t: Table, contrasts: list[stats.Contrast]) -> tuple[list[str]
     return head, body
 
 
+def lead(t: Table) -> list[str]:
+    """The verdicts first (``dashboards/verdicts.py``): each contrast's verdict in words, why, the next step."""
+    lines = verdicts.lead_lines(t)
+    return ["Verdicts:", *lines, ""] if lines else []
+
+
 def to_terminal(t: Table) -> str:
     head = header(t)
     body = [cells_text(t, r) for r in t.rows]
@@ -793,7 +947,7 @@ def to_terminal(t: Table) -> str:
         h, b = contrasts_rows(t, t.extra)
         out += ["", "Declared contrasts:", *_aligned(h, b, 1)]
     warned = ["", *(f"WARNING: {w}" for w in t.warnings)] if t.warnings else []
-    return "\n".join(out + warned + ["", *legend(t), *t.notes])
+    return "\n".join(lead(t) + out + warned + ["", *legend(t), *t.notes])
 
 
 def _aligned(head: list[str], body: list[list[str]], k: int) -> list[str]:
@@ -818,7 +972,16 @@ def to_markdown(t: Table) -> str:
     if t.extra:
         out += ["", "Declared contrasts:", "", *_md_table(*contrasts_rows(t, t.extra), 1)]
     warned = [f"- **warning**: {w}" for w in t.warnings]
-    return "\n".join(out + [""] + warned + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]) + "\n"
+    body = out + [""] + warned + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]
+    return "\n".join(markdown_lead(t) + body) + "\n"
+
+
+def markdown_lead(t: Table) -> list[str]:
+    out = []
+    for r in verdicts.readings(t):
+        out.append(f"- **{r.sentence}**")
+        out += [f"  - {word}: {text}" for word, text in (("why", r.why), ("next", r.next_step)) if text]
+    return ["**Verdicts**", "", *out, ""] if out else []
 
 
 def _tex(s: str) -> str:
@@ -873,7 +1036,8 @@ def to_latex(t: Table) -> str:
         r"\bottomrule",
         r"\end{tabular}",
         r"\caption{"
-        + _tex(f"{t.study}: " + " ".join(legend(t)))
+        + _tex(f"{t.study}. Verdicts: " + " ".join(r.sentence + "." for r in verdicts.readings(t)) + " ")
+        + _tex(" ".join(legend(t)))
         + "".join(r" \textbf{Warning:} " + _tex(w) + "." for w in t.warnings)
         + "".join(r" \textit{Note:} " + _tex(n) + "." for n in t.notes)  # as every other rendering has them
         + "}",
@@ -895,8 +1059,9 @@ def records_csv(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def to_html(t: Table, links: dict[str, str] | None = None) -> str:
-    """A <table> (the report embeds it); ``links``: variant -> URL of its runs in MLflow."""
+def to_html(t: Table, links: dict[str, str] | None = None, *, lead: bool = True) -> str:
+    """A <table> (the report embeds it), after the verdicts unless ``lead`` is false; ``links``: variant -> URL of
+    its runs in MLflow."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header(t))
     rows = []
     for r in t.rows:
@@ -921,10 +1086,23 @@ def to_html(t: Table, links: dict[str, str] | None = None) -> str:
     caption = "".join(f"<li>{html.escape(x)}</li>" for x in legend(t))
     warned = "".join(f"<li>{html.escape(w)}</li>" for w in t.warnings)
     return (
-        (f'<div class="warnings"><b>Read with care:</b><ul>{warned}</ul></div>' if warned else "")
+        (html_lead(t) if lead else "")
+        + (f'<div class="warnings"><b>Read with care:</b><ul>{warned}</ul></div>' if warned else "")
         + f'<table class="ablation"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{extra}'
         f'<ul class="legend">{caption}</ul>' + (f"<ul class='notes'>{notes}</ul>" if notes else "")
     )
+
+
+def html_lead(t: Table) -> str:
+    items = []
+    for r in verdicts.readings(t):
+        more = "".join(
+            f"<br><span class='{word}'>{word}: {html.escape(text)}</span>"
+            for word, text in (("why", r.why), ("next", r.next_step))
+            if text
+        )
+        items.append(f"<li><b>{html.escape(r.sentence)}</b>{more}</li>")
+    return f'<div class="verdicts"><h3>Verdicts</h3><ul>{"".join(items)}</ul></div>' if items else ""
 
 
 RENDERERS = {"terminal": to_terminal, "markdown": to_markdown, "latex": to_latex, "csv": to_csv, "html": to_html}

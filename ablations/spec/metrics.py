@@ -6,7 +6,9 @@ A run logs, for every split its task evaluates:
   ``models.training.metric_names``: loss, ppl, token_acc, exact_match, accuracy, length_acc);
 - ``<split>/<name>`` for the test splits (``test``, ``test_long``, ...), evaluated once after training, and for
   seq2seq tasks ``<split>/error_at_<k>``: the decoded error rate at target position k (1 = the first token);
-- ``cost/<name>`` (COST) and, when it stops early, ``diverged_step`` or ``stopped_step``.
+- ``cost/<name>`` (COST) and, when it stops early, ``diverged_step`` or ``stopped_step``;
+- for a classification task, ``data/<split>_majority`` (``val`` for validation): what always answering the
+  split's most frequent class scores, a property of the data, not a result.
 """
 
 from __future__ import annotations
@@ -74,6 +76,18 @@ def direction_problem(metric: str, direction: str | None) -> str | None:
     return None
 
 
+def metric_split(split: str) -> str:
+    """The name a split goes by in metric names: ``val`` for validation (final/val_loss), else its own."""
+    return "val" if split == "validation" else split
+
+
+def majority_metric(metric: str) -> str:
+    """The ``data/<split>_majority`` of the split ``metric`` is measured on: data/val_majority for
+    final/val_accuracy and best/val_accuracy, data/test_majority for test/accuracy."""
+    prefix = metric.partition("/")[0]
+    return f"data/{'val' if prefix in ('best', 'final', 'val') else prefix}_majority"
+
+
 def in_order(names: Iterable[str]) -> list[str]:
     """Sorted with the numbers in them as numbers: ``error_at_2`` before ``error_at_10``."""
     return sorted(names, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
@@ -98,6 +112,8 @@ def logged_metrics(run: RunConfig) -> set[str]:
             out |= {f"{split}/{n}" for n in names}
             out |= {f"{split}/error_at_{k}" for k in range(1, run.task.target_positions(split) + 1)}
     out |= {f"cost/{n}" for n in COST}
+    if run.task.kind == "classify":
+        out |= {f"data/{metric_split(s)}_majority" for s in run.task.splits if s != "train"}
     return out | {"diverged_step", "stopped_step"}
 
 

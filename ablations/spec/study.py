@@ -326,7 +326,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     if problem:  # (a metric no run logs is said above)
         problems.append(origin.error(("direction",) if file.direction else ("metric",), problem))
     try:
-        analysis = _analysis(origin, file, labels, axes, metrics)
+        levels = {a: list(dict.fromkeys(str(c.settings[a]) for c in cells if a in c.settings)) for a in axes}
+        analysis = _analysis(origin, file, labels, axes, metrics, levels)
     except SpecError as err:
         problems += err.every()
     if problems:  # the way out of a variant's mistakes said once, after the last; the study's file first
@@ -375,16 +376,22 @@ def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
 
 
 def _analysis(
-    origin: Origin, file: StudyFile, variants: list[str], axes: list[str], metrics: set[str] | None
+    origin: Origin,
+    file: StudyFile,
+    variants: list[str],
+    axes: list[str],
+    metrics: set[str] | None,
+    levels: dict[str, list[str]],
 ) -> dict[str, Any] | None:
-    """The ``analysis:`` section, checked against the study's variants, axes and metrics before anything runs."""
+    """The ``analysis:`` section, checked against the study's variants, axes (and their ``levels``) and metrics
+    before anything runs."""
     if file.analysis is None:
         return None
     from dashboards.analysis import AnalysisError, check_analysis, parse_analysis
 
     try:
         analysis = parse_analysis(file.analysis)
-        check_analysis(analysis, variants, axes, metrics, kind=file.design.kind)
+        check_analysis(analysis, variants, axes, metrics, kind=file.design.kind, levels=levels)
     except AnalysisError as err:  # every mistake of the section's structure at once
         raise found([origin.error(e.path, e.message) for e in (err, *err.also)]) from None
     return analysis.model_dump(mode="json", exclude_defaults=True)

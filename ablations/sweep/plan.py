@@ -38,20 +38,17 @@ def plan(study: Study, uri: str, code: str | None = None) -> Plan:
 
 
 def unresolvable_warning(study: Study) -> str | None:
-    """Before any run: a warning when the study's seeds cannot resolve its declared paired contrasts, and one when
-    they cannot show them equivalent within the metric's declared margin (the exact tests' smallest p above the
-    largest step Holm can give them in the declared family), or None."""
+    """Before any run: a warning when the study's seeds cannot resolve its family's contrasts (pairs and factorial
+    effects alike, each tested by the exact test within each seed), and one when they cannot show them equivalent
+    within the metric's declared margin (the exact tests' smallest p above Holm's first step), or None."""
     from dashboards.analysis import parse_analysis
 
     analysis = parse_analysis(study.analysis)
     levels = {a: len({repr(c.settings.get(a)) for c in study.cells}) for a in study.axes}
-    n_pairs = len(analysis.pairs(study.variants, study.variants[0]))
+    family = analysis.family(study.variants, study.variants[0], study.axes, study.design == "grid")
+    size = family.size(levels)
     seeds = min(sum(c.variant == v for c in study.cells) for v in study.variants)
-    grid = study.design == "grid"
-    said = [
-        analysis.unresolvable_pairs(n_pairs, levels, grid, seeds),
-        analysis.unshowable_equivalence(n_pairs, levels, grid, seeds, study.metric),
-    ]
+    said = [analysis.unresolvable(size, seeds), analysis.unshowable_equivalence(size, seeds, study.metric)]
     return "\n".join(f"warning: {study.source}: {why}" for why in said if why) or None
 
 

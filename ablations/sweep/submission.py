@@ -137,6 +137,8 @@ def design_record(study: Study, code: str | None = None) -> dict:
         "analysis": study.analysis or {},  # how the report compares (dashboards/analysis.py)
         "vary_data": study.vary_data,
         "tuning": study.tuning or {},  # tuned studies: the tuning seed, each chosen value's place in its range
+        "source": study.source,  # the study file: the report's next steps are commands on it
+        "budget": study.budget.as_dict(),
     }
 
 

@@ -221,6 +221,29 @@ def test_a_run_whose_outputs_end_non_finite_is_diverged_not_left_without_a_value
     assert rec.data.metrics["diverged_step"] == 120 and "test/loss" not in rec.data.metrics
 
 
+def test_a_non_finite_metric_of_any_name_makes_a_run_diverged(store):
+    """Only a loss's name was checked: a finished run whose exact match came out nan was dropped from the summary
+    and read as a cell without an outcome. Here only test/exact_match is non-finite; the losses are finite."""
+    import lightning.pytorch as L
+
+    class NanExactMatch(L.Callback):
+        def on_train_end(self, trainer, module):
+            evaluate = module.evaluate
+
+            def patched(*args, **kwargs):
+                out = evaluate(*args, **kwargs)
+                return {k: float("nan") if k == "test/exact_match" else v for k, v in out.items()}
+
+            module.evaluate = patched
+
+    def prepare(trainer):
+        trainer.callbacks.append(NanExactMatch())
+        return trainer
+
+    result = train(short_copy(), Tracking(store, "nan-match"), prepare=prepare)
+    assert result.status == "diverged" and result.detail == "non-finite test/exact_match after training"
+
+
 def test_hooks_run_outside_the_timed_steps_and_the_final_validation_scores_the_validations_batches(store, monkeypatch):
     """The metrics were handed to MLflow and to the hooks (Ray Tune's reports, a pruner) at the end of each step,
     before the module stopped its clock: a 50 ms hook made a 2.5 ms step 23 ms (a review measured). And the final validation scored the

@@ -26,8 +26,14 @@ def test_defaults():
         5,
     )
     assert a.confidence == pytest.approx(0.95)
-    assert a.pairs(VARIANTS, VARIANTS[0]) == [(v, VARIANTS[0]) for v in VARIANTS[1:]]  # each against the baseline
-    assert a.main_effect_axes(AXES) == [] and a.interaction_pairs(AXES) == []
+    # the default family: each variant against the baseline; on a grid of two axes or more, its main effects and
+    # interactions (the questions a factorial design asks: a new user's 2 x 2 grid got no verdict for them)
+    f = a.family(VARIANTS, VARIANTS[0], AXES[:1], is_grid=True)
+    assert (f.pairs, f.main, f.interactions, f.default) == ([(v, VARIANTS[0]) for v in VARIANTS[1:]], [], [], True)
+    f = a.family(VARIANTS, VARIANTS[0], AXES, is_grid=True)
+    assert (f.pairs, f.main, f.interactions) == ([], AXES, [tuple(AXES)]) and f.size({a: 2 for a in AXES}) == 3
+    f = a.family(VARIANTS, VARIANTS[0], AXES, is_grid=False)
+    assert (f.pairs, f.main, f.interactions) == ([(v, VARIANTS[0]) for v in VARIANTS[1:]], [], [])
     assert from_design({}) == Analysis() and from_design({"analysis": None}) == Analysis()  # older studies
 
 
@@ -45,8 +51,9 @@ def test_a_full_section_round_trips_through_design_json():
     }
     a = parse_analysis(data)
     check_analysis(a, VARIANTS, AXES, METRICS, kind="grid")
-    assert a.pairs(VARIANTS, VARIANTS[0]) == [(VARIANTS[1], VARIANTS[2])]
-    assert a.main_effect_axes(AXES) == AXES and a.interaction_pairs(AXES) == [tuple(AXES)]
+    f = a.family(VARIANTS, VARIANTS[0], AXES, is_grid=True)
+    assert (f.pairs, f.main, f.interactions, f.default) == ([(VARIANTS[1], VARIANTS[2])], AXES, [tuple(AXES)], False)
+    assert f.size({AXES[0]: 2, AXES[1]: 3}) == 1 + 1 + 2 + 2
     assert from_design({"analysis": a.model_dump(mode="json")}) == a
     warn = parse_analysis({"warn": {"param_ratio": 2, "min_seeds": 3}})
     assert (warn.warn.param_ratio, warn.warn.min_seeds, warn.warn.chance_fraction) == (2, 3, 0.9)
@@ -54,7 +61,7 @@ def test_a_full_section_round_trips_through_design_json():
     assert warn.model_dump(mode="json", exclude_defaults=True) == {"warn": {"param_ratio": 2.0, "min_seeds": 3}}
     assert from_design({"analysis": {"warn": {"param_ratio": 2.0, "min_seeds": 3}}}) == warn
     every = parse_analysis({"contrasts": {"pairs": "baseline", "interactions": True}})
-    assert every.interaction_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert every.family(["x"], "x", ["a", "b", "c"], True).interactions == [("a", "b"), ("a", "c"), ("b", "c")]
 
 
 @pytest.mark.parametrize(

@@ -362,13 +362,13 @@ def test_a_family_its_seeds_cannot_resolve():
     assert caveats.unresolvable([contrast(3)], 0.05, "t") is None
 
 
-def test_paired_contrasts_their_seeds_cannot_resolve_beside_effects_that_can():
-    """A family of paired contrasts and factorial effects (OLS: any p is attainable). Where the effects come out
-    first, Holm's step for a pair rises (stats.holm_best_steps): with 4 effects and 4 pairs, a pair can face
-    0.05/4 at best, and then each pair rejected first lifts the others. 8 seeds (2/2^8 = 0.0078 <= 0.0125) can
-    resolve the pairs whatever the first step (0.05/8) says; 5 seeds (0.0625 > 0.05/4) cannot, and the caveat
-    names the pairs only, with the step they could at best face."""
-    effects = [dataclasses.replace(contrast(8, seed=9), label=f"effect {k}", min_p=0.0) for k in range(4)]
+def test_paired_contrasts_their_seeds_cannot_resolve_beside_contrasts_that_can():
+    """A family of paired contrasts beside contrasts with many more seeds (16: their exact floor is 3e-5). Where
+    those come out first, Holm's step for a pair rises (stats.holm_best_steps): with 4 of them and 4 pairs, a pair
+    can face 0.05/4 at best, and then each pair rejected first lifts the others. 8 seeds (2/2^8 = 0.0078 <=
+    0.0125) can resolve the pairs whatever the first step (0.05/8) says; 5 seeds (0.0625 > 0.05/4) cannot, and the
+    caveat names the pairs only, with the step they could at best face."""
+    effects = [dataclasses.replace(contrast(16, seed=9), label=f"effect {k}") for k in range(4)]
     eight = [dataclasses.replace(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
     assert caveats.unresolvable(eight + effects, 0.05, "permutation") is None
     pairs = [dataclasses.replace(contrast(5, seed=s), label=f"pair {s}") for s in range(4)]
@@ -432,8 +432,8 @@ def test_equivalence_its_seeds_cannot_show():
     assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
     assert caveats.unshowable_equivalence([contrast(3)], 0.05, "permutation") is None  # no margin, no equivalence
     assert caveats.unshowable_equivalence([margined(3, 0)], 0.05, "t") is None  # the t form can reach any p
-    effect = dataclasses.replace(margined(3, 9), label="effect", min_p=0.0)  # OLS: its t form reaches any p
-    # the effect shown equivalent first lifts the pair's step to 0.05/1: 0.031 can pass it
+    effect = dataclasses.replace(margined(12, 9), label="effect")  # 12 seeds: 1/2^12, below 0.05/2
+    # the contrast shown equivalent first lifts the pair's step to 0.05/1: 0.031 can pass it
     assert caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation") is None
 
 

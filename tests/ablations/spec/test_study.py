@@ -412,10 +412,10 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
 
 def test_a_family_its_seeds_cannot_resolve_is_named_before_the_runs(tmp_path):
     """The exact sign-flip test's smallest p is 2/2^n (independent: enumerate the 2^n sign flips of n equal
-    differences), against the largest step Holm can give a pair: the family is the pairs plus each interaction's
-    (levels - 1)(levels - 1) terms (OLS: any p), and where those and the other pair come out first a pair faces
-    0.05/2. 3 x 2 grid, 2 pairs + 2 interaction terms = 4: 0.05/2 = 0.025 needs 7 seeds (0.0156), 6 cannot (0.031).
-    (Holm's first step alone, 0.05/4, said 8: a pair can be resolved at 7 where the interactions come out.)"""
+    differences), for pairs and factorial effects alike (each effect is tested within each seed), against Holm's
+    first step: a 3 x 2 grid, 2 pairs + 2 interaction terms = 4, so 0.05/4 = 0.0125 needs 8 seeds (0.0078), 7
+    cannot (0.0156). (The interaction by OLS with one pooled variance could reach any p; attention_score's did,
+    6e-18, beside exact tests that could not.)"""
     from itertools import product
 
     from ablations.sweep import unresolvable_warning
@@ -426,19 +426,22 @@ def test_a_family_its_seeds_cannot_resolve_is_named_before_the_runs(tmp_path):
     grid = {"model.norm": ["pre", "post"], "model.n_heads": [1, 2, 4]}
     pairs = [["n_heads=1 norm=post", "n_heads=1 norm=pre"], ["n_heads=4 norm=post", "n_heads=4 norm=pre"]]
     analysis = {"contrasts": {"pairs": pairs, "interactions": [["model.norm", "model.n_heads"]]}}
-    for seeds in (6, 7):
+    for seeds in (7, 8):
         study = load_study(write(tmp_path, design={"grid": grid}, seeds=seeds, analysis=analysis))
         warning = unresolvable_warning(study)
-        if smallest_p(seeds) > 0.05 / 2:
-            assert warning is not None and "above 0.05/2, the largest step Holm can give it" in warning
-            assert "for the declared family of 4" in warning
-            assert f"smallest p is {smallest_p(seeds):.3g}" in warning and "(seeds: 7)" in warning
+        if smallest_p(seeds) > 0.05 / 4:
+            assert warning is not None and "above Holm's first step 0.05/4" in warning
+            assert "for the family of 4: none of its contrasts can come out different" in warning
+            assert f"smallest p is {smallest_p(seeds):.3g}" in warning and "(seeds: 8)" in warning
             assert "declare fewer contrasts" in warning
         else:
             assert warning is None
-    assert smallest_p(6) > 0.025 >= smallest_p(7)  # so both branches ran
+    assert smallest_p(7) > 0.0125 >= smallest_p(8)  # so both branches ran
     t_test = {**analysis, "test": "t"}  # the t-test can reach any p
     assert unresolvable_warning(load_study(write(tmp_path, design={"grid": grid}, seeds=3, analysis=t_test))) is None
+    # without declared contrasts, a grid of two axes tests its main effects and interactions: 1 + 2 + 2 = 5
+    warning = unresolvable_warning(load_study(write(tmp_path, design={"grid": grid}, seeds=6)))
+    assert "above Holm's first step 0.05/5" in warning and "(seeds: 8)" in warning  # 2/2^7 > 0.01
 
 
 def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
@@ -534,6 +537,33 @@ def test_the_analysis_section_is_checked_against_the_study_with_its_line(tmp_pat
     from ablations.sweep.submission import design_record
 
     assert design_record(study)["analysis"] == {"test": "t", "margins": {"final/val_loss": 0.01}}
+
+
+def test_an_expectation_or_convergence_criterion_that_names_nothing_real_is_refused_with_its_line(tmp_path):
+    """analysis.expect and analysis.converged are checked like every other key, before any cell runs: a contrast
+    that is not in the family, a metric the runs do not log, a malformed value; each error names the key and line."""
+    expect = [{"contrast": ["norm=post", "norm=pr"], "value": -0.2}]
+    path = write(tmp_path, analysis={"expect": expect})
+    err = refused(tmp_path, analysis={"expect": expect})
+    assert err.key == "analysis.expect[0].contrast" and "did you mean 'norm=post vs norm=pre'" in err.message
+    lines = path.read_text().splitlines()
+    assert err.line == 1 + next(i for i, x in enumerate(lines) if "contrast:" in x)
+    err = refused(tmp_path, analysis={"expect": [{"contrast": ["norm=post", "norm=pre"], "value": 0}]})
+    assert err.key == "analysis.expect[0].value" and "other than 0" in err.message
+    bad_metric = [{"contrast": ["norm=post", "norm=pre"], "value": 0.1, "metric": "test/acuracy"}]
+    err = refused(tmp_path, analysis={"expect": bad_metric})
+    assert err.key == "analysis.expect[0].metric" and "not a metric" in err.message
+    assert refused(tmp_path, analysis={"expect": [{"contrast": "x", "value": 1, "sorce": "p"}]}).key == (
+        "analysis.expect[0].sorce"
+    )
+    assert refused(tmp_path, analysis={"converged": {"window": 2}}).key == "analysis.converged.window"
+    err = refused(tmp_path, analysis={"converged": {"fraction": 0.1, "windw": 0.2}})
+    assert err.key == "analysis.converged.windw" and "did you mean 'window'" in err.message
+    # a one-axis grid's family: its pairs against the baseline; its main effect is not in it
+    err = refused(tmp_path, analysis={"expect": [{"contrast": "model.norm: post vs pre", "value": 0.1}]})
+    assert "is not a contrast of the family" in err.message and "norm=post vs norm=pre" in err.message
+    ok = {"expect": [{"contrast": ["norm=post", "norm=pre"], "value": 0.1, "source": "Xiong et al. 2020"}]}
+    assert load_study(write(tmp_path, analysis={**ok, "converged": {}})).analysis["converged"] == {}
 
 
 def line_of(path: Path) -> int:
@@ -650,7 +680,7 @@ def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store)
     tiny = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}
     training = {"max_steps": 4, "val_every": 2, "batch_size": 8, "warmup_steps": 0}
     for task in (
-        {"name": "reverse", "train_size": 40, "val_size": 8, "test_size": 8, "max_len": 5},
+        {"name": "reverse", "train_size": 40, "val_size": 8, "test_size": 40, "max_len": 5},  # every length
         {"name": "recall", "train_size": 40, "val_size": 8, "test_size": 8},
         {"name": "listops", "train_size": 40, "val_size": 8, "test_size": 8, "max_len": 40},
     ):

@@ -1,0 +1,241 @@
+"""What each verdict of a table means for a reader: the fourth verdict, *not testable here*, when the miniature
+leaves no room for the effect a study looks for or its cells have not converged by a declared criterion; and
+each contrast's verdict in words, why, and the next step as a command to copy (``readings``). The words come
+from the tests only: "equivalent" only after a margin test that passed, seed counts only as measured
+(docs/statistics.md, "Verdicts").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dashboards import caveats, stats
+from dashboards.analysis import Converged, Expect
+
+if TYPE_CHECKING:
+    from dashboards.table import Table
+
+NOT_TESTABLE = "not testable here"
+MAX_SEEDS_ADVISED = 100  # beyond, "add seeds" is no advice: the difference is small against the seeds' spread
+
+
+# --- room for the expected effect ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far a metric can move on a task: from ``low`` to ``high``, each named for a reader (None: unknown)."""
+
+    low: float | None
+    low_name: str
+    high: float | None
+    high_name: str
+
+
+def bounds(metric: str, classes: int | None, majority: float | None) -> Bounds | None:
+    """The span an accuracy, loss or perplexity can take where a model that learned nothing sits at one end: an
+    accuracy from the majority class's share (or a uniform guess's 1/C; 0 for an exact match of whole sequences)
+    to 1; a loss from 0 to ln C, a perplexity from 1 to C (a uniform guess). None for other metrics."""
+    kind = caveats.chance_kind(metric)
+    if kind == "accuracy":
+        if metric.endswith("exact_match"):
+            return Bounds(0.0, "no sequence right", 1.0, "a perfect score")
+        if majority is not None and (classes is None or majority >= 1 / classes):
+            return Bounds(majority, "the majority class's share", 1.0, "a perfect score")
+        if classes is not None:
+            return Bounds(1 / classes, f"a uniform guess's 1/{classes}", 1.0, "a perfect score")
+        return Bounds(0.0, "0", 1.0, "a perfect score")
+    if kind == "loss":
+        chance = math.log(classes) if classes else None
+        return Bounds(0.0, "a perfect loss of 0", chance, f"a uniform guess's ln {classes}")
+    if kind == "ppl":
+        return Bounds(1.0, "a perfect perplexity of 1", float(classes) if classes else None, "a uniform guess's")
+    return None
+
+
+def room_problem(expect: Expect, comparator: float, span: Bounds | None, metric: str) -> tuple[str, str] | None:
+    """(why the contrast is not testable, what would make it testable) when the room from the comparator's value
+    to the metric's end in the expected direction is smaller than the expected effect; None when there is room
+    or it cannot be judged."""
+    if span is None or not math.isfinite(comparator):
+        return None
+    end, name = (span.high, span.high_name) if expect.value > 0 else (span.low, span.low_name)
+    if end is None:
+        return None
+    room = end - comparator if expect.value > 0 else comparator - end
+    if room >= abs(expect.value):
+        return None
+    source = f" ({expect.source})" if expect.source else ""
+    why = (
+        f"no room for the expected {expect.value:+.3g}{source}: the comparator scores {comparator:.3g} on {metric} "
+        f"and {name} is {end:.3g}, {max(room, 0):.3g} away"
+    )
+    need = end - abs(expect.value) if expect.value > 0 else end + abs(expect.value)
+    side = "below" if expect.value > 0 else "above"
+    return why, f"a task, length or budget at which the comparator scores {side} {need:.3g}"
+
+
+# --- convergence --------------------------------------------------------------------------------------------
+
+
+def not_converged(falls: dict[str, list[float]], criterion: Converged) -> dict[str, float]:
+    """variant -> its mean relative fall over the criterion's window, for the variants still improving by more
+    than the criterion's fraction."""
+    out = {}
+    for variant, fs in falls.items():
+        if fs and float(np.mean(fs)) > criterion.fraction:
+            out[variant] = float(np.mean(fs))
+    return out
+
+
+def convergence_problem(
+    variants: Iterable[str], still: dict[str, float], criterion: Converged, steps: float | None
+) -> tuple[str, str] | None:
+    """(why, what would make it testable) when a variant of the contrast has not converged by the declared
+    criterion; None when all have (or none was judged)."""
+    moving = [v for v in variants if v in still]
+    if not moving:
+        return None
+    said = "; ".join(f"{v}'s loss fell {still[v]:.0%}" for v in moving)
+    why = (
+        f"not converged: over the last {criterion.window:.0%} of training ({said}; analysis.converged.fraction "
+        f"{criterion.fraction:g})"
+    )
+    longer = f"budget.steps: {2 * round(steps)}" if steps and math.isfinite(steps) else "a larger budget.steps"
+    return why, f"a longer budget ({longer})"
+
+
+# --- the readings of a table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One contrast of the family, for a reader: its verdict, that verdict in words with its numbers, why (for
+    every verdict short of a decision), and the next step ("" when decided)."""
+
+    label: str
+    verdict: str
+    sentence: str
+    why: str = ""
+    next_step: str = ""
+
+
+def readings(t: Table) -> list[Reading]:
+    """A reading per contrast of the table's family, in its order."""
+    return [reading(t, c) for c in t.family]
+
+
+def reading(t: Table, c: stats.Contrast) -> Reading:
+    if c.verdict == NOT_TESTABLE:  # what the test alone said, beside why it cannot answer the question
+        alone = f"the test alone: Δ {c.estimate:+.3g}, Holm p {stats_p(c.p_holm)}"
+        sentence = f"{c.label}: {NOT_TESTABLE} on {t.metric} ({alone})"
+        return Reading(c.label, c.verdict, sentence, c.untestable_here, c.make_testable)
+    if not c.testable:
+        why = c.method.split(": ", 1)[-1]
+        return Reading(c.label, c.verdict, f"{c.label}: untestable", why, f"train its cells: {command(t)}")
+    if c.verdict.startswith("different") or c.verdict.startswith("equivalent"):
+        return Reading(c.label, c.verdict, decided_sentence(t, c))
+    why, seeds = unresolved_why(t, c)
+    step = f"{command(t)} --seeds {seeds}" if seeds else ""
+    if not step and not math.isfinite(t.margin):
+        step = f"declare analysis.margins.{t.metric} to test equivalence"
+    return Reading(c.label, c.verdict, unresolved_sentence(t, c), why, step)
+
+
+def command(t: Table) -> str:
+    return f"ablate sweep {t.source}"
+
+
+def seed_count(c: stats.Contrast) -> str:
+    """ "lower in 6 of 7 seeds", counted from the per-seed differences (never assumed from a p-value)."""
+    d = np.asarray(c.differences, dtype=float)
+    if not len(d):
+        return ""
+    lower = d.mean() < 0
+    return f"{'lower' if lower else 'higher'} in {int((d < 0).sum() if lower else (d > 0).sum())} of {len(d)} seeds"
+
+
+def interval_text(c: stats.Contrast, confidence: float, test: str) -> str:
+    """The t interval, labelled as not the test's own where the verdict's test is the exact one."""
+    lo, hi = c.ci_t
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval" if c.n > 1 else "one seed"
+    own = "" if test == "t" else " (t interval, not the exact test's)"
+    return f"{confidence:.0%} CI [{lo:+.3g}, {hi:+.3g}]{own}"
+
+
+def decided_sentence(t: Table, c: stats.Contrast) -> str:
+    a = t.analysis
+    parts = [f"Δ {c.estimate:+.3g}", interval_text(c, a.confidence, a.test)]
+    if c.verdict.startswith("different"):
+        parts += [seed_count(c), f"Holm p {stats_p(c.p_holm)}"]
+    if "equivalent" in c.verdict:
+        parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}")
+    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in parts if p)})"
+
+
+def unresolved_sentence(t: Table, c: stats.Contrast) -> str:
+    a = t.analysis
+    parts = [f"Δ {c.estimate:+.3g}", interval_text(c, a.confidence, a.test), f"Holm p {stats_p(c.p_holm)}"]
+    return f"{c.label}: not resolved on {t.metric} ({'; '.join(parts)})"
+
+
+def stats_p(p: float) -> str:
+    return "–" if not math.isfinite(p) else f"{p:.2g}"
+
+
+def unresolved_why(t: Table, c: stats.Contrast) -> tuple[str, int | None]:
+    """Why a contrast is not resolved, and the seeds that could resolve it: the exact test's floor above Holm's
+    step, else the difference these seeds could detect against the one observed (or declared in ``detect``)."""
+    a, size = t.analysis, max(1, len(t.family))
+    step = a.alpha / size
+    floor = c.min_p if math.isfinite(c.min_p) else 0.0
+    if floor > step:
+        need = stats.smallest_exact_n(step)
+        why = f"{c.n} seeds: the exact test's smallest p is {floor:.3g}, above Holm's first step {a.alpha:g}/{size}"
+        return why, max(need, _power_seeds(t, c) or 0)
+    if not math.isfinite(c.mde):
+        return "no spread in the paired differences: the seeds' power is unknown", None
+    why = f"these {c.n} seeds detect |Δ| ≥ {c.mde:.3g} with {a.power:.0%} power; |Δ| = {abs(c.estimate):.3g}"
+    if t.detect:
+        why += f"; the declared difference is {t.detect:g}"
+    return why, _power_seeds(t, c)
+
+
+def _power_seeds(t: Table, c: stats.Contrast) -> int | None:
+    """Seeds for the declared difference (``detect``), else for a difference of the observed size; None when the
+    spread is unknown or more than MAX_SEEDS_ADVISED would be needed."""
+    if c.seeds_needed is not None:
+        return c.seeds_needed if c.seeds_needed <= MAX_SEEDS_ADVISED else None
+    target = abs(c.estimate)
+    if len(c.differences) < 2 or not target > 0:
+        return None
+    a = t.analysis
+    need = stats.seeds_needed(
+        c.differences, target, alpha=a.alpha, power=a.power, test=a.test, family_size=len(t.family)
+    )
+    return need if need is not None and need <= MAX_SEEDS_ADVISED else None
+
+
+def lead_lines(t: Table) -> list[str]:
+    """What a reader must know first: each contrast's verdict in words, why, and the next step."""
+    out = []
+    for r in readings(t):
+        out.append(r.sentence)
+        if r.why:
+            out.append(f"  why: {r.why}")
+        if r.next_step:
+            out.append(f"  next: {r.next_step}")
+    return out
+
+
+def as_dict(r: Reading) -> dict[str, Any]:
+    return {"contrast": r.label, "verdict": r.verdict, "sentence": r.sentence, "why": r.why, "next": r.next_step}
+
+
+__all__ = ["NOT_TESTABLE", "Bounds", "Reading", "bounds", "lead_lines", "readings", "room_problem"]
