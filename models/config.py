@@ -29,7 +29,7 @@ SCHEDULES = ("fixed", "increasing", "decreasing")
 DECODINGS = ("autoregressive", "non_autoregressive")
 # Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
 # keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
-OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True}
+OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True, "global_tokens": None}
 
 
 def _choice(name: str, value: Any, choices) -> None:
@@ -101,15 +101,18 @@ def schedule(value: int, n: int, kind: str, start: int | None = None) -> list[in
 
 @dataclass(frozen=True)
 class LayerAttention:
-    """The self-attention geometry of one layer: its pattern, its window and the dilation of each head."""
+    """The self-attention geometry of one layer: its pattern, its window, the dilation of each head and the
+    positions with global attention (Longformer section 3.1: they see every key and every query sees them)."""
 
     pattern: str
     window: int | None
     dilations: tuple[int, ...]  # one per head; 1 is a plain window
+    global_tokens: tuple[int, ...] = ()
 
     @property
     def reach(self) -> int | None:
-        """The furthest key distance any head sees (None: unbounded)."""
+        """The furthest key distance any head's window sees (None: unbounded). Global tokens reach further; they
+        are refused in causal layers, the only ones whose cache keeps reach + 1 keys."""
         return None if self.window is None else self.window * max(self.dilations)
 
 
@@ -163,6 +166,9 @@ class ModelConfig:
     layer_dilations: tuple[int, ...] | None = None  # one dilation per layer for the dilated heads
     # the dilation of every head: one list (every dilated layer) or one list per layer; overrides the above
     head_dilations: tuple | None = None
+    # Longformer's global attention (Beltagy et al. 2020, section 3.1): these positions attend to every key and
+    # every query attends to them, in the windowed layers of bidirectional stacks (e.g. [0] for classifier: first).
+    global_tokens: tuple[int, ...] | None = None
     # Optional per-layer patterns of the self-attention, bottom to top (e.g. local below, full above).
     layer_patterns: tuple[str, ...] | None = None
     ffn: str = "relu"
@@ -181,7 +187,7 @@ class ModelConfig:
     nat_iterations: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("layer_patterns", "layer_windows", "layer_dilations", "head_dilations"):
+        for name in ("layer_patterns", "layer_windows", "layer_dilations", "head_dilations", "global_tokens"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _tuple(value))
@@ -241,8 +247,9 @@ class ModelConfig:
         """The self-attention pattern of each layer of a stack of ``n_layers``."""
         return self.layer_patterns if self.layer_patterns is not None else (self.pattern,) * n_layers
 
-    def attention_layers(self, n_layers: int | None = None) -> tuple[LayerAttention, ...]:
-        """The self-attention geometry of each layer of a stack of ``n_layers`` (default ``n_layers``)."""
+    def attention_layers(self, n_layers: int | None = None, causal: bool = False) -> tuple[LayerAttention, ...]:
+        """The self-attention geometry of each layer of a stack of ``n_layers`` (default ``n_layers``); global
+        tokens go to the windowed layers of a bidirectional (not ``causal``) stack."""
         n_layers = self.n_layers if n_layers is None else n_layers
         patterns = self.patterns_for(n_layers)
         H = self.n_heads
@@ -264,7 +271,11 @@ class ModelConfig:
                 per_layer = schedule(self.dilation, len(dilated), self.dilation_schedule, start=1)
             n = self.n_dilated_heads
             heads = {i: (1,) * (H - n) + (d,) * n for i, d in zip(dilated, per_layer)}
-        return tuple(LayerAttention(p, windows.get(i), heads.get(i, (1,) * H)) for i, p in enumerate(patterns))
+        globals_ = () if causal or self.global_tokens is None else self.global_tokens
+        return tuple(
+            LayerAttention(p, windows.get(i), heads.get(i, (1,) * H), globals_ if i in windows else ())
+            for i, p in enumerate(patterns)
+        )
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -376,6 +387,7 @@ class ModelConfig:
             )
 
         self._validate_patterns(registries["pattern"])
+        self._validate_global_tokens(registries["pattern"])
         # Each chosen component's own checks (e.g. rotary needs a dot-product score).
         for name in ("positions", "score", "norm_type", "ffn"):
             check = getattr(registries[name].traits(getattr(self, name)), "check", None)
@@ -506,6 +518,33 @@ class ModelConfig:
                         "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
                         "or layer_dilations"
                     )
+
+    def _validate_global_tokens(self, patterns_registry) -> None:
+        g = self.global_tokens
+        if g is None:
+            return
+        if (
+            not isinstance(g, tuple)
+            or not g
+            or not all(not isinstance(t, bool) and isinstance(t, int) and t >= 0 for t in g)
+        ):
+            raise ConfigError(
+                f"global_tokens={_show(g)} must be a non-empty list of positions (integers >= 0), e.g. [0]"
+            )
+        if list(g) != sorted(set(g)):
+            raise ConfigError(
+                f"global_tokens={_show(g)} names the same positions as {sorted(set(g))}: write that (sorted, each once)"
+            )
+        if not any(patterns_registry.traits(p).windowed for p in self.patterns_for(self.n_layers)):
+            raise ConfigError(
+                f"global_tokens gives positions global attention in windowed layers (Longformer); pattern "
+                f"{self.pattern!r} sees every key already: remove global_tokens or use pattern 'local' or 'dilated'"
+            )
+        if self.arch == "decoder":
+            raise ConfigError(
+                "global_tokens in a causal stack (arch='decoder') would let a global token see later tokens; Longformer's "
+                "global attention is for bidirectional stacks (encoders, the encoder of an encoder_decoder): remove it"
+            )
 
     # A short human-readable name, used in logs.
     def describe(self) -> str:

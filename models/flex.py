@@ -13,6 +13,9 @@ cosine: each is ``scale * q.k`` of prepared q and k) to ``window_attention``: on
   (a "full" block skips the ``mask_mod``).
 - ALiBi as a ``score_mod`` that computes the bias from two slopes per head (past and future keys); a bias
   that is not linear in the distance stays on the tiled kernels.
+- Longformer's global tokens (section 3.1): the ``mask_mod`` allows their rows and columns, and the block
+  structure lists every key block for a query block that holds one, and their key blocks for every query block
+  (partial blocks: O(N * (window blocks + G)) blocks, so the window's cost stays).
 
 Where a window saves nothing (it covers the sequence) the caller runs full attention without a mask
 (flash kernels). Dropout on the attention probabilities, additive scores, float64 and head sizes that are
@@ -58,7 +61,7 @@ def api() -> dict[str, Any]:
     return _api
 
 
-_cache: dict = {}  # (T, window, dilations, causal, padded, device) -> BlockMask
+_cache: dict = {}  # (T, window, dilations, causal, padded, device, global tokens) -> BlockMask
 _CACHE_SIZE = 64
 
 
@@ -124,7 +127,13 @@ def _allowed(dist: torch.Tensor, window: int, dilations: torch.Tensor, causal: b
 
 
 def block_structure(
-    T: int, window: int, dilations: tuple[int, ...], causal: bool, block: int = BLOCK, split_full: bool = True
+    T: int,
+    window: int,
+    dilations: tuple[int, ...],
+    causal: bool,
+    block: int = BLOCK,
+    split_full: bool = True,
+    global_tokens: tuple[int, ...] = (),
 ):
     """The blocks of a (T, T) window mask: (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices),
     each (1, H', N, ...) int32 with N = ceil(T / block) and H' = 1 when every head has the same dilation, else
@@ -133,7 +142,8 @@ def block_structure(
     every block as partial (the last two are None).
 
     Written here because the structure depends on the block offset only (plus the ragged last block): a tile
-    per offset gives it exactly, where ``create_block_mask`` evaluates every pair."""
+    per offset gives it exactly, where ``create_block_mask`` evaluates every pair. ``global_tokens`` add the
+    blocks of their rows and columns (``_with_globals``)."""
     rows = dilations if len(set(dilations)) > 1 else dilations[:1]
     dil = torch.tensor(rows)
     H = len(rows)
@@ -165,6 +175,8 @@ def block_structure(
                 some[:, row, c] = t.any(-1)
                 every[:, row, c] = False
     partial = some & ~every
+    if global_tokens:
+        return _with_globals(T, block, j, inside, partial, every, global_tokens, causal, split_full)
 
     def pack(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # key blocks in increasing order: offsets run from -m (ahead) to m (behind), so reverse them
@@ -182,10 +194,45 @@ def block_structure(
     return (*pack(partial), *pack(every))
 
 
-def _mask_mod(window: torch.Tensor, dilations: torch.Tensor | None, causal: bool, padding: torch.Tensor | None):
+def _with_globals(T, block, j, inside, partial, every, global_tokens, causal: bool, split_full: bool):
+    """The block structure of ``block_structure`` (``partial``, ``every``: (H, N, offsets) at key blocks ``j``)
+    with the rows and columns of the global tokens: every key block of a query block holding one, and the key
+    blocks holding one for every query block (the past ones only when causal), as partial blocks unless full."""
+    H, N = partial.shape[:2]
+
+    def dense(chosen: torch.Tensor) -> torch.Tensor:  # (H, N, offsets) -> (H, N, N) by key block
+        out = torch.zeros(H, N, N + 1, dtype=torch.bool)
+        out.scatter_(-1, torch.where(inside, j, N).expand(H, N, -1), chosen & inside)
+        return out[..., :N]
+
+    full, part = dense(every), dense(partial)
+    g = torch.tensor(sorted({t // block for t in global_tokens if t < T}), dtype=torch.long)
+    extra = torch.zeros(N, N, dtype=torch.bool)
+    extra[g, :] = True
+    extra[:, g] = True
+    if causal:
+        extra &= torch.ones(N, N, dtype=torch.bool).tril()
+    part = part | (extra & ~full)
+
+    def pack(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.argsort((~chosen).to(torch.int8), dim=-1, stable=True)  # chosen first, in key order
+        return chosen.sum(-1).to(torch.int32)[None], order.to(torch.int32)[None]
+
+    if not split_full:
+        return (*pack(part | full), None, None)
+    return (*pack(part), *pack(full))
+
+
+def _mask_mod(
+    window: torch.Tensor,
+    dilations: torch.Tensor | None,
+    causal: bool,
+    padding: torch.Tensor | None,
+    is_global: torch.Tensor | None = None,
+):
     """FlexAttention's mask_mod: the window (a 0-d tensor, so that a compiled kernel serves every window),
-    each head's dilation (``dilations`` (H,), None: all 1), the causal rule and key padding (B, S) True at
-    padding."""
+    each head's dilation (``dilations`` (H,), None: all 1), the rows and columns of global tokens (``is_global``
+    (T,) bool, None: none), the causal rule and key padding (B, S) True at padding."""
 
     def mod(b, h, q_idx, kv_idx):
         dist = q_idx - kv_idx
@@ -195,6 +242,8 @@ def _mask_mod(window: torch.Tensor, dilations: torch.Tensor | None, causal: bool
             d = dilations[h]
             a = dist.abs()
             ok = (a <= window * d) & (a % d == 0)
+        if is_global is not None:
+            ok = ok | is_global[q_idx] | is_global[kv_idx]
         if causal:
             ok = ok & (dist >= 0)
         if padding is not None:
@@ -211,21 +260,28 @@ def block_mask(
     causal: bool,
     device: torch.device,
     key_padding: torch.Tensor | None = None,
+    global_tokens: tuple[int, ...] = (),
 ):
     """The cached ``BlockMask`` of a window (with key padding: a copy whose mask_mod reads it). Not traced
     by torch.compile (a compiled model calls it as Python)."""
-    return api()["block_mask"](T, window, dilations, causal, device, key_padding)
+    return api()["block_mask"](T, window, dilations, causal, device, key_padding, global_tokens)
 
 
-def _block_mask(T, window, dilations, causal, device, key_padding):
+def _block_mask(T, window, dilations, causal, device, key_padding, global_tokens=()):
     padded = key_padding is not None
-    key = (T, window, dilations, causal, padded, str(device))
+    key = (T, window, dilations, causal, padded, str(device), global_tokens)
     mask = _cache.get(key)
     if mask is None:
         # with padding every listed block is partial, so that the mask_mod (and the padding) applies in all
-        kv_num, kv_idx, full_num, full_idx = block_structure(T, window, dilations, causal, split_full=not padded)
+        kv_num, kv_idx, full_num, full_idx = block_structure(
+            T, window, dilations, causal, split_full=not padded, global_tokens=global_tokens
+        )
         per_head = len(set(dilations)) > 1
         dil = torch.tensor(dilations, device=device) if per_head or dilations[0] != 1 else None
+        is_global = None
+        if global_tokens:
+            is_global = torch.zeros(T, dtype=torch.bool, device=device)
+            is_global[[t for t in global_tokens if t < T]] = True
         to = lambda t: None if t is None else t.to(device)
         mask = api()["BlockMask"].from_kv_blocks(
             to(kv_num),
@@ -233,17 +289,18 @@ def _block_mask(T, window, dilations, causal, device, key_padding):
             to(full_num),
             to(full_idx),
             BLOCK_SIZE=BLOCK,
-            mask_mod=_mask_mod(torch.tensor(window, device=device), dil, causal, None),
+            mask_mod=_mask_mod(torch.tensor(window, device=device), dil, causal, None, is_global),
             seq_lengths=(T, T),
         )
-        mask.ablate_geometry = (torch.tensor(window, device=device), dil)  # for the padded copies' mask_mod
+        mask.ablate_geometry = (torch.tensor(window, device=device), dil, is_global)  # for the padded copies
         if len(_cache) >= _CACHE_SIZE:
             _cache.pop(next(iter(_cache)))
         _cache[key] = mask
     if not padded:
         return mask
     out = copy.copy(mask)
-    out.mask_mod = _mask_mod(*mask.ablate_geometry, causal, key_padding)
+    window_, dil, is_global = mask.ablate_geometry
+    out.mask_mod = _mask_mod(window_, dil, causal, key_padding, is_global)
     return out
 
 
@@ -298,13 +355,15 @@ def window_attention(
     causal: bool = False,
     key_padding: torch.Tensor | None = None,
     bias: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    global_tokens: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Self-attention of prepared q, k, v (B, H, T, D) over keys at distances that are multiples of each
     head's dilation up to window x dilation (only the past when causal); key_padding (B, T) True at
-    padding; bias: ALiBi's (a bound ``bias`` whose scheme has ``slopes()``), added to the scores."""
+    padding; bias: ALiBi's (a bound ``bias`` whose scheme has ``slopes()``), added to the scores;
+    global_tokens: positions that see every key and that every query sees (Longformer section 3.1)."""
     T = q.shape[-2]
     dilations = tuple(int(d) for d in dilations)
-    mask = block_mask(T, window, dilations, causal, q.device, key_padding)
+    mask = block_mask(T, window, dilations, causal, q.device, key_padding, tuple(global_tokens))
     score_mod = None
     if bias is not None:  # linear in the distance (``usable`` sends no other bias here)
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

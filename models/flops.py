@@ -41,7 +41,12 @@ def forward_flops_per_token(model: nn.Module, length: int, source_length: int = 
         tgt = (
             2 * _params(model.dec_layers)
             + head
-            + _attention(cfg, cfg.attention_layers(cfg.decoder_layers), length, not cfg.non_autoregressive)
+            + _attention(
+                cfg,
+                cfg.attention_layers(cfg.decoder_layers, not cfg.non_autoregressive),
+                length,
+                not cfg.non_autoregressive,
+            )
             + _per_key(cfg) * source_length * cfg.decoder_layers  # cross-attention sees every source token
         )
         return (source_length * src + length * tgt) / max(source_length + length, 1)

@@ -20,6 +20,11 @@ dot-like, ``scores(q, k)``. Position biases are functions of signed distances (q
   ``dilated_attention``  keys at distances that are multiples of d up to W*d: the sequence is split into d
                          interleaved residue classes and each runs local attention, in O(T * W).
   ``additive_scores``    v_h . tanh(q + k) in blocks of at most ``budget`` elements, forward and backward.
+  ``global_columns``, ``global_rows``  Longformer's global tokens (section 3.1) for the windowed kernels: the G
+                         global keys become G extra columns of every tile (masked where a query's window already
+                         holds them, so each key counts once), and the G global queries attend to every key in one
+                         small dense call whose rows replace theirs: O(T * (W + G)), one softmax per query, no
+                         merging of partial softmaxes.
 
 A query whose every key is masked (a padding query whose window holds only padding) attends uniformly
 instead of producing NaN; its output is meaningless and must be ignored by the caller, but it stays finite
@@ -158,13 +163,23 @@ def attend(q, k, v, score, mask=None, bias=None, causal: bool = False, dropout_p
 
 
 def full_attention(
-    q, k, v, score, *, causal=False, key_padding=None, bias: Bias | None = None, allowed=None, dropout_p=0.0
+    q,
+    k,
+    v,
+    score,
+    *,
+    causal=False,
+    key_padding=None,
+    bias: Bias | None = None,
+    allowed=None,
+    dropout_p=0.0,
+    columns: Columns | None = None,
 ):
     """q (B, H, T, D), k/v (B, H, S, D), queries aligned to the last keys; key_padding (B, S) True at
-    padding; bias: ALiBi-like function of signed distances; allowed: (H or 1, T, S) band mask of a pattern.
-    No mask at all is passed when none is needed."""
+    padding; bias: ALiBi-like function of signed distances; allowed: (H or 1, T, S) band mask of a pattern;
+    columns: extra keys every query may see (``global_columns``). No mask at all is passed when none is needed."""
     T, S = q.shape[-2], k.shape[-2]
-    if key_padding is None and bias is None and allowed is None:
+    if key_padding is None and bias is None and allowed is None and columns is None:
         return attend(q, k, v, score, causal=causal, dropout_p=dropout_p)
     mask = allowed
     if causal:
@@ -179,6 +194,8 @@ def full_attention(
     if bias is not None:
         dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
         b = bias(dist).to(q.dtype)  # (H, T, S)
+    if columns is not None:
+        return _with_columns(q, k, v, score, mask, b, columns, dropout_p)
     return attend(q, k, v, score, mask=mask, bias=b, dropout_p=dropout_p)
 
 
@@ -216,8 +233,73 @@ class _Neighbourhoods(torch.autograd.Function):
         return out, None, None
 
 
+Columns = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Extra key columns of every query: keys, values (B, H, G, D) and an additive (B, H or 1, T, G) term (-inf where
+a query must not see the column): Longformer's global keys (``global_columns``)."""
+
+
+def global_columns(q, k, v, idx: torch.Tensor, seen: Callable, key_padding=None, bias: Bias | None = None) -> Columns:
+    """The global keys ``idx`` (G,) as extra columns of every query's window. ``seen(dist)`` -> (H or 1, T, G) bool
+    says where a window already holds the key (there the column is masked: the key counts once); padding keys are
+    masked too; ``bias`` (ALiBi) is added at the columns' own distances."""
+    T, dev = q.shape[-2], q.device
+    dist = torch.arange(T, device=dev)[:, None] - idx[None, :]  # (T, G) query - key
+    add = torch.zeros(q.shape[0], 1, T, idx.numel(), dtype=q.dtype, device=dev)
+    add = add.masked_fill(seen(dist)[None], float("-inf"))  # (B, H', T, G)
+    if key_padding is not None:
+        add = add.masked_fill(key_padding[:, idx][:, None, None, :], float("-inf"))
+    if bias is not None:
+        add = add + bias(dist).to(q.dtype)[None]
+    return k[:, :, idx], v[:, :, idx], add
+
+
+def global_rows(out, q, k, v, score, idx: torch.Tensor, key_padding=None, bias: Bias | None = None, dropout_p=0.0):
+    """``out`` (B, H, T, Dv) with the rows of the global queries ``idx`` replaced by attention over every key."""
+    T = k.shape[-2]
+    mask = None if key_padding is None else _unstarve(~key_padding[:, None, None, :])  # (B, 1, 1, T)
+    b = None
+    if bias is not None:
+        b = bias(idx[:, None] - torch.arange(T, device=q.device)[None, :]).to(q.dtype)  # (H, G, T)
+    rows = attend(q[:, :, idx], k, v, score, mask=mask, bias=b, dropout_p=dropout_p)  # (B, H, G, Dv)
+    return out.index_copy(2, idx, rows)
+
+
+def _with_columns(q, k, v, score, mask, bias, columns: Columns, dropout_p: float = 0.0):
+    """Attention over k, v (S keys; ``mask`` bool broadcastable to (B, H, T, S) or None, ``bias`` (H, T, S) or None)
+    and the extra ``columns``, in one softmax: the masks and biases become one additive term."""
+    k_g, v_g, add = columns
+    B, T, S = q.shape[0], q.shape[-2], k.shape[-2]
+    win = q.new_zeros(1, 1, T, S) if bias is None else bias[None].to(q.dtype)
+    if mask is not None:
+        win = torch.where(mask, win, torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
+    H = max(win.shape[1], add.shape[1])
+    both = torch.cat([win.expand(B, H, T, S), add.expand(B, H, T, add.shape[-1])], dim=-1)
+    return attend(q, torch.cat([k, k_g], 2), torch.cat([v, v_g], 2), score, bias=both, dropout_p=dropout_p)
+
+
+def _tiled_columns(columns: Columns, N: int, b: int) -> Columns:
+    """Extra columns in tile layout: keys, values (B * N, H, G, D) and the term (B * N, H', b, G)."""
+    k_g, v_g, add = columns
+    B, H, G, _ = k_g.shape
+    per_tile = lambda t: t[:, None].expand(B, N, *t.shape[1:]).reshape(B * N, *t.shape[1:])  # noqa: E731
+    add = F.pad(add, (0, 0, 0, N * b - add.shape[2]))  # queries past the end: finite, ignored
+    add = add.view(B, add.shape[1], N, b, G).transpose(1, 2).reshape(B * N, add.shape[1], b, G)
+    return per_tile(k_g), per_tile(v_g), add
+
+
 def local_attention(
-    q, k, v, score, *, window, causal=False, key_padding=None, bias: Bias | None = None, dropout_p=0.0, block=None
+    q,
+    k,
+    v,
+    score,
+    *,
+    window,
+    causal=False,
+    key_padding=None,
+    bias: Bias | None = None,
+    dropout_p=0.0,
+    block=None,
+    columns: Columns | None = None,
 ):
     """Exact sliding-window self-attention in O(T * W): q, k, v (B, H, T, D), keys at |i - j| <= window.
 
@@ -225,11 +307,13 @@ def local_attention(
     Keys and values are laid out once, head-major, with every row padded to N * b positions, and each tile's
     neighbourhood is an overlapping view of that layout (``unfold``): no copy per neighbouring tile. A
     neighbourhood that crosses into the next row only reads keys the position mask excludes. ``block``
-    forces tiles of that size (no fall-back to full attention).
+    forces tiles of that size (no fall-back to full attention). ``columns``: extra keys (Longformer's global
+    keys) added to every tile, masked per query as their term says.
     """
     B, H, T, D = q.shape
     if window >= T - 1:  # the window covers the whole sequence: this is full attention
-        return full_attention(q, k, v, score, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p)
+        kw = dict(causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p, columns=columns)
+        return full_attention(q, k, v, score, **kw)
     b = block or tile_size(window, T)
     N = -(-T // b)
     back = -(-window // b)  # neighbouring tiles on each side that hold keys within the window
@@ -249,6 +333,7 @@ def local_attention(
             bias=bias,
             allowed=band(T, window, q.device),
             dropout_p=dropout_p,
+            columns=columns,
         )
     R = N * b  # padded row length
     L = back * b + B * R + ahead * b
@@ -284,7 +369,10 @@ def local_attention(
         allowed = allowed.repeat(B, 1, 1)
     allowed = _unstarve(allowed)[:, None]  # (B * N, 1, b, K); queries past the end stay finite
     b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)
-    out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, Dv)
+    if columns is None:
+        out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, Dv)
+    else:  # the global keys as G more columns of every tile (a copy of the tiles' keys: K + G per query)
+        out = _with_columns(qt, kt, vt, score, allowed, b_, _tiled_columns(columns, N, b), dropout_p)
     Dv = out.shape[-1]
     return out.view(B, N, H, b, Dv).transpose(1, 2).reshape(B, H, R, Dv)[:, :, :T]
 
@@ -302,24 +390,16 @@ def dilated_attention(
     bias: Bias | None = None,
     dropout_p=0.0,
     block=None,
+    columns: Columns | None = None,
 ):
     """Keys at distance <= window*dilation that are multiples of dilation: local attention on each of the
-    ``dilation`` interleaved residue classes, in O(T * W). ``block`` forces tiles of that size."""
+    ``dilation`` interleaved residue classes, in O(T * W). ``block`` forces tiles of that size; ``columns``: extra
+    keys every class's queries may see (Longformer's global keys, from every class)."""
     B, H, T, D = q.shape
     d = dilation
+    kw = dict(window=window, causal=causal, dropout_p=dropout_p, block=block)
     if d == 1:
-        return local_attention(
-            q,
-            k,
-            v,
-            score,
-            window=window,
-            causal=causal,
-            key_padding=key_padding,
-            bias=bias,
-            dropout_p=dropout_p,
-            block=block,
-        )
+        return local_attention(q, k, v, score, key_padding=key_padding, bias=bias, columns=columns, **kw)
     M = -(-T // d)
     extra = M * d - T
     if extra:
@@ -329,21 +409,23 @@ def dilated_attention(
         key_padding = F.pad(key_padding, (0, extra), value=True)
 
     def split(t):  # (B, H, M*d, D) -> (B*d, H, M, D): position m*d + r goes to class r, index m
-        E = t.shape[-1]
-        return t.view(B, H, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, H, M, E)
+        h, E = t.shape[1], t.shape[-1]
+        return t.view(B, h, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, h, M, E)
 
     kp = None if key_padding is None else key_padding.view(B, M, d).transpose(1, 2).reshape(B * d, M)
+    if columns is not None:  # every class sees the same global keys; their terms follow their queries
+        k_g, v_g, add = columns
+        add = split(F.pad(add.expand(B, -1, -1, -1), (0, 0, 0, M * d - T)))
+        columns = (k_g.repeat_interleave(d, 0), v_g.repeat_interleave(d, 0), add)
     out = local_attention(
         split(q),
         split(k),
         split(v),
         score,
-        window=window,
-        causal=causal,
         key_padding=kp,
         bias=None if bias is None else (lambda dist: bias(dist * d)),  # distances within a class are in steps of d
-        dropout_p=dropout_p,
-        block=block,
+        columns=columns,
+        **kw,
     )  # (B*d, H, M, D)
     Dv = out.shape[-1]
     out = out.view(B, d, H, M, Dv).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, Dv)

@@ -15,6 +15,13 @@ Built in:
   dilated  Longformer (Beltagy et al. 2020, sections 3.1 and 4.2): dilation per head; head h sees keys at
            distances that are multiples of d_h up to W * d_h. Heads with d_h = 1 are plain local heads;
            ``ModelConfig.attention_layers`` resolves d_h for every layer and head from the config.
+
+Global tokens (Longformer section 3.1, ``LayerAttention.global_tokens``): in a windowed layer of a bidirectional
+stack, these positions attend to every key and every query attends to them, in every head. The tiled kernels add
+the G global keys as G more columns of every tile (masked where a window already holds them) and compute the G
+global queries as one small dense call whose rows replace theirs (``kernels.global_columns``, ``global_rows``):
+every query keeps one softmax, so nothing is merged, and the cost stays O(T * (W + G)). FlexAttention adds them to
+its mask (rows and columns of blocks).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 
 from models import flex
 from models.config import LayerAttention
-from models.kernels import dilated_attention, full_attention, local_attention
+from models.kernels import dilated_attention, full_attention, global_columns, global_rows, local_attention
 from models.registry import PATTERNS
 from models.traits import DilatedTraits, LocalTraits, PatternTraits
 
@@ -35,6 +42,22 @@ class Pattern(PatternTraits):
         self.layer = layer
         self.window = layer.window
         self.dilations = layer.dilations
+        self._on: dict = {}  # small index tensors per device, copied once (a copy per step would wait for it)
+
+    def _tensor(self, key, make, device) -> torch.Tensor:
+        if (key, device) not in self._on:
+            self._on[key, device] = make().to(device)
+        return self._on[key, device]
+
+    def global_index(self, q: torch.Tensor, causal: bool) -> torch.Tensor | None:
+        """(G,) the global positions within this sequence, or None (none, or a window that covers it all)."""
+        T = q.shape[-2]
+        keep = tuple(t for t in self.layer.global_tokens if t < T)
+        if not keep or (self.window is not None and max(self.dilations) == 1 and self.window >= T - 1):
+            return None
+        if causal:
+            raise ValueError("global tokens attend to every key: they need a bidirectional (not causal) layer")
+        return self._tensor(("global", keep), lambda: torch.tensor(keep), q.device)
 
     @classmethod
     def plain(cls, n_heads: int) -> Pattern:
@@ -51,6 +74,10 @@ class Pattern(PatternTraits):
         """q (B, H, T, D), k, v (B, H, S, D) of one sequence (queries aligned to the last keys)."""
         T, S = q.shape[-2], k.shape[-2]
         dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
+        allowed, idx = self.allowed(dist), self.global_index(q, causal)
+        if allowed is not None and idx is not None:  # global rows and columns: every key, every query
+            g = torch.zeros(S, dtype=torch.bool, device=q.device).index_fill(0, idx, True)
+            allowed = allowed | g[None, None, :] | g[None, -T:, None]
         return full_attention(
             q,
             k,
@@ -59,7 +86,7 @@ class Pattern(PatternTraits):
             causal=causal,
             key_padding=key_padding,
             bias=bias,
-            allowed=self.allowed(dist),
+            allowed=allowed,
             dropout_p=dropout_p,
         )
 
@@ -87,14 +114,26 @@ class LocalPattern(LocalTraits, Pattern):
         return (dist.abs() <= self.window)[None]
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        idx = self.global_index(q, causal)
         if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
-            return self._flex(q, k, v, score, causal, key_padding, bias)
-        return local_attention(
-            q, k, v, score, window=self.window, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p
+            return self._flex(q, k, v, score, causal, key_padding, bias, idx)
+        columns = None if idx is None else global_columns(q, k, v, idx, self.allowed, key_padding, bias)
+        out = local_attention(
+            q,
+            k,
+            v,
+            score,
+            window=self.window,
+            causal=causal,
+            key_padding=key_padding,
+            bias=bias,
+            dropout_p=dropout_p,
+            columns=columns,
         )
+        return out if idx is None else global_rows(out, q, k, v, score, idx, key_padding, bias, dropout_p)
 
-    def _flex(self, q, k, v, score, causal, key_padding, bias):
-        """Every head in one FlexAttention call (CUDA; ``models.flex``)."""
+    def _flex(self, q, k, v, score, causal, key_padding, bias, idx):
+        """Every head in one FlexAttention call (CUDA; ``models.flex``), global tokens in its mask."""
         return flex.window_attention(
             q,
             k,
@@ -105,10 +144,13 @@ class LocalPattern(LocalTraits, Pattern):
             causal=causal,
             key_padding=key_padding,
             bias=bias,
+            global_tokens=() if idx is None else tuple(t for t in self.layer.global_tokens if t < q.shape[-2]),
         )
 
     def context(self, length: int, causal: bool) -> float:
-        return min(super().context(length, causal), self.window + 1 if causal else 2 * self.window + 1)
+        """The window's keys, plus the G global keys, plus the global queries' rows (G x length, over the queries)."""
+        window = min(super().context(length, causal), self.window + 1 if causal else 2 * self.window + 1)
+        return min(float(length), window + 2 * len([t for t in self.layer.global_tokens if t < length]))
 
 
 @PATTERNS.register("dilated")
@@ -126,20 +168,16 @@ class DilatedPattern(DilatedTraits, LocalPattern):
         self.groups = sorted(groups.items(), key=lambda item: item[1][0])  # [(d, heads)], by first head
         order = [h for _, heads in self.groups for h in heads]
         self.order = None if order == sorted(order) else torch.tensor(order).argsort()
-        self._on: dict = {}  # small index tensors per device, copied once (a copy per step would wait for it)
-
-    def _tensor(self, key, make, device) -> torch.Tensor:
-        if (key, device) not in self._on:
-            self._on[key, device] = make().to(device)
-        return self._on[key, device]
 
     def allowed(self, dist):
         d = self._tensor("d", lambda: torch.tensor(self.dilations).view(-1, 1, 1), dist.device)  # (H, 1, 1)
         return (dist.abs() <= self.window * d) & (dist % d == 0)
 
     def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+        g = self.global_index(q, causal)
         if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
-            return self._flex(q, k, v, score, causal, key_padding, bias)
+            return self._flex(q, k, v, score, causal, key_padding, bias, g)
+        columns = None if g is None else global_columns(q, k, v, g, self.allowed, key_padding, bias)  # every head
         outs = []
         for d, heads in self.groups:
             if len(self.groups) == 1:
@@ -149,6 +187,7 @@ class DilatedPattern(DilatedTraits, LocalPattern):
             else:
                 idx = self._tensor(d, lambda heads=heads: torch.tensor(heads), q.device)
             group_bias = None if bias is None else (lambda dist, idx=idx: bias(dist)[idx])
+            group_columns = None if columns is None else tuple(t[:, idx] for t in columns)
             outs.append(
                 dilated_attention(
                     q[:, idx],
@@ -161,10 +200,12 @@ class DilatedPattern(DilatedTraits, LocalPattern):
                     key_padding=key_padding,
                     bias=group_bias,
                     dropout_p=dropout_p,
+                    columns=group_columns,
                 )
             )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        return out if self.order is None else out.index_select(1, self._tensor("order", lambda: self.order, out.device))
+        out = out if self.order is None else out.index_select(1, self._tensor("order", lambda: self.order, out.device))
+        return out if g is None else global_rows(out, q, k, v, score, g, key_padding, bias, dropout_p)
 
 
 class _HeadSubset:

@@ -60,7 +60,7 @@ class Transformer(nn.Module):
         if cfg.arch == "encoder_decoder":
             dec_causal = not cfg.non_autoregressive
             self.dec_layers = nn.ModuleList(
-                DecoderLayer(cfg, la, dec_causal) for la in cfg.attention_layers(cfg.decoder_layers)
+                DecoderLayer(cfg, la, dec_causal) for la in cfg.attention_layers(cfg.decoder_layers, dec_causal)
             )
             self.dec_norm = final_norm()
             if cfg.non_autoregressive:

@@ -51,6 +51,13 @@ REFUSED = [
     ),
     ({"tie_embeddings": "yes"}, r"tie_embeddings='yes' must be true, false or null"),
     ({"norm_eps": 0}, r"norm_eps=0 must be a positive number"),
+    # Longformer's global tokens
+    ({"pattern": "local", "window": 2, "global_tokens": [-1]}, r"global_tokens=\[-1\] must be a non-empty list"),
+    ({"pattern": "local", "window": 2, "global_tokens": []}, r"global_tokens=\[\] must be a non-empty list"),
+    ({"pattern": "local", "window": 2, "global_tokens": [3, 0]}, r"global_tokens=\[3, 0\] names .* \[0, 3\]"),
+    ({"pattern": "local", "window": 2, "global_tokens": [0, 0]}, r"global_tokens=\[0, 0\] names .* \[0\]"),
+    ({"global_tokens": [0]}, r"pattern 'full' sees every key already: remove global_tokens"),
+    ({"pattern": "local", "window": 2, "global_tokens": [0]}, r"global_tokens in a causal stack \(arch='decoder'\)"),
     # windows and dilation (Longformer)
     ({"window_schedule": "increasing"}, r"window_schedule='increasing' requires pattern 'local' or 'dilated'"),
     ({"pattern": "local", "window": 2, "window_schedule": "up"}, r"window_schedule='up' is not a valid choice"),
@@ -164,3 +171,19 @@ def test_choices_come_from_the_registries():
         with pytest.raises(ConfigError) as err:
             ModelConfig(**{field: "no_such_component"})
         assert all(repr(name) in str(err.value) for name in registry), field
+
+
+def test_global_tokens_go_to_the_windowed_layers_of_bidirectional_stacks():
+    """Longformer's global attention (section 3.1) in the encoder's windowed layers; an autoregressive decoder is
+    causal and keeps none (a global token there would see the future); a non-autoregressive decoder takes them."""
+    cfg = ModelConfig(
+        arch="encoder_decoder", layer_patterns=["local", "full"], window=2, global_tokens=[0, 5], n_heads=2, d_model=8
+    )
+    assert [la.global_tokens for la in cfg.attention_layers()] == [(0, 5), ()]
+    model = Transformer(cfg)
+    assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.layers] == [(0, 5), ()]
+    assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.dec_layers] == [(), ()]
+    nat = Transformer(cfg.replace(decoding="non_autoregressive"))
+    assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in nat.dec_layers] == [(0, 5), ()]
+    assert cfg.to_dict()["global_tokens"] == [0, 5] and ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert "global_tokens" not in ModelConfig().to_dict()  # left out at its default: older cell ids stay

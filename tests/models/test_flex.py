@@ -279,6 +279,132 @@ def test_the_compiled_flex_attention_may_compile_every_variant_a_process_meets(m
         torch._dynamo.config.recompile_limit = before
 
 
+# --- Longformer's global tokens (Beltagy et al. 2020, section 3.1) -------------------------------------
+
+GLOBAL_CASES = [  # T, window, head dilations, global positions, causal
+    (150, 3, (1, 1, 1, 1), (0,), False),  # tiles (T > 64, a small window)
+    (150, 3, (1, 1, 2, 3), (0, 77, 149), False),
+    (40, 4, (1, 1, 1, 1), (0, 5), False),  # band-masked full attention (short sequence)
+    (40, 2, (1, 2, 2, 3), (3,), False),
+    (300, 9, (1, 1, 2, 2), (0, 250), False),
+    (150, 3, (1, 1), (0, 100, 200), False),  # a position past the sequence is no global token of it
+]
+
+
+def global_bands(T: int, window: int, dilations, globals_, causal: bool) -> torch.Tensor:
+    """(H, T, T) from the definition: the window of each head, or a global query (its whole row), or a global key
+    (its whole column); the causal rule on top."""
+    g = torch.zeros(T, dtype=torch.bool)
+    g[[t for t in globals_ if t < T]] = True
+    allowed = head_bands(T, window, dilations, False) | g[None, :, None] | g[None, None, :]
+    if causal:
+        allowed &= torch.ones(T, T, dtype=torch.bool).tril()
+    return allowed
+
+
+@pytest.mark.parametrize("name", ["dot", "general", "additive"])
+@pytest.mark.parametrize("T,window,dilations,globals_,causal", GLOBAL_CASES)
+def test_global_tokens_equal_a_dense_masked_reference(name, T, window, dilations, globals_, causal):
+    """The tiled kernels (global keys as extra columns of every tile, global queries as a dense call: outputs and
+    gradients) and the uncompiled FlexAttention forward (global rows and columns in its mask; dot-like scores)
+    against a softmax over the dense mask written out here, with padding and ALiBi."""
+    gen = torch.Generator().manual_seed(T + window)
+    H, D = len(dilations), 8
+    score = make_score(name, H, D)
+    q, k, v = (torch.randn(2, H, T, D, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
+    pad = torch.zeros(2, T, dtype=torch.bool)
+    pad[1, T - 7 :] = True
+    bias = ALiBi(H, causal).double().bias
+    la = LayerAttention("dilated" if max(dilations) > 1 else "local", window, tuple(dilations), tuple(globals_))
+    pattern = (DilatedPattern if max(dilations) > 1 else LocalPattern)(la)
+    ref = band_reference(name, score, q, k, v, global_bands(T, window, dilations, globals_, causal), pad, bias)
+    real = real_rows(ref, pad)
+    qp, kp = score.prepare(q, k)
+    with flex.mode("off"):
+        tiled = pattern.attend(qp, kp, v, score, causal=causal, key_padding=pad, bias=bias)
+    torch.testing.assert_close(tiled[real], ref[real], rtol=1e-9, atol=1e-10)
+    g = torch.randn(ref.shape, dtype=torch.float64, generator=gen) * real  # padding queries' outputs: ignored
+    for ours, want in zip(torch.autograd.grad(tiled, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(ours, want, rtol=1e-9, atol=1e-10)
+    with torch.no_grad():
+        if name != "additive":
+            with flex.mode("eager"):  # forward only on CPU
+                out = pattern.attend(
+                    qp.detach(), kp.detach(), v.detach(), score, causal=causal, key_padding=pad, bias=bias
+                )
+            torch.testing.assert_close(out[real], ref[real].detach(), rtol=1e-9, atol=1e-10)
+
+
+def test_global_tokens_keep_the_tiles_and_reach_every_position():
+    """The window's cost stays: no (T, T) tensor is built at 1,000 tokens with two global tokens; and the gradient
+    of a global query's output reaches every key, while a query far from every global token sees its window and
+    the global keys only."""
+    torch.manual_seed(0)
+    T, window = 1000, 4
+    pattern = LocalPattern(LayerAttention("local", window, (1, 1), (0, 500)))
+    score = SCORES["dot"](2, 8)
+    q, k, v = (torch.randn(1, 2, T, 8, requires_grad=True) for _ in range(3))
+    sizes = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    sizes.append(t.numel())
+            return out
+
+    with flex.mode("off"), Record():
+        out = pattern.attend(q, k, v, score)
+    assert max(sizes) < T * T / 4
+    (g_global,) = torch.autograd.grad(out[0, :, 0].sum(), v, retain_graph=True)
+    assert (g_global[0].abs().sum((0, 2)) > 0).all()  # a global query reads every value
+    (g_far,) = torch.autograd.grad(out[0, :, 250].sum(), v)
+    seen = (g_far[0].abs().sum((0, 2)) > 0).nonzero().flatten().tolist()
+    assert seen == [0, *range(250 - window, 250 + window + 1), 500]
+
+
+def test_block_structure_with_global_tokens_equals_torch_create_block_mask():
+    for T, window, dilations, globals_, causal, block in [
+        (256, 5, (1, 1), (0,), False, 32),
+        (250, 17, (1, 1, 2, 3), (3, 140), False, 32),
+        (201, 9, (1, 2), (200,), True, 16),
+    ]:
+        ours = flex.block_structure(T, window, dilations, causal, block=block, global_tokens=globals_)
+        H = len(dilations) if len(set(dilations)) > 1 else None
+        is_global = torch.zeros(T, dtype=torch.bool)
+        is_global[list(globals_)] = True
+        mod = flex._mask_mod(torch.tensor(window), torch.tensor(dilations), causal, None, is_global)
+        ref = create_block_mask(mod, None, H, T, T, device="cpu", BLOCK_SIZE=block)
+        assert listed(ours[0], ours[1]) == listed(ref.kv_num_blocks, ref.kv_indices)
+        assert listed(ours[2], ours[3]) == listed(ref.full_kv_num_blocks, ref.full_kv_indices)
+
+
+def test_an_encoder_classifies_from_a_first_token_that_sees_every_input():
+    """Longformer gives the classified token global attention so that it reads the whole sequence: with
+    global_tokens [0], one local layer of window 2 lets the first token's output depend on every input; without,
+    on the first three only."""
+    torch.manual_seed(1)
+    for globals_, reach in ((None, 3), ([0], 40)):
+        cfg = ModelConfig(
+            arch="encoder",
+            n_classes=3,
+            classifier="first",
+            vocab_size=20,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            pattern="local",
+            window=2,
+            global_tokens=globals_,
+        )
+        model = Transformer(cfg).double()
+        x = model.embed(torch.randint(1, 20, (1, 40))).detach().requires_grad_()
+        model.embed.register_forward_hook(lambda module, inputs, output, x=x: x)  # gradients reach the embeddings
+        (g,) = torch.autograd.grad(model(torch.zeros(1, 40, dtype=torch.long)).sum(), x)
+        assert (g[0].abs().sum(-1) > 0).sum().item() == reach
+
+
 # --- CUDA ----------------------------------------------------------------------------------------------
 
 
@@ -339,6 +465,32 @@ def test_cuda_flex_outputs_and_gradients_equal_the_tiled_kernels(name, causal):
                 results.append((out[real], *grads))
         for ours, tiled in zip(*results):
             torch.testing.assert_close(ours, tiled, rtol=2e-4, atol=2e-4)
+
+
+@cuda
+@pytest.mark.parametrize("dilations", [(1, 1, 1, 1), (1, 1, 2, 3)])
+def test_cuda_flex_with_global_tokens_equals_the_tiled_kernels(dilations):
+    """Longformer's global tokens on CUDA: outputs and gradients of q, k, v equal the tiled kernels', with
+    padding and ALiBi, at a length across block boundaries (global rows and columns in several blocks)."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+    H, D, T = 4, 64, 700
+    pattern = pattern_for(40, dilations)
+    pattern = type(pattern)(LayerAttention(pattern.layer.pattern, 40, dilations, (0, 130, 699)))
+    score = make_score("dot", H, D).float().to(dev)
+    q, k, v = (torch.randn(2, H, T, D, generator=gen).to(dev).requires_grad_() for _ in range(3))
+    pad = torch.zeros(2, T, dtype=torch.bool, device=dev)
+    pad[1, 600:] = True
+    bias = ALiBi(H, False).to(dev).bias
+    g = torch.randn(2, H, T, D, generator=gen).to(dev)
+    results = []
+    for mode in ("off", "auto"):
+        with flex.mode(mode):
+            out = pattern.attend(q, k, v, score, key_padding=pad, bias=bias)
+            real = real_rows(out, pad)
+            results.append((out[real], *torch.autograd.grad(out, (q, k, v), g * real)))
+    for ours, tiled in zip(*results):
+        torch.testing.assert_close(ours, tiled, rtol=2e-4, atol=2e-4)
 
 
 @cuda
