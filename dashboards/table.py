@@ -813,29 +813,23 @@ def _cost(key: str, x: float) -> str:
 
 
 def family_text(t: Table) -> str:
-    a = t.analysis
-    n = len(t.family)
-    if (
-        a.contrasts is None
-        or a.contrasts.pairs == "baseline"
-        and not (a.contrasts.main_effects or a.contrasts.interactions)
-    ):
-        what = "each variant against the baseline"
-    else:
-        parts = []
-        pairs = [c for c in t.family if c.kind == "pair"]
-        if pairs:
-            parts.append(f"{len(pairs)} declared pair(s)")
-        for kind, word in (("main", "main effect(s)"), ("interaction", "interaction(s)")):
-            k = sum(c.kind == kind for c in t.family)
-            if k:
-                parts.append(f"{k} {word}")
-        what = ", ".join(parts) or "nothing declared"
-    return f"{n} contrast(s): {what}"
+    """The family's size and what is in it (declared, or the default: each variant against the baseline, or a
+    grid's main effects and interactions)."""
+    parts = []
+    pairs = [c for c in t.family if c.kind == "pair"]
+    every = {c.a for c in pairs} == {r.variant for r in t.rows} - {t.baseline} and all(c.b == t.baseline for c in pairs)
+    if pairs:
+        parts.append("each variant against the baseline" if every else f"{len(pairs)} declared pair(s)")
+    for kind, word in (("main", "main effect(s)"), ("interaction", "interaction(s)")):
+        k = sum(c.kind == kind for c in t.family)
+        if k:
+            parts.append(f"{k} {word}")
+    default = " (the default)" if t.analysis.contrasts is None and t.family else ""
+    return f"{len(t.family)} contrast(s): {', '.join(parts) or 'nothing declared'}{default}"
 
 
 def smallest_p_text(t: Table) -> str:
-    ns = sorted({c.n for c in t.family if c.kind == "pair" and c.n > 0})
+    ns = sorted({c.n for c in t.family if c.n > 0})
     if not ns:
         return ""
     if t.analysis.test == "t":
@@ -863,7 +857,7 @@ def legend(t: Table) -> list[str]:
         'not the verdict\'s); "same in all n seeds": no spread, no interval; "k of n imputed": seeds whose value '
         "was imputed for a failure under the rule; where every seed of a side was imputed, no interval is shown "
         "(its spread would be the other side's alone).",
-        f"p: {test}, two-sided, Holm-corrected over the declared family of {family_text(t)}"
+        f"p: {test}, two-sided, Holm-corrected over the family of {family_text(t)}"
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
         + "; after Δ, where the verdict is different: * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
         + (

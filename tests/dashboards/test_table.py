@@ -190,7 +190,7 @@ def test_the_declared_family_is_exactly_what_holm_corrects(store, tmp_path):
     assert all(not c.in_family and c.verdict == "not in the family" for c in rows.values())
     md = to_markdown(table)
     assert "Declared contrasts:" in md and "| norm=post warmup=0 vs norm=pre warmup=0 |" in md
-    assert "declared family of 2 contrast(s): 1 declared pair(s), 1 main effect(s)" in md
+    assert "family of 2 contrast(s): 1 declared pair(s), 1 main effect(s)" in md
     effects = {c.label: c for c in table.effects}
     assert not effects["model.norm x training.warmup: post x 0 vs pre x 100"].in_family  # not declared
     report = make_report(store, "fam", out_dir=tmp_path / "r", log=False)
