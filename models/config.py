@@ -26,7 +26,10 @@ ARCHS = ("encoder", "decoder", "encoder_decoder")
 NORM_PLACEMENTS = ("pre", "post")
 CLASSIFIERS = ("mean", "first", "token")
 SCHEDULES = ("fixed", "increasing", "decreasing")
-DECODINGS = ("autoregressive", "non_autoregressive")
+# autoregressive; nat: Gu et al. (2018)'s Non-Autoregressive Transformer (decoder inputs copied uniformly from the
+# source embeddings, one pass); mask_predict: Ghazvininejad et al. (2019) ([MASK] inputs, a conditional masked LM,
+# nat_iterations passes at evaluation)
+DECODINGS = ("autoregressive", "nat", "mask_predict")
 # Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
 # keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
 OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True, "global_tokens": None}
@@ -180,9 +183,10 @@ class ModelConfig:
     # Additive scores hold at most this many elements of (query, key, dimension) intermediates at a time
     # (2^20: 4 MB blocks, within 1% of the fastest on CPU; raise it on GPUs, where larger blocks mean fewer launches).
     chunk_elements: int = 1 << 20
-    # encoder_decoder: autoregressive (left to right) or non_autoregressive (Gu et al. 2018: the length is
-    # predicted from the encoder, every target position in parallel; mask-predict refinement when
-    # nat_iterations > 1, Ghazvininejad et al. 2019).
+    # encoder_decoder: autoregressive (left to right), or every target position at once from a predicted length:
+    # ``nat`` (Gu et al. 2018: the decoder reads the source embeddings copied uniformly, one pass) or
+    # ``mask_predict`` (Ghazvininejad et al. 2019: [MASK] inputs, trained as a conditional masked LM; nat_iterations
+    # passes at evaluation, which leave the training unchanged).
     decoding: str = "autoregressive"
     nat_iterations: int = 1
 
@@ -232,7 +236,8 @@ class ModelConfig:
 
     @property
     def non_autoregressive(self) -> bool:
-        return self.decoding == "non_autoregressive"
+        """Every target position predicted at once (``nat`` or ``mask_predict``)."""
+        return self.decoding != "autoregressive"
 
     @property
     def dot_like_score(self) -> bool:
@@ -307,6 +312,12 @@ class ModelConfig:
         _choice("classifier", self.classifier, CLASSIFIERS)
         _choice("window_schedule", self.window_schedule, SCHEDULES)
         _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
+        if self.decoding == "non_autoregressive":  # what it meant is mask_predict's model, under Gu et al.'s name
+            raise ConfigError(
+                "decoding='non_autoregressive' named one-pass mask-predict after Gu et al. (2018); say which paper: "
+                "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat' "
+                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)"
+            )
         _choice("decoding", self.decoding, DECODINGS)
         for name in (
             "vocab_size",
@@ -375,15 +386,16 @@ class ModelConfig:
                     raise ConfigError(f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it")
             if self.non_autoregressive:
                 raise ConfigError(
-                    f"decoding='non_autoregressive' predicts a target from a source and needs arch='encoder_decoder' "
+                    f"decoding={self.decoding!r} predicts a target from a source and needs arch='encoder_decoder' "
                     f"(got arch={self.arch!r}); use decoding='autoregressive'"
                 )
         if self.arch == "encoder_decoder" and self.tgt_vocab_size is not None and self.pad_id >= self.tgt_vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}")
-        if self.nat_iterations > 1 and not self.non_autoregressive:
+        if self.nat_iterations > 1 and self.decoding != "mask_predict":
             raise ConfigError(
-                f"nat_iterations={self.nat_iterations} refines non-autoregressive outputs (mask-predict); "
-                "it needs decoding='non_autoregressive'"
+                f"nat_iterations={self.nat_iterations} is the number of mask-predict passes at evaluation "
+                f"(Ghazvininejad et al. 2019); it needs decoding='mask_predict' (got decoding={self.decoding!r}"
+                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")")
             )
 
         self._validate_patterns(registries["pattern"])
@@ -558,6 +570,8 @@ class ModelConfig:
             self.score if self.qk_projections else f"{self.score}-states",
         ]
         parts.append(self.pattern if self.window is None else f"{self.pattern}{self.window}")
-        if self.non_autoregressive:
-            parts.append(f"nat{self.nat_iterations}")
+        if self.decoding == "nat":
+            parts.append("nat")
+        elif self.decoding == "mask_predict":
+            parts.append(f"maskpredict{self.nat_iterations}")
         return "-".join(parts)

@@ -1,12 +1,12 @@
 """The LightningModule: losses for every arch, AdamW with warm-up schedules, scheduled sampling, a
 divergence guard, and metrics of quality and cost.
 
-Non-autoregressive seq2seq models (``decoding='non_autoregressive'``) train on the target tokens behind
-[MASK] inputs plus ``length_loss_weight`` times the loss of the length predictor (Gu et al. 2018): every
-position is masked when ``nat_iterations`` is 1 (one parallel pass, as at inference), and a uniformly
-drawn number of random positions otherwise (the conditional masked LM of mask-predict, Ghazvininejad et
-al. 2019). Validation scores every position from an all-[MASK] input and reports ``length_acc``; exact
-match decodes with ``Transformer.generate`` (mask-predict).
+Non-autoregressive seq2seq models train on every target position at once plus ``length_loss_weight`` times the
+loss of the length predictor: ``decoding='nat'`` (Gu et al. 2018) from the source embeddings copied uniformly to
+the target's length, every position scored; ``decoding='mask_predict'`` (Ghazvininejad et al. 2019, section 3.1)
+as a conditional masked LM: a uniformly drawn number of random positions behind [MASK], those scored, whatever
+``nat_iterations`` (the passes at evaluation only). Validation scores every position (all-[MASK] inputs for
+mask-predict) and reports ``length_acc``; exact match decodes with ``Transformer.generate``.
 
 Notation: B batch, T target length, S source length, V vocabulary.
 
@@ -144,7 +144,7 @@ class LitTransformer(L.LightningModule):
             self.model.compile()  # in place: parameter names (and checkpoints) stay those of the model
         if training.sampling == "scheduled" and model.non_autoregressive:
             raise ConfigError(
-                "sampling='scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' "
+                f"sampling='scheduled' feeds a decoder its own earlier predictions; decoding={model.decoding!r} "
                 "has none (use sampling='teacher_forcing')"
             )
 
@@ -188,7 +188,7 @@ class LitTransformer(L.LightningModule):
                     f"a target of {int(lengths.max())} tokens exceeds max_len={self.cfg.max_len}, the longest length "
                     "the non-autoregressive length predictor knows; raise model.max_len"
                 )
-        if sample_masks and self.cfg.nat_iterations > 1:  # n ~ U{1..length} random positions (mask-predict)
+        if sample_masks and self.cfg.decoding == "mask_predict":  # n ~ U{1..length} random positions (CMLM)
             n = (torch.rand(lengths.shape, device=src.device) * lengths).long() + 1
             order = torch.rand(target.shape, device=src.device).masked_fill(tpad, 2.0).argsort(1).argsort(1)
             masked = (order < n[:, None]) & ~tpad

@@ -6,14 +6,15 @@ N new tokens at most.
 arch ``encoder``          tokens (B, T) -> class logits (B, n_classes) or per-token (B, T, n_classes)
 arch ``decoder``          tokens (B, T) -> next-token logits (B, T, V), causal
 arch ``encoder_decoder``  source (B, S), target (B, T) -> next-token logits (B, T, V); with
-                          ``decoding='non_autoregressive'`` the decoder is not causal, its inputs are target
-                          tokens or a learned [MASK] embedding, and a length head reads the encoder
-                          (Gu et al. 2018; Ghazvininejad et al. 2019)
+                          ``decoding='nat'`` or ``'mask_predict'`` a length head reads the encoder and the
+                          decoder, not causal, predicts every position at once from the source embeddings
+                          copied uniformly (Gu et al. 2018) or from target tokens and a learned [MASK]
+                          embedding (Ghazvininejad et al. 2019)
 
 Padding masks are boolean, True at padding. A causal stack does not need the padding of a right-padded
 batch: padding keys come after every real query and are never seen by one.
 
-Decoding (``generate``, ``greedy``, ``beam_search``, ``mask_predict``) reuses a key/value cache per layer
+Decoding (``generate``, ``greedy``, ``beam_search``; ``parallel_decode`` for the others) reuses a key/value cache per layer
 (``models.attention.KVCache``); prompts of different lengths are batched by left padding
 (``prompt_padding``), each token then at its own position (``position_ids``).
 """
@@ -65,6 +66,7 @@ class Transformer(nn.Module):
             self.dec_norm = final_norm()
             if cfg.non_autoregressive:
                 self.length_head = nn.Linear(C, cfg.max_len + 1)  # target lengths 0 .. max_len
+            if cfg.decoding == "mask_predict":
                 self.mask_embed = nn.Parameter(torch.empty(C))  # the [MASK] input of every unknown position
         if cfg.arch == "encoder":
             self.head = nn.Linear(C, cfg.n_classes)
@@ -97,8 +99,10 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _embed(self, table: nn.Embedding, tokens, start: int = 0, position_ids=None, masked=None) -> torch.Tensor:
-        x = table(tokens)  # (B, T, C)
+    def _embed(
+        self, table: nn.Embedding, tokens, start: int = 0, position_ids=None, masked=None, copied=None
+    ) -> torch.Tensor:
+        x = table(tokens) if copied is None else copied  # (B, T, C); Gu et al.'s NAT: copied source embeddings
         if masked is not None:  # non-autoregressive decoding: unknown positions get the [MASK] embedding
             x = torch.where(masked[..., None], self.mask_embed.to(x.dtype), x)
         return self.emb_dropout(self.positions(x * self.emb_scale, start, position_ids))
@@ -111,9 +115,18 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def _decode(
-        self, tokens, memory, memory_padding=None, padding=None, start=0, cache=None, position_ids=None, masked=None
+        self,
+        tokens,
+        memory,
+        memory_padding=None,
+        padding=None,
+        start=0,
+        cache=None,
+        position_ids=None,
+        masked=None,
+        copied=None,
     ) -> torch.Tensor:
-        x = self._embed(self.tgt_embed, tokens, start, position_ids, masked)
+        x = self._embed(self.tgt_embed, tokens, start, position_ids, masked, copied)
         for i, layer in enumerate(self.dec_layers):
             x = layer(
                 x,
@@ -150,8 +163,8 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """encoder: tokens -> class logits; decoder: tokens -> logits; encoder_decoder: (source, target)
         -> logits. ``padding`` (B, T) and ``target_padding`` (B, T) are True at padding. Non-autoregressive:
-        ``target`` holds the known target tokens and ``target_masked`` (B, T) is True where the input is
-        [MASK] (default: every position); the logits predict every target position."""
+        the logits predict every target position; ``nat`` reads only the target's length (and padding),
+        ``mask_predict`` its known tokens, [MASK] where ``target_masked`` (B, T) is True (default: everywhere)."""
         arch = self.cfg.arch
         if arch == "decoder":
             return self._causal(tokens, padding)
@@ -160,9 +173,7 @@ class Transformer(nn.Module):
                 raise ValueError("arch='encoder_decoder' needs the target tokens: model(source, target)")
             memory = self.encode(tokens, padding)
             if self.cfg.non_autoregressive:
-                if target_masked is None:
-                    target_masked = torch.ones_like(target, dtype=torch.bool)
-                return self._decode(target, memory, padding, target_padding, masked=target_masked)
+                return self._parallel_logits(tokens, memory, padding, target, target_padding, target_masked)
             return self._decode(target, memory, padding, target_padding)
         h = self.encode(tokens, padding)  # (B, T, C)
         if self.cfg.classifier == "token":
@@ -179,7 +190,7 @@ class Transformer(nn.Module):
         """Logits (B, max_len + 1) of the target length, from the mean of the encoder output over real
         source tokens (fairseq's NAT length predictor)."""
         if not self.cfg.non_autoregressive:
-            raise ValueError("predict_length needs decoding='non_autoregressive'")
+            raise ValueError("predict_length needs decoding 'nat' or 'mask_predict'")
         if padding is None:
             pooled = memory.mean(dim=1)
         else:
@@ -187,18 +198,52 @@ class Transformer(nn.Module):
             pooled = (memory * keep).sum(1) / keep.sum(1).clamp(min=1.0)
         return self.length_head(pooled)
 
+    def uniform_copy(
+        self, source: torch.Tensor, padding: torch.Tensor | None, lengths: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        """Gu et al. (2018, section 3.1), uniform copy: decoder input t of a target of length T' is the embedding of
+        source token Round(t (S - 1) / (T' - 1)), S the source's real length (sources are right-padded; fairseq's
+        ``_uniform_assignment``; token 0 when T' = 1). (B, width, C), unscaled like the table it reads."""
+        B, S = source.shape
+        src_len = torch.full((B,), S, device=source.device) if padding is None else S - padding.sum(1)
+        step = (src_len - 1).double() / (lengths - 1).clamp(min=1).double()
+        t = torch.arange(width, device=source.device, dtype=torch.float64)
+        idx = torch.round(step[:, None] * t[None, :]).long()
+        idx = torch.minimum(idx, (src_len - 1).clamp(min=0)[:, None])  # target padding: any real token
+        return self.embed(source.gather(1, idx))
+
+    def _parallel_logits(self, source, memory, padding, target, target_padding=None, target_masked=None):
+        """The non-autoregressive decoder's logits (B, T, V): ``nat`` reads the source embeddings copied to the
+        target's length, ``mask_predict`` the target tokens with [MASK] where ``target_masked`` (default: all)."""
+        if self.cfg.decoding == "nat":
+            T = target.shape[1]
+            lengths = T - target_padding.sum(1) if target_padding is not None else torch.full_like(target[:, 0], T)
+            copied = self.uniform_copy(source, padding, lengths, T)
+            return self._decode(target, memory, padding, target_padding, copied=copied)
+        if target_masked is None:
+            target_masked = torch.ones_like(target, dtype=torch.bool)
+        return self._decode(target, memory, padding, target_padding, masked=target_masked)
+
     def parallel_forward(self, source, target, *, padding=None, target_padding=None, target_masked=None):
         """Non-autoregressive training pass: (token logits (B, T, V), length logits (B, max_len + 1))."""
         if not self.cfg.non_autoregressive:
-            raise ValueError("parallel_forward needs decoding='non_autoregressive'")
+            raise ValueError("parallel_forward needs decoding 'nat' or 'mask_predict'")
         memory = self.encode(source, padding)
-        if target_masked is None:
-            target_masked = torch.ones_like(target, dtype=torch.bool)
-        logits = self._decode(target, memory, padding, target_padding, masked=target_masked)
+        logits = self._parallel_logits(source, memory, padding, target, target_padding, target_masked)
         return logits, self.predict_length(memory, padding)
 
+    def _lengths(self, memory, padding, max_length: int | None) -> torch.Tensor:
+        """Predicted target lengths (B,), at least 1: a predicted length of 0 is decoded as 1, as Ghazvininejad et
+        al.'s reference code raises its length candidates to its minimum (an empty output is never decoded)."""
+        lengths = self.predict_length(memory, padding).argmax(-1)
+        if max_length is not None:
+            if max_length < 1:
+                raise ValueError(f"max_length={max_length} must be at least 1 (a predicted length is at least 1)")
+            lengths = lengths.clamp(max=max_length)
+        return lengths.clamp(min=1)
+
     @torch.no_grad()
-    def mask_predict(
+    def parallel_decode(
         self,
         source: torch.Tensor,
         source_padding: torch.Tensor | None = None,
@@ -207,45 +252,58 @@ class Transformer(nn.Module):
         max_length: int | None = None,
         eos_id: int | None = None,
     ) -> torch.Tensor:
-        """Predict the length, then every target token in parallel; with ``iterations`` T > 1 (default
-        ``nat_iterations``), mask-predict: at iteration t = 1 .. T-1 the n = L (T - t) / T least confident
-        tokens are masked again and predicted anew (Ghazvininejad et al. 2019, section 3.2).
+        """Predict the length (at least 1), then every target token at once: ``nat`` in one pass from the copied
+        source (Gu et al. 2018); ``mask_predict`` from [MASK] inputs, then ``iterations`` T - 1 refinements
+        (default ``nat_iterations``; Ghazvininejad et al. 2019, section 3.2, ``_refine``).
 
         Returns (B, L_max + 1): the tokens, then ``eos_id`` (when given) and padding, as ``greedy`` does.
         """
         if not self.cfg.non_autoregressive:
-            raise ValueError("mask_predict needs decoding='non_autoregressive'")
+            raise ValueError("parallel_decode needs decoding 'nat' or 'mask_predict'")
         T_iter = self.cfg.nat_iterations if iterations is None else iterations
-        pad_id = self.cfg.pad_id
+        if T_iter < 1 or (self.cfg.decoding == "nat" and T_iter != 1):
+            raise ValueError(f"iterations={T_iter}: 'nat' decodes in one pass, 'mask_predict' in at least one")
         memory = self.encode(source, source_padding)
-        lengths = self.predict_length(memory, source_padding).argmax(-1)  # (B,)
-        if max_length is not None:
-            lengths = lengths.clamp(max=max_length)
-        B = source.shape[0]
-        L = max(1, int(lengths.max()))  # one synchronisation: the width of the output
-        dev = source.device
+        lengths = self._lengths(memory, source_padding, max_length)  # (B,)
+        B, L, dev = source.shape[0], int(lengths.max()), source.device  # one synchronisation: the output's width
         pad = torch.arange(L, device=dev)[None, :] >= lengths[:, None]  # (B, L)
-        tokens = torch.full((B, L), pad_id, dtype=torch.long, device=dev)
-        masked = ~pad
+        copied = self.uniform_copy(source, source_padding, lengths, L) if self.cfg.decoding == "nat" else None
 
-        def predict(tokens, masked):
-            logits = self._decode(tokens, memory, source_padding, pad, masked=masked).float()
-            logits[..., pad_id] = NEG_INF  # never generate the padding token
-            return torch.log_softmax(logits, -1).max(-1)  # (B, L) confidence, token
+        def predict(tokens, masked, rows=None):  # (confidence, token) (b, L) of the rows given (None: all)
+            pick = (lambda t: t) if rows is None else (lambda t: None if t is None else t.index_select(0, rows))
+            logits = self._decode(
+                tokens, pick(memory), pick(source_padding), pick(pad), masked=masked, copied=pick(copied)
+            ).float()
+            logits[..., self.cfg.pad_id] = NEG_INF  # never generate the padding token
+            return torch.log_softmax(logits, -1).max(-1)
 
-        probs, tokens = predict(tokens, masked)
-        for t in range(1, T_iter):
-            n = torch.div(lengths * (T_iter - t), T_iter, rounding_mode="floor")  # (B,)
-            rank = probs.masked_fill(pad, float("inf")).argsort(1).argsort(1)  # 0 = least confident
-            masked = (rank < n[:, None]) & ~pad
-            new_p, new_t = predict(tokens, masked)
-            tokens = torch.where(masked, new_t, tokens)
-            probs = torch.where(masked, new_p, probs)
-        out = torch.full((B, L + 1), pad_id, dtype=torch.long, device=dev)
-        out[:, :L] = tokens.masked_fill(pad, pad_id)
+        tokens = torch.full((B, L), self.cfg.pad_id, dtype=torch.long, device=dev)
+        probs, tokens = predict(tokens, None if copied is not None else ~pad)
+        if T_iter > 1:
+            tokens = self._refine(predict, tokens, probs, pad, lengths, T_iter)
+        out = torch.full((B, L + 1), self.cfg.pad_id, dtype=torch.long, device=dev)
+        out[:, :L] = tokens.masked_fill(pad, self.cfg.pad_id)
         if eos_id is not None:
             out[torch.arange(B, device=dev), lengths] = eos_id
         return out
+
+    @staticmethod
+    def _refine(predict, tokens, probs, pad, lengths, T_iter: int) -> torch.Tensor:
+        """Mask-predict's iterations t = 1 .. T-1: the n = max(1, floor(L (T - t) / T)) least confident tokens are
+        masked and predicted again (Ghazvininejad et al.'s reference code masks at least one; integer arithmetic
+        here, where its floating point can round L (1 - t/T) down by one). A target of length 1 would be re-masked
+        whole, its first pass's input again: its row is never passed through the decoder again."""
+        rows = (lengths > 1).nonzero().flatten()
+        if rows.numel() == 0:
+            return tokens
+        tok, prob, rpad, n_tokens = tokens[rows], probs[rows], pad[rows], lengths[rows]
+        for t in range(1, T_iter):
+            n = torch.div(n_tokens * (T_iter - t), T_iter, rounding_mode="floor").clamp(min=1)  # (b,)
+            rank = prob.masked_fill(rpad, float("inf")).argsort(1).argsort(1)  # 0 = least confident
+            masked = (rank < n[:, None]) & ~rpad
+            new_p, new_t = predict(tok, masked, rows)
+            tok, prob = torch.where(masked, new_t, tok), torch.where(masked, new_p, prob)
+        return tokens.index_copy(0, rows, tok)
 
     # -- head ablation (Michel et al. 2019) -----------------------------------------------------
     def attention_modules(self) -> Iterator[tuple[str, MultiHeadAttention]]:
@@ -293,8 +351,8 @@ class Transformer(nn.Module):
             raise ValueError(f"{what} needs arch 'decoder' or 'encoder_decoder'")
         if self.cfg.non_autoregressive:
             raise ValueError(
-                f"{what} decodes left to right; this model has decoding='non_autoregressive': use "
-                "model.mask_predict(source) or model.generate(source=...)"
+                f"{what} decodes left to right; this model has decoding={self.cfg.decoding!r}: use "
+                "model.parallel_decode(source) or model.generate(source=...)"
             )
 
     def step(
@@ -516,10 +574,10 @@ class Transformer(nn.Module):
         beam_size: int = 1,
         length_penalty: float = 0.0,
     ) -> torch.Tensor:
-        """The model's own decoding: mask-predict for non-autoregressive models (at most max_new_tokens - 1
-        tokens, then eos), beam search when beam_size > 1, else greedy."""
+        """The model's own decoding: ``parallel_decode`` for non-autoregressive models (at most max_new_tokens - 1
+        tokens and at least 1, then eos), beam search when beam_size > 1, else greedy."""
         if self.cfg.non_autoregressive:
-            return self.mask_predict(source, source_padding, max_length=max(0, max_new_tokens - 1), eos_id=eos_id)
+            return self.parallel_decode(source, source_padding, max_length=max(1, max_new_tokens - 1), eos_id=eos_id)
         kw = dict(
             prompt_padding=prompt_padding,
             source=source,

@@ -99,7 +99,9 @@ def split_names(run: RunConfig) -> list[str]:
 
     task = run.task
     exact = task.kind == "seq2seq" or (task.kind == "lm" and task.answer_mask)
-    length = run.model.arch == "encoder_decoder" and getattr(run.model, "decoding", "") == "non_autoregressive"
+    length = (
+        run.model.arch == "encoder_decoder" and getattr(run.model, "decoding", "autoregressive") != "autoregressive"
+    )
     return metric_names(task.kind, exact=exact, length=length)
 
 

@@ -386,7 +386,7 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
     if training.sampling == "scheduled" and model.non_autoregressive:  # the LightningModule refuses it: say it now
         raise origin.error(
             ("training", "sampling"),
-            "'scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' has none "
+            f"'scheduled' feeds a decoder its own earlier predictions; decoding={model.decoding!r} has none "
             "(use sampling='teacher_forcing')",
         )
     if training.sampling == "scheduled" and task.kind == "classify":

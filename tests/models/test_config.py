@@ -92,11 +92,20 @@ REFUSED = [
     # non-autoregressive decoding
     (
         {"decoding": "parallel"},
-        r"decoding='parallel' is not a valid choice; valid: 'autoregressive', 'non_autoregressive'",
+        r"decoding='parallel' is not a valid choice; valid: 'autoregressive', 'nat', 'mask_predict'",
     ),
-    ({"decoding": "non_autoregressive"}, r"decoding='non_autoregressive' .* needs arch='encoder_decoder'"),
-    ({"arch": "encoder_decoder", "nat_iterations": 4}, r"nat_iterations=4 .*needs decoding='non_autoregressive'"),
-    ({"arch": "encoder_decoder", "decoding": "non_autoregressive", "nat_iterations": 0}, r"nat_iterations=0 must be"),
+    (  # the old name of one-pass mask-predict, refused with the two spellings that say which paper
+        {"arch": "encoder_decoder", "decoding": "non_autoregressive"},
+        r"decoding='non_autoregressive' named one-pass mask-predict.*decoding='mask_predict'.*decoding='nat'",
+    ),
+    ({"decoding": "nat"}, r"decoding='nat' .* needs arch='encoder_decoder'"),
+    ({"decoding": "mask_predict"}, r"decoding='mask_predict' .* needs arch='encoder_decoder'"),
+    ({"arch": "encoder_decoder", "nat_iterations": 4}, r"nat_iterations=4 .*needs decoding='mask_predict'"),
+    (
+        {"arch": "encoder_decoder", "decoding": "nat", "nat_iterations": 4},
+        r"nat_iterations=4 .*needs decoding='mask_predict' \(got decoding='nat': Gu et al.'s NAT decodes in one pass\)",
+    ),
+    ({"arch": "encoder_decoder", "decoding": "mask_predict", "nat_iterations": 0}, r"nat_iterations=0 must be"),
 ]
 
 
@@ -143,7 +152,7 @@ def test_round_trip_of_per_layer_and_per_head_keys():
         pattern="dilated",
         layer_windows=[2, 4],
         head_dilations=[[1, 1, 2, 2], [1, 3, 1, 3]],
-        decoding="non_autoregressive",
+        decoding="mask_predict",
         nat_iterations=3,
     )
     data = cfg.to_dict()
@@ -183,7 +192,7 @@ def test_global_tokens_go_to_the_windowed_layers_of_bidirectional_stacks():
     model = Transformer(cfg)
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.layers] == [(0, 5), ()]
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.dec_layers] == [(), ()]
-    nat = Transformer(cfg.replace(decoding="non_autoregressive"))
+    nat = Transformer(cfg.replace(decoding="nat"))
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in nat.dec_layers] == [(0, 5), ()]
     assert cfg.to_dict()["global_tokens"] == [0, 5] and ModelConfig.from_dict(cfg.to_dict()) == cfg
     assert "global_tokens" not in ModelConfig().to_dict()  # left out at its default: older cell ids stay

@@ -177,9 +177,8 @@ def rules(cfg: ModelConfig) -> list[tuple[str, object]]:
 
 
 MODELS = [
-    dict(
-        arch="encoder_decoder", decoding="non_autoregressive", score="general", positions="learned", tgt_vocab_size=50
-    ),
+    dict(arch="encoder_decoder", decoding="mask_predict", score="general", positions="learned", tgt_vocab_size=50),
+    dict(arch="encoder_decoder", decoding="nat"),
     dict(arch="decoder", score="cosine", norm_type="rmsnorm", ffn="swiglu", norm="post"),
     dict(arch="decoder", score="additive", positions="alibi", pattern="dilated", window=4, dilation=2),
     dict(arch="encoder", n_classes=5, positions="learned", scale_embeddings=False),

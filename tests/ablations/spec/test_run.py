@@ -88,10 +88,10 @@ MALFORMED = [
     ),
     # a refusal the LightningModule made only once training had started
     (
-        {**GOOD, "model": {"decoding": "non_autoregressive"}, "training": {"sampling": "scheduled"}},
+        {**GOOD, "model": {"decoding": "mask_predict"}, "training": {"sampling": "scheduled"}},
         None,
         ("training", "sampling"),
-        r"'scheduled' feeds a decoder its own earlier predictions; decoding='non_autoregressive' has none",
+        r"'scheduled' feeds a decoder its own earlier predictions; decoding='mask_predict' has none",
     ),
     (GOOD, "name.x=1", None, r"^--set: name.x=1: \{'x': 1\} must be text"),
     ({**GOOD, "model": {"window": 4}}, None, ("model", "window"), r"model.window: window=4 requires pattern"),
