@@ -89,6 +89,8 @@ def _sweep(args: argparse.Namespace) -> int:
         problems = dry_run(
             study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code
         )
+        if pilot := _pilot(study, args.tracking_uri):
+            print(pilot)
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     try:
         _import_driver(args, "ray.tune")  # inside: Ctrl-C and a bad URI get the messages below, as in run_study
@@ -117,11 +119,23 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK if result.complete else EXIT_FAILED
 
 
+def _pilot(study, tracking_uri: str | None) -> str | None:
+    """An earlier submission as a pilot: how many seeds the declared difference needs (comparing, composed here)."""
+    from ablations import stores, tracking
+    from ablations.spec.analysis import parse_analysis
+    from dashboards.plan import pilot_plan
+
+    uri = tracking.resolve_uri(tracking_uri, create=False)
+    if not stores.store_exists(uri):
+        return None
+    return pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
+
+
 def _report(args: argparse.Namespace) -> int:
     from ablations import tracking
     from dashboards.load import NoResults
+    from dashboards.render import RENDERERS
     from dashboards.report import make_report
-    from dashboards.table import RENDERERS
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
@@ -151,9 +165,9 @@ def _report(args: argparse.Namespace) -> int:
 def _heads(args: argparse.Namespace) -> int:
     """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module."""
     from ablations import tracking
-    from ablations.heads import check_options, format_heads, head_ablation, save_heads
-    from ablations.pruning import format_pruning, save_pruning, study_pruning
+    from dashboards.heads import check_options, format_heads, head_ablation, save_heads
     from dashboards.load import NoResults
+    from dashboards.pruning import format_pruning, save_pruning, study_pruning
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:

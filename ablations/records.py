@@ -252,3 +252,15 @@ def end_run(uri: str, run_id: str, status: str, detail: str = "") -> None:
 def mark_killed(uri: str, run, reason: str) -> None:
     """A run whose process or submission stopped before it ended."""
     end_run(uri, run.info.run_id, STATUS_KILLED, reason)
+
+
+def name_hint(study: str, names: list[str]) -> str:
+    """A study's file given for its name (ablations/studies/heads.yaml: the name is heads), or a close name."""
+    import difflib
+    from pathlib import Path
+
+    if study.endswith((".yaml", ".yml")):
+        stem = Path(study).stem
+        return f" (give the study's name, not its file{f': {stem}' if stem in names else ''})"
+    close = difflib.get_close_matches(study, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

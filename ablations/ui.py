@@ -162,11 +162,9 @@ def serve_mlflow(
     if experiment:
         exp = records.client(uri).get_experiment_by_name(experiment)
         if exp is None:
-            from dashboards.load import name_hint
-
             names = sorted(e.name for e in records.client(uri).search_experiments())
             print(
-                f"error: no experiment {experiment!r} in {redact_url(uri)}{name_hint(experiment, names)}; "
+                f"error: no experiment {experiment!r} in {redact_url(uri)}{records.name_hint(experiment, names)}; "
                 f"experiments there: {', '.join(names)}",
                 file=sys.stderr,
             )

@@ -3,7 +3,7 @@ converged, compared variants whose parameter counts differ by more than a stated
 fewer seeds than they need, a family its seeds cannot resolve; and the rule for bold: a variant is marked best
 only when the family's tests show it better than every other variant.
 
-The thresholds are the study's ``analysis.warn`` settings (dashboards/analysis.py); docs/statistics.md explains
+The thresholds are the study's ``analysis.warn`` settings (ablations/spec/analysis.py); docs/statistics.md explains
 each check. Nothing here reads MLflow: dashboards/table.py hands over the values, curves and parameter counts.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ablations.spec.analysis import Warn
 from dashboards import stats
-from dashboards.analysis import Warn
 from models.tasks.base import BOS, PAD, SEP
 
 

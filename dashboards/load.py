@@ -23,6 +23,7 @@ from ablations.records import (
     cell_state,
     client,
     kind_filter,
+    name_hint,
     result_run,
     same_code,
     search_all,
@@ -110,18 +111,6 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
             "direction": p.get("direction", "minimize"),
         }
     return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
-
-
-def name_hint(study: str, names: list[str]) -> str:
-    """A study's file given for its name (ablations/studies/heads.yaml: the name is heads), or a close name."""
-    import difflib
-    from pathlib import Path
-
-    if study.endswith((".yaml", ".yml")):
-        stem = Path(study).stem
-        return f" (give the study's name, not its file{f': {stem}' if stem in names else ''})"
-    close = difflib.get_close_matches(study, names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:

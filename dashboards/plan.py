@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass
 
 from ablations.secrets import redact_url
+from ablations.spec.analysis import Analysis
 from dashboards import stats
-from dashboards.analysis import Analysis
 from dashboards.load import NoResults, load_study
-from dashboards.table import Table, build, number_text
+from dashboards.render import number_text
+from dashboards.table import Table, build
 
 
 @dataclass(frozen=True)

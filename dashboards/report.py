@@ -20,9 +20,7 @@ from ablations.secrets import redact_url
 from dashboards import stats
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
-from dashboards.table import (
-    Table,
-    build,
+from dashboards.render import (
     html_lead,
     mde_text,
     number_text,
@@ -35,6 +33,7 @@ from dashboards.table import (
     to_markdown,
     to_terminal,
 )
+from dashboards.table import Table, build
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}

@@ -113,7 +113,7 @@ def _error_by_position(runs: StudyRuns, out_dir: Path, plt) -> Path | None:
 def pruning_png(curves: dict[str, list[dict]], metric: str, path: Path) -> Path:
     """Michel et al.'s Figure 3 in miniature: the metric against the share of heads removed, least important first
     and in random order, one panel line pair per variant (``curves``: variant -> the rows of
-    ``ablations.pruning.compare_orders``)."""
+    ``dashboards.pruning.compare_orders``)."""
     import matplotlib
 
     matplotlib.use("Agg")

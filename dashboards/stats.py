@@ -37,10 +37,20 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from ablations.spec.family import (  # noqa: F401  (the family's names and floors, part of this module's interface)
+    EXACT_MAX_N,
+    MC_RESAMPLES,
+    effect_labels,
+    holm_best_steps,
+    holm_floor,
+    interaction_label,
+    main_label,
+    min_p,
+    smallest_exact_n,
+)
+
 NAN = math.nan
 NAN2 = (NAN, NAN)
-EXACT_MAX_N = 16  # up to 2^16 = 65,536 sign flips are enumerated: the permutation p-value is exact
-MC_RESAMPLES = 99_999  # beyond, a Monte Carlo permutation test with at least this many resamples
 BOOT_RESAMPLES = 9_999
 # the exact test's power is simulated up to this many seeds; beyond, the t-test's is used, which the exact test's
 # approaches (the effect each needs for 80% power differed by 1-2% at 12 and 14 seeds, 24% at 6 and 8)
@@ -231,18 +241,6 @@ def sign_flip_p(
     return float(p) if d.ndim == 1 else p
 
 
-def min_p(n: int, test: str = "permutation", n_resamples: int = MC_RESAMPLES) -> float:
-    """The smallest two-sided p-value a test can give with n paired seeds: 2 / 2^n for the exact sign-flip
-    test, 2 / (R + 1) for its Monte Carlo form, 0 for the t-test (n >= 2)."""
-    if n < 1:
-        return 1.0
-    if test == "t" and n >= 2:
-        return 0.0
-    if n <= EXACT_MAX_N:
-        return min(1.0, 2.0 / 2**n)
-    return 2.0 / (n_resamples + 1)
-
-
 def paired_p(d: np.ndarray, test: str = "permutation", *, n_resamples: int = MC_RESAMPLES) -> tuple[float, str]:
     """(two-sided p, how it was computed) for mean(d) = 0. The t-test is undefined without spread (a constant
     difference, a ceiling): there the exact sign-flip p is used, and the label says so."""
@@ -396,53 +394,6 @@ def detectable(sd: float, n: int, level: float, power: float = 0.8, test: str = 
     if not (math.isfinite(sd) and sd > 0):
         return NAN
     return _detectable_effect(n, level, power, "t" if test == "t" else "permutation") * sd
-
-
-def holm_best_steps(floors: Sequence[float], alpha: float) -> list[float]:
-    """For each test of a Holm family whose p cannot go below its ``floors`` entry (the exact test's 2/2^n; 0 for a
-    t-test): the largest step Holm can give it, alpha / (m - k), where k is the most other tests that can be
-    rejected before it (the smallest floors first, each within its own step). A test whose floor is above its
-    best step cannot be rejected whatever the data; one below may be, where the others come out first."""
-    m, steps = len(floors), []
-    for j, floor in enumerate(floors):
-        k = 0
-        for other in sorted(f for i, f in enumerate(floors) if i != j and f <= floor):
-            if other <= alpha / (m - k):
-                k += 1
-        steps.append(alpha / (m - k))
-    return steps
-
-
-def holm_floor(
-    n: int,
-    alpha: float,
-    family_size: int,
-    smallest: float | None = None,
-    *,
-    step: float | None = None,
-    what: str = "exact test's",
-) -> str | None:
-    """Why a contrast over ``n`` seeds cannot come out different in a Holm family of ``family_size`` whatever the
-    data (the test's smallest p, ``smallest`` or the exact test's 2/2^n, above ``step``: the largest step Holm can
-    give it, ``holm_best_steps``; by default its first step, alpha / family_size), or None when it can."""
-    smallest = min_p(n) if smallest is None else smallest
-    step = alpha / family_size if step is None else step
-    if smallest <= step:
-        return None
-    seeds = f"with {n} seed{'s' if n != 1 else ''} the {what} smallest p is {smallest:.3g}"
-    if round(alpha / step) == family_size:
-        return f"{seeds}, above Holm's first step {alpha:g}/{family_size}"
-    return (
-        f"{seeds}, above {alpha:g}/{round(alpha / step)}, the largest step Holm can give it (the others rejected first)"
-    )
-
-
-def smallest_exact_n(level: float, test: str = "permutation", *, tails: int = 2) -> int:
-    """The fewest seeds at which the test can reach ``level`` at all (tails / 2^n <= level for the sign-flip test:
-    2 / 2^n two-sided; 1 / 2^n for the two one-sided tests of equivalence, ``tails=1``)."""
-    if test == "t":
-        return 2
-    return max(2, math.ceil(math.log2(tails / level) - 1e-12))
 
 
 def seeds_needed(
@@ -674,27 +625,6 @@ def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize"
 
 def _levels(df: Any, factor: str) -> list[str]:
     return list(dict.fromkeys(str(x) for x in df[factor]))
-
-
-def main_label(factor: str, level: str, ref: str) -> str:
-    """A main effect's label: "model.norm: post vs pre" (what ``analysis.expect`` names it by)."""
-    return f"{factor}: {level} vs {ref}"
-
-
-def interaction_label(fi: str, fj: str, ab: tuple[str, str], ref: tuple[str, str]) -> str:
-    return f"{fi} x {fj}: {ab[0]} x {ab[1]} vs {ref[0]} x {ref[1]}"
-
-
-def effect_labels(
-    levels: dict[str, list[str]], main: Iterable[str], interactions: Iterable[tuple[str, str]]
-) -> list[str]:
-    """The labels of the main effects of ``main`` and the interactions of ``interactions`` (each level against an
-    axis's first), in ``factorial_effects``' order."""
-    out = [main_label(f, x, levels[f][0]) for f in main for x in levels[f][1:]]
-    for fi, fj in interactions:
-        ref = (levels[fi][0], levels[fj][0])
-        out += [interaction_label(fi, fj, ab, ref) for ab in itertools.product(levels[fi][1:], levels[fj][1:])]
-    return out
 
 
 Weights = dict[tuple[str, ...], float]  # cell (the levels of every factor) -> its weight in a contrast

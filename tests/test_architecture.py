@@ -1,5 +1,8 @@
-"""The architecture's rules, checked on the source (issue: one way through ablations/).
+"""The architecture's rules, checked on the source (docs/architecture.md).
 
+- One layer of declarations and records (``LAYER``) under both running (the rest of ablations/) and comparing
+  (dashboards/): each imports the layer and never the other, at module level or inside functions; the layer
+  imports neither; ablations/cli.py alone composes them; models/ imports none of ours.
 - No import circles, module-level or inside functions, across models/, ablations/ and dashboards/.
 - No module imports another module's private names.
 - The declarations (ablations/spec/) import no ray, mlflow or optuna; what only drives training imports no torch.
@@ -61,6 +64,44 @@ def graph() -> dict[str, set[str]]:
             if target in MODULES and target != name:
                 edges[name].add(target)
     return edges
+
+
+LAYER = ("ablations.spec", "ablations.records", "ablations.secrets")  # declarations and the record vocabulary
+COMPOSER = "ablations.cli"  # composes running and comparing
+
+
+def side(module: str) -> str:
+    """layer | running | comparing | composer | models | other (a library)."""
+    if module == COMPOSER:
+        return "composer"
+    if any(module == m or module.startswith(m + ".") for m in LAYER):
+        return "layer"
+    top = module.split(".")[0]
+    return {"ablations": "running", "dashboards": "comparing", "models": "models"}.get(top, "other")
+
+
+ALLOWED = {  # what each side may import of ours
+    "models": {"models"},
+    "layer": {"layer", "models"},
+    "running": {"layer", "running", "models"},
+    "comparing": {"layer", "comparing", "models"},
+    "composer": {"layer", "running", "comparing", "models"},
+}
+
+
+def test_running_and_comparing_stand_on_the_layer_and_never_on_each_other():
+    """Issue 47: dashboards/ imported ablations.records, .secrets and .spec.metrics, and ablations/ imported
+    dashboards/ from spec/study.py, sweep/plan.py, sweep/preview.py, ui.py, heads.py and pruning.py, each inside a
+    function: no circle showed, but the two packages could not be understood or changed apart."""
+    bad = []
+    for name, path in MODULES.items():
+        mine = side(name)
+        for target, _, line in imports(name, path):
+            theirs = side(target)
+            if theirs != "other" and target != "ablations" and theirs not in ALLOWED[mine]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {mine} imports {theirs} ({target})")
+    assert not bad, "\n".join(bad)
+    assert {side(m) for m in MODULES} >= {"layer", "running", "comparing", "composer", "models"}
 
 
 def test_no_import_circles():

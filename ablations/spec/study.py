@@ -100,7 +100,7 @@ class StudyFile(Strict):
     retries: int = Field(1, ge=0)
     max_cells: int = Field(1000, ge=1)
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/spec/search.py)
-    analysis: dict[str, Any] | None = None  # how the results are compared (dashboards/analysis.py)
+    analysis: dict[str, Any] | None = None  # how the results are compared (ablations/spec/analysis.py)
     vary_data: bool = False  # true: each seed also regenerates the task's data (task.data_seed = seed)
     reuse_results: Literal["same_code", "any_code"] = "same_code"  # any_code: results of other code count as done
 
@@ -170,7 +170,7 @@ class Study:
     budget: Budget
     raw: dict[str, Any] = field(default_factory=dict)
     tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/search/tuned.py)
-    analysis: dict[str, Any] | None = None  # the validated analysis: section (dashboards/analysis.py)
+    analysis: dict[str, Any] | None = None  # the validated analysis: section (ablations/spec/analysis.py)
     vary_data: bool = False
     reuse_any_code: bool = False  # results trained by other code (another code fingerprint) count as done
     tuning: dict[str, Any] | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
@@ -364,7 +364,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
 def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
     """The mistakes of the ``analysis:`` section's structure (its keys and values), named beside the file's other
     mistakes; its variants, axes and metrics are checked once the cells are known (``_analysis``)."""
-    from dashboards.analysis import AnalysisError, parse_analysis
+    from ablations.spec.analysis import AnalysisError, parse_analysis
 
     if not isinstance(value, dict | None):  # the file's schema says it (a mapping), once
         return []
@@ -387,7 +387,7 @@ def _analysis(
     before anything runs."""
     if file.analysis is None:
         return None
-    from dashboards.analysis import AnalysisError, check_analysis, parse_analysis
+    from ablations.spec.analysis import AnalysisError, check_analysis, parse_analysis
 
     try:
         analysis = parse_analysis(file.analysis)

@@ -41,7 +41,7 @@ def unresolvable_warning(study: Study) -> str | None:
     """Before any run: a warning when the study's seeds cannot resolve its family's contrasts (pairs and factorial
     effects alike, each tested by the exact test within each seed), and one when they cannot show them equivalent
     within the metric's declared margin (the exact tests' smallest p above Holm's first step), or None."""
-    from dashboards.analysis import parse_analysis
+    from ablations.spec.analysis import parse_analysis
 
     analysis = parse_analysis(study.analysis)
     levels = {a: len({repr(c.settings.get(a)) for c in study.cells}) for a in study.axes}

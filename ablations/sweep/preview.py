@@ -42,10 +42,4 @@ def dry_run(
     describe_plan(study, plan(study, uri, code), out)
     for note in live_notes(study, uri, claims_url):
         out(f"note: {note}")
-    from dashboards.analysis import parse_analysis
-    from dashboards.plan import pilot_plan
-
-    pilot = pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
-    if pilot:  # an earlier submission as a pilot: how many seeds the declared difference needs
-        out(pilot)
     return problems

@@ -134,7 +134,7 @@ def design_record(study: Study, code: str | None = None) -> dict:
         "skipped": [vars(s) for s in study.skipped],
         # a cell keeps its id when the design grows (a new axis at the base's value), but its label changes
         "cells": {c.cell_id: c.variant for c in study.cells},
-        "analysis": study.analysis or {},  # how the report compares (dashboards/analysis.py)
+        "analysis": study.analysis or {},  # how the report compares (ablations/spec/analysis.py)
         "vary_data": study.vary_data,
         "tuning": study.tuning or {},  # tuned studies: the tuning seed, each chosen value's place in its range
         "source": study.source,  # the study file: the report's next steps are commands on it

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from scipy import special
 
+from ablations.spec.analysis import Warn
 from dashboards import caveats, stats
-from dashboards.analysis import Warn
 from dashboards.compare import compare, format_changes
 from dashboards.load import load_study
+from dashboards.render import to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
-from dashboards.table import build, to_html, to_latex, to_markdown, to_terminal
+from dashboards.table import build
 from tests.dashboards.test_report import fill, flips
 
 ENCODER10 = {"model.arch": "encoder", "model.n_classes": "10", "model.vocab_size": "32", "model.classifier": "mean"}

@@ -12,8 +12,9 @@ import yaml
 
 from dashboards.load import load_study
 from dashboards.plan import pilot_plan
+from dashboards.render import to_markdown
 from dashboards.report import effects_markdown
-from dashboards.table import build, to_markdown
+from dashboards.table import build
 from tests.conftest import ROOT
 from tests.dashboards.test_report import fill
 

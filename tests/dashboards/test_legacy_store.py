@@ -8,7 +8,8 @@ import sqlite3
 import tarfile
 
 from dashboards.load import load_study
-from dashboards.table import build, records_csv, to_markdown
+from dashboards.render import records_csv, to_markdown
+from dashboards.table import build
 from tests.conftest import ROOT
 from tests.fixtures.make_legacy_store import EXPECTED, FIXTURE_ROOT
 

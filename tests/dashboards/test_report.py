@@ -21,8 +21,9 @@ from scipy import stats as sps
 from ablations import tracking
 from dashboards.compare import compare
 from dashboards.load import NoResults, load_study
+from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
-from dashboards.table import build, to_csv, to_html, to_latex, to_markdown, to_terminal
+from dashboards.table import build
 
 SEEDS = [0, 1, 2, 3, 4]
 

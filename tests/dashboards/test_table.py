@@ -12,8 +12,9 @@ from mlflow import MlflowClient
 
 from dashboards import stats
 from dashboards.load import load_study
+from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
-from dashboards.table import build, to_csv, to_html, to_latex, to_markdown, to_terminal
+from dashboards.table import build
 from tests.dashboards.test_report import fill, flips, table_part
 from tests.dashboards.test_stats import fisher_by_enumeration, holm_by_definition
 
@@ -306,7 +307,7 @@ def test_every_rendering_carries_the_same_numbers(store):
 @pytest.mark.slow
 def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
     """For the sweep's dry run: an earlier submission is the pilot for the study file's analysis section."""
-    from dashboards.analysis import parse_analysis
+    from ablations.spec.analysis import parse_analysis
     from dashboards.plan import pilot_plan
 
     assert pilot_plan(store, "nothing") is None  # no earlier submission: nothing to say

@@ -28,9 +28,9 @@ analysis:
     min_seeds: 5               # intervals printed from fewer seeds get a warning
 ```
 
-This module imports no ray, mlflow, optuna or torch: the study loader validates the section with it before
-anything runs (``parse_analysis`` then ``check_analysis``), and the report reads it back from the submission's
-``design.json`` (``from_design``; absent: the defaults).
+A declaration of the layer both running and comparing stand on: it imports no ray, mlflow, optuna or torch; the
+study loader validates the section with it before anything runs (``parse_analysis`` then ``check_analysis``), and
+the report reads it back from the submission's ``design.json`` (``from_design``; absent: the defaults).
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ import difflib
 import itertools
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+
+from ablations.spec.family import Family, effect_labels, holm_floor, min_p, smallest_exact_n
 
 TESTS = ("permutation", "t")
 FAILURE_RULES = ("worst", "exclude", "value")
@@ -159,22 +160,6 @@ class Converged(BaseModel):
     fraction: float = Field(0.05, gt=0, description="the relative fall above which a cell is still improving")
 
 
-@dataclass(frozen=True)
-class Family:
-    """The contrasts Holm's correction runs over, resolved for one study: its pairs, the axes whose main effects
-    and the pairs of axes whose interactions are in it, and whether it is the default (nothing declared)."""
-
-    pairs: list[tuple[str, str]]
-    main: list[str]
-    interactions: list[tuple[str, str]]
-    default: bool
-
-    def size(self, levels: dict[str, int]) -> int:
-        """Pairs, each main effect's levels - 1 and each interaction's (levels - 1) x (levels - 1) terms."""
-        size = len(self.pairs) + sum(levels[a] - 1 for a in self.main)
-        return max(1, size + sum((levels[a] - 1) * (levels[b] - 1) for a, b in self.interactions))
-
-
 class Warn(BaseModel):
     """When the report warns a reader that a number could mislead (dashboards/caveats.py, docs/statistics.md)."""
 
@@ -252,14 +237,12 @@ class Analysis(BaseModel):
         """Before any run: why the family's tests, each the exact test over ``seeds`` (pairs and factorial effects
         alike: each effect is tested within each seed), cannot go below tails / 2^seeds at Holm's first step
         alpha / size, and the seeds that can; None when they can."""
-        from dashboards import stats
-
         if self.test == "t" or seeds < 1:
             return None
-        floor = 0.5**seeds if tails == 1 else stats.min_p(seeds)  # the two one-sided tests: 1 / 2^n
+        floor = 0.5**seeds if tails == 1 else min_p(seeds)  # the two one-sided tests: 1 / 2^n
         what = "exact test's" if tails == 2 else "exact two one-sided tests'"
-        why = stats.holm_floor(seeds, self.alpha, size, floor, what=what)
-        return (why, stats.smallest_exact_n(self.alpha / size, tails=tails)) if why else None
+        why = holm_floor(seeds, self.alpha, size, floor, what=what)
+        return (why, smallest_exact_n(self.alpha / size, tails=tails)) if why else None
 
     def unshowable_equivalence(self, size: int, seeds: int, metric: str) -> str | None:
         """Before any run: why no contrast of a family of ``size`` can come out equivalent within ``metric``'s
@@ -422,14 +405,12 @@ def _expect_problems(
     where: str,
 ) -> list[AnalysisError]:
     """Every expectation that names no contrast of the family, or a metric the runs do not log."""
-    from dashboards import stats
-
     if not analysis.expect or not variants:
         return []
     family = analysis.family(variants, variants[0], axes, kind == "grid")
     names = [f"{a} vs {b}" for a, b in family.pairs]
     if levels is not None and all(a in levels for a in axes):
-        names += stats.effect_labels(levels, family.main, family.interactions)
+        names += effect_labels(levels, family.main, family.interactions)
     out = []
     for i, e in enumerate(analysis.expect):
         if e.name not in names and (isinstance(e.contrast, tuple) or levels is not None):

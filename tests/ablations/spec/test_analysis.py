@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dashboards.analysis import Analysis, AnalysisError, check_analysis, from_design, parse_analysis
+from ablations.spec.analysis import Analysis, AnalysisError, check_analysis, from_design, parse_analysis
 
 VARIANTS = ["norm=pre warmup=0", "norm=post warmup=0", "norm=pre warmup=100", "norm=post warmup=100"]
 AXES = ["model.norm", "training.warmup_steps"]
@@ -159,7 +159,7 @@ def test_metrics_are_not_checked_when_unknown():
 
 
 def test_the_module_imports_no_heavy_library():
-    code = "import sys, dashboards.analysis; print(sorted(m for m in ('ray', 'mlflow', 'optuna', 'torch') if m in sys.modules))"
+    code = "import sys, ablations.spec.analysis; print(sorted(m for m in ('ray', 'mlflow', 'optuna', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

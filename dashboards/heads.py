@@ -31,8 +31,8 @@ import yaml
 
 from ablations import records
 from ablations.spec import resolve_run
+from ablations.spec.analysis import from_design
 from dashboards import stats
-from dashboards.analysis import from_design
 from dashboards.load import load_study
 
 T = TypeVar("T")

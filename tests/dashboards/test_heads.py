@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from ablations.heads import evaluate_heads, head_ablation, model_heads
 from ablations.spec import load_study
 from ablations.sweep import run_study
+from dashboards.heads import evaluate_heads, head_ablation, model_heads
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
     assert {"heads/pruning.md", "heads/pruning.json", "heads/pruning.png"} <= logged
 
     # the options are judged before any model is evaluated, with the names the runs evaluate
-    from ablations.heads import check_options
+    from dashboards.heads import check_options
 
     check_options(store, "mh", "val/loss", "test/exact_match")  # what the runs evaluate: fine
     for metric, prune, said in [
@@ -143,8 +143,8 @@ def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
 def test_per_sequence_losses_add_up_to_the_modules_own_loss(task):
     """The paired test of ``ablate heads`` compares per-sequence losses; summed, they are the split's loss as
     the module computes it (masks, padding and classification included)."""
-    from ablations.heads import sequence_losses
     from ablations.spec import resolve_run
+    from dashboards.heads import sequence_losses
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
 
@@ -178,7 +178,7 @@ def test_heads_are_judged_by_the_shared_tests_and_corrections():
     import numpy as np
     from statsmodels.stats.multitest import multipletests
 
-    from ablations.heads import judge_heads
+    from dashboards.heads import judge_heads
 
     nll = np.array([2.0, 3.0, 1.0, 4.0, 2.5, 9.0])  # per-sequence summed losses with every head
     weight = np.array([4.0, 5.0, 2.0, 6.0, 5.0, 0.0])  # the last sequence has nothing scored: left out
@@ -203,7 +203,7 @@ def test_heads_are_judged_by_the_shared_tests_and_corrections():
 def test_better_without_is_counted_after_holm_only():
     import numpy as np
 
-    from ablations.heads import ModelHeads, format_heads, judge_heads
+    from dashboards.heads import ModelHeads, format_heads, judge_heads
 
     rng = np.random.default_rng(0)
     n = 400
@@ -235,8 +235,8 @@ def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_he
     reaches the model (its columns of the output projection zeroed) has importance 0, so it goes first."""
     import torch.nn.functional as F
 
-    from ablations.pruning import head_importance
     from ablations.spec import resolve_run
+    from dashboards.pruning import head_importance
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
 
@@ -283,7 +283,7 @@ def test_the_pruning_table_says_when_its_seeds_cannot_resolve_any_fraction(seeds
     """Holm over the 9 fractions that remove heads: the first step is 0.05/9, and the exact sign-flip test over n
     seeds cannot go below 2/2^n (0.25 at 3 seeds, 0.0039 at 9). Below that, every row reads "not resolved" whatever
     the data, even beside an interval that excludes 0: the table says so, and how many seeds can."""
-    from ablations.pruning import FRACTIONS, ModelPruning, format_pruning
+    from dashboards.pruning import FRACTIONS, ModelPruning, format_pruning
 
     models = [
         ModelPruning(

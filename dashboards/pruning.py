@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations.heads import each_model, load_trained, trained_cells
 from dashboards import stats
+from dashboards.heads import each_model, load_trained, trained_cells
 from dashboards.load import load_study
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed

@@ -1,0 +1,106 @@
+"""The fourth verdict, *not testable here*: the miniature leaves no room for the effect a study declares it is
+looking for (``analysis.expect``), or its cells have not converged by a declared criterion
+(``analysis.converged``). Computed from the study file and the cells, never typed; docs/statistics.md,
+"Verdicts". dashboards/table.py marks the contrasts with it before Holm's correction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ablations.spec.analysis import Converged, Expect
+from dashboards import caveats
+
+NOT_TESTABLE = "not testable here"
+
+
+# --- room for the expected effect ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far a metric can move on a task: from ``low`` to ``high``, each named for a reader (None: unknown)."""
+
+    low: float | None
+    low_name: str
+    high: float | None
+    high_name: str
+
+
+def bounds(metric: str, classes: int | None, majority: float | None) -> Bounds | None:
+    """The span an accuracy, loss or perplexity can take where a model that learned nothing sits at one end: an
+    accuracy from the majority class's share (or a uniform guess's 1/C; 0 for an exact match of whole sequences)
+    to 1; a loss from 0 to ln C, a perplexity from 1 to C (a uniform guess). None for other metrics."""
+    kind = caveats.chance_kind(metric)
+    if kind == "accuracy":
+        if metric.endswith("exact_match"):
+            return Bounds(0.0, "no sequence right", 1.0, "a perfect score")
+        if majority is not None and (classes is None or majority >= 1 / classes):
+            return Bounds(majority, "the majority class's share", 1.0, "a perfect score")
+        if classes is not None:
+            return Bounds(1 / classes, f"a uniform guess's 1/{classes}", 1.0, "a perfect score")
+        return Bounds(0.0, "0", 1.0, "a perfect score")
+    if kind == "loss":
+        chance = math.log(classes) if classes else None
+        return Bounds(0.0, "a perfect loss of 0", chance, f"a uniform guess's ln {classes}")
+    if kind == "ppl":
+        return Bounds(1.0, "a perfect perplexity of 1", float(classes) if classes else None, "a uniform guess's")
+    return None
+
+
+def room_problem(expect: Expect, comparator: float, span: Bounds | None, metric: str) -> tuple[str, str] | None:
+    """(why the contrast is not testable, what would make it testable) when the room from the comparator's value
+    to the metric's end in the expected direction is smaller than the expected effect; None when there is room
+    or it cannot be judged."""
+    if span is None or not math.isfinite(comparator):
+        return None
+    end, name = (span.high, span.high_name) if expect.value > 0 else (span.low, span.low_name)
+    if end is None:
+        return None
+    room = end - comparator if expect.value > 0 else comparator - end
+    if room >= abs(expect.value):
+        return None
+    source = f" ({expect.source})" if expect.source else ""
+    why = (
+        f"no room for the expected {expect.value:+.3g}{source}: the comparator scores {comparator:.3g} on {metric} "
+        f"and {name} is {end:.3g}, {max(room, 0):.3g} away"
+    )
+    need = end - abs(expect.value) if expect.value > 0 else end + abs(expect.value)
+    side = "below" if expect.value > 0 else "above"
+    return why, f"a task, length or budget at which the comparator scores {side} {need:.3g}"
+
+
+# --- convergence --------------------------------------------------------------------------------------------
+
+
+def not_converged(falls: dict[str, list[float]], criterion: Converged) -> dict[str, float]:
+    """variant -> its mean relative fall over the criterion's window, for the variants still improving by more
+    than the criterion's fraction."""
+    out = {}
+    for variant, fs in falls.items():
+        if fs and float(np.mean(fs)) > criterion.fraction:
+            out[variant] = float(np.mean(fs))
+    return out
+
+
+def convergence_problem(
+    variants: Iterable[str], still: dict[str, float], criterion: Converged, steps: float | None
+) -> tuple[str, str] | None:
+    """(why, what would make it testable) when a variant of the contrast has not converged by the declared
+    criterion; None when all have (or none was judged)."""
+    moving = [v for v in variants if v in still]
+    if not moving:
+        return None
+    said = "; ".join(f"{v}'s loss fell {still[v]:.0%}" for v in moving)
+    why = (
+        f"not converged: over the last {criterion.window:.0%} of training ({said}; analysis.converged.fraction "
+        f"{criterion.fraction:g})"
+    )
+    longer = f"budget.steps: {2 * round(steps)}" if steps and math.isfinite(steps) else "a larger budget.steps"
+    return why, f"a longer budget ({longer})"
+
+
+__all__ = ["NOT_TESTABLE", "Bounds", "bounds", "convergence_problem", "not_converged", "room_problem"]
