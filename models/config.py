@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models import spelling
 from models.errors import ConfigError
 from models.registry import ALL as REGISTRIES
 from models.registry import PATTERNS
@@ -60,6 +61,23 @@ def _ints(name: str, value: Any, length: int | None = None, what: str = "") -> N
         raise ConfigError(f"{name}={_show(value)} must be a list of positive integers{what}")
     if length is not None and len(value) != length:
         raise ConfigError(f"{name} has {len(value)} entries but needs {length}{what}")
+
+
+def _per_layer(name: str, value: Any, applies: list[bool], what: str, check) -> None:
+    """A list with one entry per layer: ``check(entry name, entry)`` where the entry applies, null elsewhere (an
+    entry a layer ignores would make two spellings of one model)."""
+    if not isinstance(value, tuple):
+        raise ConfigError(f"{name}={_show(value)} must be a list with one entry per layer{what}")
+    if len(value) != len(applies):
+        raise ConfigError(f"{name} has {len(value)} entries but needs {len(applies)}{what}")
+    for i, (entry, used) in enumerate(zip(value, applies)):
+        if used:
+            check(f"{name}[{i}]", entry)
+        elif entry is not None:
+            raise ConfigError(
+                f"{name}[{i}]={_show(entry)} is given for layer {i}, whose pattern does not use it: write null there "
+                "(a value a layer ignores would spell one model two ways)"
+            )
 
 
 def _show(value: Any) -> Any:
@@ -208,6 +226,10 @@ class ModelConfig:
             "tgt_vocab_size": self.vocab_size,
             "tie_embeddings": self.arch != "encoder",
             "dilated_heads": max(1, self.n_heads // 4),
+            # learned positions start at the token embeddings' scale (LearnedPositions.init_std)
+            "position_init_std": (1.0 if self.scale_embeddings else self.d_model**-0.5)
+            if self.positions == "learned"
+            else None,
         }
 
     def _given(self, name: str) -> Any:
@@ -245,6 +267,12 @@ class ModelConfig:
         return REGISTRIES["score"].traits(self.score).dot_like
 
     @property
+    def nested_head_dilations(self) -> bool:
+        """Whether head_dilations gives one list per layer (null for a layer that is not dilated)."""
+        hd = self.head_dilations
+        return hd is not None and any(row is None or isinstance(row, tuple) for row in hd)
+
+    @property
     def n_dilated_heads(self) -> int:
         return self._given("dilated_heads")
 
@@ -267,7 +295,7 @@ class ModelConfig:
             windows = dict(zip(windowed, schedule(self.window, len(windowed), self.window_schedule)))
         heads: dict[int, tuple[int, ...]] = {}
         if self.head_dilations is not None:
-            nested = isinstance(self.head_dilations[0], tuple)
+            nested = self.nested_head_dilations
             heads = {i: self.head_dilations[i] if nested else self.head_dilations for i in dilated}
         elif dilated:
             if self.layer_dilations is not None:
@@ -399,6 +427,7 @@ class ModelConfig:
             )
 
         self._validate_patterns(registries["pattern"])
+        spelling.check(self)  # one spelling per model: a simpler spelling of the same attention is asked for
         self._validate_global_tokens(registries["pattern"])
         # Each chosen component's own checks (e.g. rotary needs a dot-product score).
         for name in ("positions", "score", "norm_type", "ffn"):
@@ -419,6 +448,10 @@ class ModelConfig:
                 f"layer_patterns[{i}]" if self.layer_patterns is not None else "pattern", p, patterns_registry.names()
             )
         if self.layer_patterns is not None:
+            if self.pattern != "full":  # the default: what layer_patterns replaces
+                raise ConfigError(
+                    f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it"
+                )
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
                     f"layer_patterns applies to both stacks of arch='encoder_decoder', which then need the same "
@@ -437,8 +470,15 @@ class ModelConfig:
         dilated = any(traits(p).dilated for p in patterns)
         got = f"got pattern={self.pattern!r}" if self.layer_patterns is None else f"got layer_patterns={list(patterns)}"
 
-        if self.layer_windows is not None:
-            _ints("layer_windows", self.layer_windows, self.n_layers, " (one window per layer)")
+        layer_kinds = [traits(p) for p in self.patterns_for(self.n_layers)]
+        if self.layer_windows is not None and windowed:  # (without a windowed layer: refused below)
+            _per_layer(
+                "layer_windows",
+                self.layer_windows,
+                [t.windowed for t in layer_kinds],
+                " (one window per layer)",
+                lambda name, w: _positive_int(name, w),
+            )
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
                     "layer_windows applies to both stacks of arch='encoder_decoder', which then need the same depth "
@@ -486,7 +526,7 @@ class ModelConfig:
             if self.dilation > 1:
                 raise ConfigError("head_dilations gives every head's dilation; remove dilation")
             hd = self.head_dilations
-            if hd and isinstance(hd[0], tuple):
+            if self.nested_head_dilations:
                 if len(hd) != self.n_layers or (
                     self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers
                 ):
@@ -494,12 +534,18 @@ class ModelConfig:
                         f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
                         "of an encoder_decoder need that depth); give one list per layer or one list for all"
                     )
-                for i, row in enumerate(hd):
-                    _ints(f"head_dilations[{i}]", row, H, " (one dilation per head)")
+                each_head = lambda name, row: _ints(name, row, H, " (one dilation per head)")  # noqa: E731
+                _per_layer("head_dilations", hd, [t.dilated for t in layer_kinds], "", each_head)
             else:
                 _ints("head_dilations", hd, H, " (one dilation per head)")
         if self.layer_dilations is not None:
-            _ints("layer_dilations", self.layer_dilations, self.n_layers, " (one dilation per layer)")
+            _per_layer(
+                "layer_dilations",
+                self.layer_dilations,
+                [t.dilated for t in layer_kinds],
+                " (one dilation per layer)",
+                lambda name, d: _positive_int(name, d),
+            )
             if self.dilation > 1:
                 raise ConfigError("layer_dilations gives each layer's dilation; remove dilation")
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
@@ -508,7 +554,7 @@ class ModelConfig:
                 )
         if explicit:
             name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
-            rows = getattr(self, name)
+            rows = [row for row in getattr(self, name) if row is not None]
             if all(d == 1 for row in rows for d in (row if isinstance(row, tuple) else (row,))):
                 raise ConfigError(
                     f"every dilation of {name} is 1, which is pattern 'local': use pattern 'local', or give a "

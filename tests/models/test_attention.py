@@ -587,12 +587,18 @@ def test_every_window_schedule_keeps_the_mean_window_compute_matched():
     """Longformer's schedule (small windows below, large above) is compared at the cost of the fixed window: a
     local layer's cost grows linearly with its window, so the windows must sum to n * W. Rounding each layer alone
     did not: W 1 over three layers gave [1, 1, 2] (mean 1.33), W 3 gave [2, 3, 5] (mean 3.33)."""
-    from models import ModelConfig
+    from models import ConfigError, ModelConfig
 
     for window in range(1, 33):
         for layers in range(2, 9):
             cfg = ModelConfig(arch="decoder", d_model=16, n_heads=2, n_layers=layers, pattern="local", window=window)
             for kind in ("increasing", "decreasing"):
+                if window == 1:  # every window 1: the fixed window under another name, refused with that spelling
+                    with pytest.raises(
+                        ConfigError, match=r"resolves to the same attention as pattern: local, window: 1"
+                    ):
+                        cfg.replace(window_schedule=kind)
+                    continue
                 windows = [la.window for la in cfg.replace(window_schedule=kind).attention_layers()]
                 assert sum(windows) == layers * window and min(windows) >= 1, (window, layers, kind, windows)
                 assert windows == sorted(windows, reverse=kind == "decreasing"), (window, layers, kind, windows)
@@ -608,7 +614,13 @@ DEPTH_CASES = [
     for keys in DILATION_CASES
     if "dilat" in str(keys)
     for depth in (1, 3)
-    if depth == 3 or not (any(k in keys for k in PER_LAYER) or isinstance(keys.get("head_dilations", [0])[0], list))
+    # one layer: per-layer lists have one entry too many, and a schedule is the default's (refused as a respelling)
+    if depth == 3
+    or not (
+        any(k in keys for k in PER_LAYER)
+        or isinstance(keys.get("head_dilations", [0])[0], list)
+        or any("schedule" in k for k in keys)
+    )
 ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from models import ConfigError, ModelConfig, Transformer
@@ -62,7 +64,7 @@ REFUSED = [
     ({"window_schedule": "increasing"}, r"window_schedule='increasing' requires pattern 'local' or 'dilated'"),
     ({"pattern": "local", "window": 2, "window_schedule": "up"}, r"window_schedule='up' is not a valid choice"),
     ({"pattern": "local", "layer_windows": [2]}, r"layer_windows has 1 entries but needs 2 \(one window per layer\)"),
-    ({"pattern": "local", "layer_windows": [2, 0]}, r"layer_windows=\[2, 0\] must be a list of positive integers"),
+    ({"pattern": "local", "layer_windows": [2, 0]}, r"layer_windows\[1\]=0 must be a positive integer"),
     ({"pattern": "local", "window": 2, "layer_windows": [2, 3]}, r"either window .* or layer_windows, not both"),
     ({"layer_windows": [2, 3]}, r"layer_windows requires pattern 'local' or 'dilated'"),
     ({"pattern": "local", "window": 2, "dilated_heads": 1}, r"dilated_heads requires pattern 'dilated'"),
@@ -150,13 +152,13 @@ def test_round_trip_of_per_layer_and_per_head_keys():
         arch="encoder_decoder",
         n_layers=2,
         pattern="dilated",
-        layer_windows=[2, 4],
+        layer_windows=[2, 5],  # [2, 4] is window 3 with the increasing schedule (refused as a respelling)
         head_dilations=[[1, 1, 2, 2], [1, 3, 1, 3]],
         decoding="mask_predict",
         nat_iterations=3,
     )
     data = cfg.to_dict()
-    assert data["head_dilations"] == [[1, 1, 2, 2], [1, 3, 1, 3]] and data["layer_windows"] == [2, 4]
+    assert data["head_dilations"] == [[1, 1, 2, 2], [1, 3, 1, 3]] and data["layer_windows"] == [2, 5]
     again = ModelConfig.from_dict(data)
     assert again == cfg and hash(again) == hash(cfg)
     assert [la.dilations for la in again.attention_layers()] == [(1, 1, 2, 2), (1, 3, 1, 3)]
@@ -196,3 +198,163 @@ def test_global_tokens_go_to_the_windowed_layers_of_bidirectional_stacks():
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in nat.dec_layers] == [(0, 5), ()]
     assert cfg.to_dict()["global_tokens"] == [0, 5] and ModelConfig.from_dict(cfg.to_dict()) == cfg
     assert "global_tokens" not in ModelConfig().to_dict()  # left out at its default: older cell ids stay
+
+
+# --- one model, one spelling (models/spelling.py) -------------------------------------------------------------
+
+RESPELLINGS = [  # (case, keys as given, the spelling asked for)
+    (
+        "a window schedule whose windows are all 1",
+        {"pattern": "local", "window": 1, "window_schedule": "increasing", "n_layers": 4},
+        {"pattern": "local", "window": 1},
+    ),
+    (
+        "a window schedule over one windowed layer",
+        {"layer_patterns": ["local", "full"], "window": 3, "window_schedule": "decreasing"},
+        {"layer_patterns": ["local", "full"], "window": 3},
+    ),
+    ("equal layer_windows", {"pattern": "local", "layer_windows": [4, 4]}, {"pattern": "local", "window": 4}),
+    (
+        "layer_windows that follow a schedule",
+        {"pattern": "local", "n_layers": 4, "layer_windows": [3, 6, 10, 13]},
+        {"pattern": "local", "n_layers": 4, "window": 8, "window_schedule": "increasing"},
+    ),
+    (
+        "a dilation schedule over one dilated layer",
+        {"pattern": "dilated", "n_layers": 1, "window": 2, "dilation": 3, "dilation_schedule": "fixed"},
+        {"pattern": "dilated", "n_layers": 1, "window": 2, "dilation": 3},
+    ),
+    (
+        "layer_dilations that follow a schedule",
+        {"pattern": "dilated", "n_layers": 3, "window": 2, "layer_dilations": [3, 3, 3]},
+        {"pattern": "dilated", "n_layers": 3, "window": 2, "dilation": 3, "dilation_schedule": "fixed"},
+    ),
+    (
+        "one list of head_dilations per layer, all the same",
+        {"pattern": "dilated", "window": 2, "head_dilations": [[1, 2, 1, 3], [1, 2, 1, 3]]},
+        {"pattern": "dilated", "window": 2, "head_dilations": [1, 2, 1, 3]},
+    ),
+    (
+        "head_dilations that are dilation and dilated_heads",
+        {"pattern": "dilated", "window": 2, "head_dilations": [[1, 1, 1, 1], [1, 1, 4, 4]]},
+        {"pattern": "dilated", "window": 2, "dilation": 4, "dilated_heads": 2},
+    ),
+    (
+        "head_dilations that are one dilation per layer",
+        {
+            "pattern": "dilated",
+            "window": 2,
+            "n_layers": 3,
+            "head_dilations": [[1, 1, 1, 1], [1, 1, 1, 5], [1, 1, 1, 2]],
+        },
+        {"pattern": "dilated", "window": 2, "n_layers": 3, "layer_dilations": [1, 5, 2]},
+    ),
+    (
+        "layer_patterns that repeat one pattern",
+        {"layer_patterns": ["local", "local"], "window": 2},
+        {"pattern": "local", "window": 2},
+    ),
+    (
+        "layer_patterns that are Longformer's default dilated pattern",
+        {"layer_patterns": ["local", "dilated"], "window": 2, "dilation": 3},
+        {"pattern": "dilated", "window": 2, "dilation": 3},
+    ),
+    (
+        "a dilated layer whose heads are all undilated, among full layers",
+        {"layer_patterns": ["dilated", "dilated", "full"], "n_layers": 3, "window": 2, "dilation": 3},
+        {"layer_patterns": ["local", "dilated", "full"], "n_layers": 3, "window": 2, "dilation": 3},
+    ),
+    (
+        "schedules over an encoder and a decoder of different depths, constant in both",
+        {
+            "arch": "encoder_decoder",
+            "n_decoder_layers": 3,
+            "pattern": "local",
+            "window": 1,
+            "window_schedule": "increasing",
+        },
+        {"arch": "encoder_decoder", "n_decoder_layers": 3, "pattern": "local", "window": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize("case,keys,better", RESPELLINGS, ids=[c for c, _, _ in RESPELLINGS])
+def test_a_setting_that_resolves_to_another_spelling_is_refused_with_that_spelling(case, keys, better):
+    """Two spellings of one model would be two variants and two cell ids of one model (docs/components.md); the
+    refusal names the spelling to use, which is accepted and resolves to the same attention in every stack."""
+    written = ", ".join(f"{k}: {v}" for k, v in better.items() if k not in ("n_layers", "arch", "n_decoder_layers"))
+    with pytest.raises(ConfigError, match=r"resolves to the same attention as " + re.escape(written) + r": write that"):
+        ModelConfig(**{"n_heads": 4, "d_model": 16, **keys})
+    cfg = ModelConfig(**{"n_heads": 4, "d_model": 16, **better})
+    stacks = {cfg.n_layers, cfg.decoder_layers} if cfg.arch == "encoder_decoder" else {cfg.n_layers}
+    assert all(cfg.attention_layers(n) for n in stacks)
+
+
+IGNORED = [  # values a layer does not read: null is the one spelling
+    ({"layer_patterns": ["local", "full"], "layer_windows": [2, 5]}, r"layer_windows\[1\]=5 is given for layer 1"),
+    (
+        {"layer_patterns": ["dilated", "local"], "window": 2, "layer_dilations": [2, 3]},
+        r"layer_dilations\[1\]=3 is given for layer 1, whose pattern does not use it: write null",
+    ),
+    (
+        {"layer_patterns": ["local", "dilated"], "window": 2, "head_dilations": [[1, 1, 1, 2], [1, 1, 2, 3]]},
+        r"head_dilations\[0\]=\[1, 1, 1, 2\] is given for layer 0",
+    ),
+    ({"pattern": "local", "layer_patterns": ["local", "full"], "window": 2}, r"pattern='local' is not read"),
+]
+
+
+@pytest.mark.parametrize("keys,message", IGNORED, ids=[m for _, m in IGNORED])
+def test_a_value_no_layer_reads_is_refused(keys, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**{"n_heads": 4, "d_model": 16, **keys})
+
+
+def test_the_null_spellings_are_accepted_and_distinct_models_are_not_refused():
+    ok = [
+        {"layer_patterns": ["local", "full", "local"], "n_layers": 3, "layer_windows": [2, None, 5]},
+        {
+            "layer_patterns": ["dilated", "full", "dilated"],
+            "n_layers": 3,
+            "window": 2,
+            "layer_dilations": [3, None, 2],
+        },
+        {
+            "layer_patterns": ["dilated", "full", "dilated"],
+            "n_layers": 3,
+            "window": 2,
+            "head_dilations": [[1, 2, 1, 3], None, [1, 1, 3, 2]],
+        },
+        {"pattern": "local", "n_layers": 4, "window": 8, "window_schedule": "increasing"},
+        {"pattern": "dilated", "n_layers": 4, "window": 2, "dilation": 4, "dilation_schedule": "decreasing"},
+        {"pattern": "local", "layer_windows": [2, 5]},  # a mean of 3.5: no schedule gives it
+        {
+            "arch": "encoder_decoder",
+            "n_decoder_layers": 3,
+            "pattern": "local",
+            "window": 3,
+            "window_schedule": "increasing",
+        },
+    ]
+    for keys in ok:
+        ModelConfig(**{"n_heads": 4, "d_model": 16, **keys})
+
+
+def test_a_value_equal_to_what_leaving_it_out_means_is_written_as_left_out():
+    """Such values are not refused: they are one spelling in the cell id (ablations.spec.configs.canonical)."""
+    from ablations.spec.configs import canonical
+
+    for keys, same in [
+        ({"positions": "learned", "position_init_std": 1.0}, {"positions": "learned"}),
+        (
+            {"positions": "learned", "scale_embeddings": False, "position_init_std": 16**-0.5},
+            {"positions": "learned", "scale_embeddings": False},
+        ),
+        (
+            {"pattern": "dilated", "window": 2, "dilation": 2, "dilated_heads": 1},
+            {"pattern": "dilated", "window": 2, "dilation": 2},
+        ),
+        ({"head_dim": 4}, {}),
+    ]:
+        base = {"n_heads": 4, "d_model": 16}
+        assert canonical(ModelConfig(**base, **keys)) == canonical(ModelConfig(**base, **same))

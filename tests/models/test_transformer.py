@@ -22,8 +22,7 @@ PATTERNS = {
         "layer_patterns": ["local", "dilated", "full"],
         "window": 2,
         "dilation": 3,
-        "window_schedule": "increasing",
-        "dilation_schedule": "fixed",
+        "window_schedule": "increasing",  # one dilated layer: its dilation is 3 whatever the schedule
     },
 }
 
