@@ -340,13 +340,7 @@ class ModelConfig:
         _choice("classifier", self.classifier, CLASSIFIERS)
         _choice("window_schedule", self.window_schedule, SCHEDULES)
         _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
-        if self.decoding == "non_autoregressive":  # what it meant is mask_predict's model, under Gu et al.'s name
-            raise ConfigError(
-                "decoding='non_autoregressive' named one-pass mask-predict after Gu et al. (2018); say which paper: "
-                "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat' "
-                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)"
-            )
-        _choice("decoding", self.decoding, DECODINGS)
+        self._validate_decoding_name()
         for name in (
             "vocab_size",
             "d_model",
@@ -412,19 +406,9 @@ class ModelConfig:
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:
                     raise ConfigError(f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it")
-            if self.non_autoregressive:
-                raise ConfigError(
-                    f"decoding={self.decoding!r} predicts a target from a source and needs arch='encoder_decoder' "
-                    f"(got arch={self.arch!r}); use decoding='autoregressive'"
-                )
         if self.arch == "encoder_decoder" and self.tgt_vocab_size is not None and self.pad_id >= self.tgt_vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}")
-        if self.nat_iterations > 1 and self.decoding != "mask_predict":
-            raise ConfigError(
-                f"nat_iterations={self.nat_iterations} is the number of mask-predict passes at evaluation "
-                f"(Ghazvininejad et al. 2019); it needs decoding='mask_predict' (got decoding={self.decoding!r}"
-                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")")
-            )
+        self._validate_decoding()
 
         self._validate_patterns(registries["pattern"])
         spelling.check(self)  # one spelling per model: a simpler spelling of the same attention is asked for
@@ -438,6 +422,28 @@ class ModelConfig:
             check = getattr(registries["pattern"].traits(p), "check", None)
             if check is not None:
                 check(self)
+
+    def _validate_decoding_name(self) -> None:
+        if self.decoding == "non_autoregressive":  # what it meant is mask_predict's model, under Gu et al.'s name
+            raise ConfigError(
+                "decoding='non_autoregressive' named one-pass mask-predict after Gu et al. (2018); say which paper: "
+                "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat' "
+                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)"
+            )
+        _choice("decoding", self.decoding, DECODINGS)
+
+    def _validate_decoding(self) -> None:
+        if self.non_autoregressive and self.arch != "encoder_decoder":
+            raise ConfigError(
+                f"decoding={self.decoding!r} predicts a target from a source and needs arch='encoder_decoder' "
+                f"(got arch={self.arch!r}); use decoding='autoregressive'"
+            )
+        if self.nat_iterations > 1 and self.decoding != "mask_predict":
+            raise ConfigError(
+                f"nat_iterations={self.nat_iterations} is the number of mask-predict passes at evaluation "
+                f"(Ghazvininejad et al. 2019); it needs decoding='mask_predict' (got decoding={self.decoding!r}"
+                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")")
+            )
 
     def _validate_patterns(self, patterns_registry) -> None:
         patterns = self.layer_patterns if self.layer_patterns is not None else (self.pattern,)
@@ -519,39 +525,7 @@ class ModelConfig:
         H = self.n_heads
         if self.dilated_heads is not None and self.dilated_heads > H:
             raise ConfigError(f"dilated_heads={self.dilated_heads} must be at most n_heads={H}")
-        if self.head_dilations is not None:
-            for name in ("dilated_heads", "layer_dilations"):
-                if getattr(self, name) is not None:
-                    raise ConfigError(f"head_dilations gives every head's dilation; remove {name}")
-            if self.dilation > 1:
-                raise ConfigError("head_dilations gives every head's dilation; remove dilation")
-            hd = self.head_dilations
-            if self.nested_head_dilations:
-                if len(hd) != self.n_layers or (
-                    self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers
-                ):
-                    raise ConfigError(
-                        f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
-                        "of an encoder_decoder need that depth); give one list per layer or one list for all"
-                    )
-                each_head = lambda name, row: _ints(name, row, H, " (one dilation per head)")  # noqa: E731
-                _per_layer("head_dilations", hd, [t.dilated for t in layer_kinds], "", each_head)
-            else:
-                _ints("head_dilations", hd, H, " (one dilation per head)")
-        if self.layer_dilations is not None:
-            _per_layer(
-                "layer_dilations",
-                self.layer_dilations,
-                [t.dilated for t in layer_kinds],
-                " (one dilation per layer)",
-                lambda name, d: _positive_int(name, d),
-            )
-            if self.dilation > 1:
-                raise ConfigError("layer_dilations gives each layer's dilation; remove dilation")
-            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
-                raise ConfigError(
-                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth"
-                )
+        self._validate_dilation_lists([t.dilated for t in layer_kinds])
         if explicit:
             name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
             rows = [row for row in getattr(self, name) if row is not None]
@@ -576,6 +550,43 @@ class ModelConfig:
                         "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
                         "or layer_dilations"
                     )
+
+    def _validate_dilation_lists(self, dilated_layers: list[bool]) -> None:
+        """head_dilations and layer_dilations: their shapes, and null at the layers that are not dilated."""
+        H = self.n_heads
+        if self.head_dilations is not None:
+            for name in ("dilated_heads", "layer_dilations"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"head_dilations gives every head's dilation; remove {name}")
+            if self.dilation > 1:
+                raise ConfigError("head_dilations gives every head's dilation; remove dilation")
+            hd = self.head_dilations
+            if self.nested_head_dilations:
+                if len(hd) != self.n_layers or (
+                    self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers
+                ):
+                    raise ConfigError(
+                        f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
+                        "of an encoder_decoder need that depth); give one list per layer or one list for all"
+                    )
+                each_head = lambda name, row: _ints(name, row, H, " (one dilation per head)")  # noqa: E731
+                _per_layer("head_dilations", hd, dilated_layers, "", each_head)
+            else:
+                _ints("head_dilations", hd, H, " (one dilation per head)")
+        if self.layer_dilations is not None:
+            _per_layer(
+                "layer_dilations",
+                self.layer_dilations,
+                dilated_layers,
+                " (one dilation per layer)",
+                lambda name, d: _positive_int(name, d),
+            )
+            if self.dilation > 1:
+                raise ConfigError("layer_dilations gives each layer's dilation; remove dilation")
+            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+                raise ConfigError(
+                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth"
+                )
 
     def _validate_global_tokens(self, patterns_registry) -> None:
         g = self.global_tokens

@@ -162,18 +162,7 @@ def block_structure(
     some = some[:, None, :] & inside  # (H, N, 2m+1)
     every = every[:, None, :] & inside
     if T % block:  # the last query block and the last key block are cut: recompute those tiles exactly
-        n = T - (N - 1) * block
-        q0 = torch.arange(N).view(N, 1) * block
-        for row in range(N):
-            for c in range(2 * m + 1):
-                col = int(j[row, c])
-                if not inside[row, c] or (row != N - 1 and col != N - 1):
-                    continue
-                qs = torch.arange(n if row == N - 1 else block) + int(q0[row])
-                ks = torch.arange(n if col == N - 1 else block) + col * block
-                t = _allowed(qs[:, None] - ks[None, :], window, dil, causal).flatten(1)
-                some[:, row, c] = t.any(-1)
-                every[:, row, c] = False
+        _cut_tiles(T, block, j, inside, some, every, lambda dist: _allowed(dist, window, dil, causal))
     partial = some & ~every
     if global_tokens:
         return _with_globals(T, block, j, inside, partial, every, global_tokens, causal, split_full)
@@ -192,6 +181,22 @@ def block_structure(
     if not split_full:
         return (*pack(some), None, None)
     return (*pack(partial), *pack(every))
+
+
+def _cut_tiles(T: int, block: int, j, inside, some, every, allowed) -> None:
+    """``some`` and ``every`` (H, N, offsets) of the tiles the sequence end cuts (the last query block's and the
+    last key block's), recomputed in place from ``allowed(dist)`` over their real pairs; a cut block is never full."""
+    N = j.shape[0]
+    n = T - (N - 1) * block
+    for row in range(N):
+        for c in range(j.shape[1]):
+            col = int(j[row, c])
+            if not inside[row, c] or (row != N - 1 and col != N - 1):
+                continue
+            qs = torch.arange(n if row == N - 1 else block) + row * block
+            ks = torch.arange(n if col == N - 1 else block) + col * block
+            some[:, row, c] = allowed(qs[:, None] - ks[None, :]).flatten(1).any(-1)
+            every[:, row, c] = False
 
 
 def _with_globals(T, block, j, inside, partial, every, global_tokens, causal: bool, split_full: bool):

@@ -287,6 +287,29 @@ def _tiled_columns(columns: Columns, N: int, b: int) -> Columns:
     return per_tile(k_g), per_tile(v_g), add
 
 
+def _tile_mask(B: int, T: int, b: int, K: int, back: int, window: int, causal: bool, key_padding, dev):
+    """(allowed (B * N, 1, b, K) bool, rel (b, K) query - key distances) of ``local_attention``'s tiles. The window
+    rule is the same in every tile; only which keys exist (and padding) differ per tile."""
+    N = -(-T // b)
+    R = N * b
+    offset = torch.arange(K, device=dev) - back * b  # key position relative to the tile's first query
+    rel = torch.arange(b, device=dev)[:, None] - offset[None, :]  # (b, K) query - key distance
+    allowed = rel.abs() <= window
+    if causal:
+        allowed &= rel >= 0
+    kpos = torch.arange(0, R, b, device=dev)[:, None] + offset  # (N, K)
+    allowed = allowed & ((kpos >= 0) & (kpos < T))[:, None, :]  # (N, b, K)
+    if key_padding is not None:  # laid out like the keys (``local_attention``'s buffer), then cut into tiles
+        ahead = K // b - back - 1
+        kp = key_padding.new_ones(back * b + B * R + ahead * b)
+        kp[back * b : back * b + B * R].view(B, R)[:, :T] = key_padding
+        kp = kp.unfold(0, K, b)  # (B * N, K)
+        allowed = allowed.repeat(B, 1, 1) & ~kp[:, None, :]  # (B * N, b, K)
+    else:
+        allowed = allowed.repeat(B, 1, 1)
+    return _unstarve(allowed)[:, None], rel  # queries past the end stay finite
+
+
 def local_attention(
     q,
     k,
@@ -351,23 +374,7 @@ def local_attention(
     qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
     kt, vt = tiles(k), tiles(v)
 
-    # The window rule is the same in every tile; only which keys exist (and padding) differ per tile.
-    dev = q.device
-    offset = torch.arange(K, device=dev) - back * b  # key position relative to the tile's first query
-    rel = torch.arange(b, device=dev)[:, None] - offset[None, :]  # (b, K) query - key distance
-    allowed = rel.abs() <= window
-    if causal:
-        allowed &= rel >= 0
-    kpos = torch.arange(0, R, b, device=dev)[:, None] + offset  # (N, K)
-    allowed = allowed & ((kpos >= 0) & (kpos < T))[:, None, :]  # (N, b, K)
-    if key_padding is not None:
-        kp = key_padding.new_ones(L)
-        kp[back * b : back * b + B * R].view(B, R)[:, :T] = key_padding
-        kp = kp.unfold(0, K, b)  # (B * N, K)
-        allowed = allowed.repeat(B, 1, 1) & ~kp[:, None, :]  # (B * N, b, K)
-    else:
-        allowed = allowed.repeat(B, 1, 1)
-    allowed = _unstarve(allowed)[:, None]  # (B * N, 1, b, K); queries past the end stay finite
+    allowed, rel = _tile_mask(B, T, b, K, back, window, causal, key_padding, q.device)
     b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)
     if columns is None:
         out = attend(qt, kt, vt, score, mask=allowed, bias=b_, dropout_p=dropout_p)  # (B * N, H, b, Dv)
