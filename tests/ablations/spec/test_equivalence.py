@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from ablations.spec import load_study
-from ablations.spec.equivalence import equivalence_warnings, warning_lines
+from ablations.spec.equivalence import equivalence_warnings, equivalent_pairs, warning_lines
 from tests.conftest import ROOT
 
 BASE = {
@@ -61,3 +61,14 @@ def test_the_dry_run_says_it(tmp_path):
     dry_run(s, tracking_uri=f"sqlite:///{tmp_path / 'none.db'}", claims_url=None, reuse_any_code=False, out=said.append)
     assert warning_lines(s)[0] in said
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_report_can_say_it_from_the_runs_params():
+    """The report reads each variant's model from MLflow's params (text): the same pairs are found there."""
+    params = {
+        "score=dot": {"score": "dot", "qk_projections": "True", "d_model": "16"},
+        "score=general": {"score": "general", "qk_projections": "True", "d_model": "16"},
+        "score=general states": {"score": "general", "qk_projections": "False", "d_model": "16"},
+        "score=dot states": {"score": "dot", "qk_projections": "False", "d_model": "16"},
+    }
+    assert equivalent_pairs(params) == [("score=dot", "score=general", "dot")]
