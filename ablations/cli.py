@@ -122,13 +122,12 @@ def _sweep(args: argparse.Namespace) -> int:
 def _pilot(study, tracking_uri: str | None) -> str | None:
     """An earlier submission as a pilot: how many seeds the declared difference needs (comparing, composed here)."""
     from ablations import stores, tracking
-    from ablations.spec.analysis import parse_analysis
     from dashboards.plan import pilot_plan
 
     uri = tracking.resolve_uri(tracking_uri, create=False)
     if not stores.store_exists(uri):
         return None
-    return pilot_plan(uri, study.name, parse_analysis(study.analysis), metric=study.metric)
+    return pilot_plan(uri, study.name, study.analysis, metric=study.metric)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -294,8 +293,28 @@ def add_tracking_uri(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ablate", description="Ablation studies of Transformers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_run, _add_sweep, _add_search, _add_report, _add_heads, _add_compare, _add_ui, _add_demo):
+        add(sub)
+    return parser
 
-    p = sub.add_parser("run", help="train one configuration (a run file) and record it in MLflow")
+
+def _command(sub, name: str, help: str, func) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` says what it does, as ``ablate --help`` does."""
+    p = sub.add_parser(name, help=help, description=help)
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_address_and_cpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
+    )
+    add_tracking_uri(p)
+    p.add_argument("--cpus", type=_count, default=None, help="CPUs of the local Ray (default: all)")
+
+
+def _add_run(sub) -> None:
+    p = _command(sub, "run", "train one configuration (a run file) and record it in MLflow", _run)
     p.add_argument("config", help="a run file, e.g. ablations/runs/quickstart.yaml")
     p.add_argument(
         "--set",
@@ -307,17 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_tracking_uri(p)
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the run's name)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run)
 
-    p = sub.add_parser("sweep", help="run every cell of a study on Ray, each exactly once, recorded in MLflow")
+
+def _add_sweep(sub) -> None:
+    p = _command(sub, "sweep", "run every cell of a study on Ray, each exactly once, recorded in MLflow", _sweep)
     p.add_argument("study", help="a study file, e.g. ablations/studies/quickstart.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the cells and what is done; start nothing")
-    p.add_argument(
-        "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
-    )
-    add_tracking_uri(p)
+    _add_address_and_cpus(p)
     p.add_argument("--max-concurrent", type=_count, default=None, help="trials at once (default: the study's)")
-    p.add_argument("--cpus", type=_count, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--seeds", type=_seeds, help="override the study's seeds: a count (3) or a list (0,1,2)")
     p.add_argument(
         "--claims",
@@ -330,9 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count results trained by other code (another code fingerprint) as done (default: train them again)",
     )
-    p.set_defaults(func=_sweep)
 
-    p = sub.add_parser("search", help="an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow")
+
+def _add_search(sub) -> None:
+    help = "an Optuna search over run-configuration keys, trials on Ray, tracked in MLflow"
+    p = _command(sub, "search", help, _search)
     p.add_argument("spec", help="a search file, e.g. ablations/searches/quickstart_lr.yaml")
     p.add_argument(
         "--dry-run", action="store_true", help="the space, the trials and what the storage holds; start nothing"
@@ -345,14 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--n-trials", type=_count, default=None, help="override the spec's n_trials (the total for the study)"
     )
-    p.add_argument(
-        "--address", default=None, help="Ray cluster to use (default: $RAY_ADDRESS, else a local Ray on 127.0.0.1)"
-    )
-    add_tracking_uri(p)
-    p.add_argument("--cpus", type=_count, default=None, help="CPUs of the local Ray (default: all)")
-    p.set_defaults(func=_search)
+    _add_address_and_cpus(p)
 
-    p = sub.add_parser("report", help="the ablation table with seed statistics, and an HTML report logged to MLflow")
+
+def _add_report(sub) -> None:
+    help = "the ablation table with seed statistics, and an HTML report logged to MLflow"
+    p = _command(sub, "report", help, _report)
     p.add_argument("study", help="the study's name (its MLflow experiment)")
     p.add_argument("--metric", default=None, help="default: the study's metric")
     p.add_argument("--baseline", default=None, help="the variant to compare against (default: the study's first)")
@@ -366,9 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="report folder (default: .ablate/reports/STUDY)")
     p.add_argument("--no-log", action="store_true", help="do not log the report to the study's parent run")
     add_tracking_uri(p)
-    p.set_defaults(func=_report)
 
-    p = sub.add_parser("heads", help="remove one attention head at a time in every trained seed (Michel et al. 2019)")
+
+def _add_heads(sub) -> None:
+    help = "remove one attention head at a time in every trained seed (Michel et al. 2019)"
+    p = _command(sub, "heads", help, _heads)
     p.add_argument("study", help="a study whose runs kept their weights (tracking: {checkpoint: true})")
     p.add_argument(
         "--metric",
@@ -384,19 +402,22 @@ def build_parser() -> argparse.ArgumentParser:
         "et al. section 4 and Table 2), measured on a test metric, e.g. --prune test/loss",
     )
     add_tracking_uri(p)
-    p.set_defaults(func=_heads)
 
-    p = sub.add_parser("compare", help="which conclusions changed between two studies or submissions (NAME@N)")
+
+def _add_compare(sub) -> None:
+    help = "which conclusions changed between two studies or submissions (NAME@N)"
+    p = _command(sub, "compare", help, _compare)
     p.add_argument("a", help="a study name, or NAME@SUBMISSION")
     p.add_argument("b", help="a study name, or NAME@SUBMISSION")
     p.add_argument("--metric", default=None, help="default: the first study's metric")
     add_tracking_uri(p)
-    p.set_defaults(func=_compare)
 
-    p = sub.add_parser(
-        "ui",
-        help="the MLflow UI on the tracking store (--optuna: optuna-dashboard on the searches), on 127.0.0.1 unless --host",
+
+def _add_ui(sub) -> None:
+    help = (
+        "the MLflow UI on the tracking store (--optuna: optuna-dashboard on the searches), on 127.0.0.1 unless --host"
     )
+    p = _command(sub, "ui", help, _ui)
     p.add_argument("experiment", nargs="?", default=None, help="open this study's (or run's) experiment")
     p.add_argument("--run", default=None, help="open this run of the experiment")
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else .ablate/mlflow.db")
@@ -409,14 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--optuna", action="store_true", help="start optuna-dashboard on the searches' storage instead")
     p.add_argument("--storage", default=None, help="with --optuna: the Optuna storage (default .ablate/optuna.db)")
-    p.set_defaults(func=_ui)
 
-    p = sub.add_parser("demo", help="train a few model variants for a few steps on random copy data (no tracking)")
+
+def _add_demo(sub) -> None:
+    p = _command(sub, "demo", "train a few model variants for a few steps on random copy data (no tracking)", _demo)
     p.add_argument("--steps", type=_count, default=30, help="optimisation steps per variant (default 30)")
-    p.set_defaults(func=_demo)
-    for action in sub._choices_actions:  # `ablate ui --help` says what the command does, as `ablate --help` does
-        sub.choices[action.dest].description = action.help
-    return parser
 
 
 def _sigterm(signum, frame) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ablations import records
 from ablations.process import exit_quickly, import_paused, training_modules
 from ablations.secrets import Credentials
 from ablations.spec import Resources, RunConfig
@@ -89,7 +90,7 @@ def run_data_parallel(
     key = f"{name}-{uuid.uuid4().hex[:8]}"
     job = dataclasses.replace(
         job,
-        where=dataclasses.replace(job.where, tags={**job.where.tags, "ray_train_run": key}),
+        where=dataclasses.replace(job.where, tags={**job.where.tags, records.TAG_RAY_TRAIN_RUN: key}),
         credentials=Credentials.from_environ(),  # the trial's, which has them from its driver
     )
     r = job.resources
@@ -112,7 +113,7 @@ def run_data_parallel(
 
 def _recorded_result(job: ParallelJob, key: str, lost: str) -> RunResult:
     """Rank 0's run, found by its tag; a run still RUNNING (rank 0 is gone) is ended as failed with ``lost``."""
-    from ablations import records, tracking
+    from ablations import tracking
 
     uri = tracking.resolve_uri(job.where.uri)
     experiment = tracking.experiment_name(job.run, job.where)

@@ -5,8 +5,9 @@ no other module defines them.
 
 - Run kinds (tag ``kind``): one parent run per submission of a study (``study``) or per search process
   (``search``); one child run per attempt of a cell (``cell``) or per Optuna trial (``trial``).
-- Tags of a cell: study, variant, seed, cell_id, submission, attempt, ``axis.<key>`` (the design's values),
-  ``tuned.<key>`` (what a tuned study's search chose), code version, ray_node, status_detail.
+- Tags of a cell: study, variant, seed, cell_id, submission, attempt, code version, ray_node, status_detail. A
+  cell's settings are recorded once, in its submission's design.json (``ablations.recorded``); its params hold its
+  whole configuration.
 - States: a run's ``status_detail`` tag is ``<state>`` or ``<state>: <reason>``; finished and diverged runs
   are results (MLflow status FINISHED), failed and killed ones are not (FAILED, KILLED).
 - Params: the flattened resolved run configuration (``flatten``), result-affecting fields only.
@@ -35,8 +36,20 @@ TAG_STATUS = "status_detail"
 TAG_CODE = "code_fingerprint"  # the hash of the code that shapes a result (tracking.code_fingerprint)
 TAG_CLAIM = "claim_token"  # the fencing token under which a cell's run was trained
 TAG_PARENT = "mlflow.parentRunId"
-AXIS_PREFIX = "axis."  # axis.<dotted key>: the value of a design axis in this cell
-TUNED_PREFIX = "tuned."  # tuned.<dotted key>: what the variant's own search chose
+TAG_NOTE = "mlflow.note.content"  # MLflow's description of a run (a study's parent: the study's description)
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow's view of an experiment (ours: model training)
+TAG_CONFIG_HASH = "config_hash"  # the hash of what a run trains (a cell's equals its cell id)
+TAG_TASK, TAG_ARCH, TAG_WORKERS = "task", "arch", "workers"
+TAG_PID, TAG_HOST, TAG_CODE_DIR = "pid", "host", "code_dir"  # the process that trains, and the code it runs
+TAG_RAY_NODE, TAG_RAY_NODE_IP, TAG_RAY_TRAIN_RUN = "ray_node", "ray_node_ip", "ray_train_run"
+TAG_TRIAL, TAG_OPTUNA_STATE = "trial", "optuna_state"  # a search trial's number, and what Optuna was told
+TAG_STORAGE, TAG_SAMPLER, TAG_PRUNER = "storage", "sampler", "pruner"  # a search's parent run
+TAG_DESIGN, TAG_CELLS, TAG_CELLS_TO_TRAIN = "design", "cells", "cells_to_train"  # a submission's parent run
+TAG_DRIVER_HOST, TAG_DRIVER_PID, TAG_CLAIMS_OWNER = "driver_host", "driver_pid", "claims_owner"
+# what writing to MLflow cost a run, and what it could not write
+TAG_LOGGING_SECONDS, TAG_TRACKING_SECONDS = "logging_seconds", "tracking_seconds"
+TAG_METRICS_LOST, TAG_LOGGING_ERRORS = "metrics_lost", "logging_errors"
+AXIS_PREFIX = "axis."  # a cell's row in a report: axis.<dotted key>, the value of a design axis (from design.json)
 PARAM_PREFIX = "param."  # param.<dotted key>: a search trial's parameters
 TUNED_SETTING = "tuned:"  # the prefix of a tuned value in a variant's settings (design.json)
 

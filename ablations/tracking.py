@@ -25,7 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ablations.records import MLFLOW_STATUS, STATUS_RUNNING, TAG_PARENT, TAG_STATUS, client, status_tag
+from ablations.records import (
+    MLFLOW_STATUS,
+    STATUS_RUNNING,
+    TAG_EXPERIMENT_KIND,
+    TAG_LOGGING_ERRORS,
+    TAG_LOGGING_SECONDS,
+    TAG_METRICS_LOST,
+    TAG_PARENT,
+    TAG_STATUS,
+    TAG_TRACKING_SECONDS,
+    client,
+    status_tag,
+)
 from ablations.secrets import redact
 
 if TYPE_CHECKING:
@@ -118,7 +130,7 @@ def experiment_id(uri: str, name: str) -> str:
         return c.create_experiment(
             name,
             artifact_location=f"{location}/{name}" if location else None,
-            tags={"mlflow.experimentKind": "custom_model_development"},
+            tags={TAG_EXPERIMENT_KIND: "custom_model_development"},
         )
     except MlflowException:  # created meanwhile by another process
         exp = c.get_experiment_by_name(name)
@@ -354,12 +366,12 @@ class RunLogger:
             detail = f"{detail}; {lost}" if detail else lost
         tags = {TAG_STATUS: status_tag(status, detail)}
         if self.writer is not None:
-            tags["logging_seconds"] = f"{self.writer.seconds_sending:.3f}"
+            tags[TAG_LOGGING_SECONDS] = f"{self.writer.seconds_sending:.3f}"
             if self.writer.lost:
-                tags["metrics_lost"] = str(self.writer.lost)
+                tags[TAG_METRICS_LOST] = str(self.writer.lost)
             if self.writer.errors:
-                tags["logging_errors"] = "; ".join(self.writer.errors)[:5000]
+                tags[TAG_LOGGING_ERRORS] = "; ".join(self.writer.errors)[:5000]
         # what writing to MLflow cost this run in the foreground (set-up, lineage, closing), in seconds
-        tags["tracking_seconds"] = f"{self.seconds_writing + time.perf_counter() - t:.3f}"
+        tags[TAG_TRACKING_SECONDS] = f"{self.seconds_writing + time.perf_counter() - t:.3f}"
         self.set_tags(tags)
         client(self.uri).set_terminated(self.run_id, MLFLOW_STATUS[status])

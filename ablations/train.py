@@ -19,6 +19,7 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -210,45 +211,67 @@ def train(
     if run.resources.threads:
         torch.set_num_threads(run.resources.threads)
     where = where or Tracking()
-    task = run.task
     t = run.training
     L.seed_everything(run.seed, workers=True, verbose=False)
-    data = TaskDataModule(task, t.batch_size, run.seed, t.eval_batch_size)
+    data = TaskDataModule(run.task, t.batch_size, run.seed, t.eval_batch_size)
     data.setup()  # fails here, before anything is logged, when the data cannot be built
-
     uri = tracking.resolve_uri(where.uri)
     experiment = experiment_name(run, where)
-    run_logger = None
-    if log:
-        tags = {
-            "seed": str(run.seed),
-            "task": task.name,
-            "arch": run.model.arch,
-            "config_hash": run.config_hash(),
-            **where.tags,
-            records.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
-        }
-        run_logger = tracking.RunLogger(
-            uri=uri,
-            experiment=experiment,
-            run_name=where.run_name or run.name,
-            parent_run_id=where.parent_run_id,
-            tags=tags,
-        )
-        run_logger.start(run.params(), run.to_dict())
-
-    status, detail, summary = records.STATUS_FAILED, "", {}
-    module = None
-    started = time.perf_counter()
+    run_logger = _run_logger(run, where, uri, experiment) if log else None
+    attempt = _Attempt(started=time.perf_counter())
     try:
+        attempt.fit(run, data, run_logger, hooks, progress, trainer_options, prepare)
+    except KeyboardInterrupt as err:
+        attempt.status, attempt.detail = (
+            records.STATUS_KILLED,
+            f"interrupted ({'SIGTERM' if str(err) == 'SIGTERM' else 'Ctrl-C'})",
+        )
+        raise
+    except BaseException as err:
+        attempt.status, attempt.detail = records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
         if run_logger is not None:
-            run_logger.log_datasets(data.data, task.name, {s: data.digest(s) for s in data.data})
+            run_logger.log_text(traceback.format_exc(), "traceback.txt")
+        raise
+    finally:
+        if run_logger is not None:
+            status, detail = _fenced(run_logger.run_id, attempt.status, attempt.detail, fence)
+            attempt.status, attempt.detail = status, detail
+            run_logger.end(status, detail, attempt.summary, step=attempt.step)
+    return RunResult(
+        run_id=run_logger.run_id if run_logger else "",
+        status=attempt.status,
+        detail=attempt.detail,
+        metrics=attempt.summary,
+        tracking_uri=uri,
+        experiment=experiment,
+    )
+
+
+@dataclass
+class _Attempt:
+    """What one call of ``train`` reached: its status and detail, the summary, the step (read when it ends, however
+    it ends)."""
+
+    started: float
+    status: str = records.STATUS_FAILED
+    detail: str = ""
+    summary: dict[str, float] = field(default_factory=dict)
+    module: Any = None
+
+    @property
+    def step(self) -> int:
+        return self.module.global_step if self.module is not None else 0
+
+    def fit(self, run: RunConfig, data, run_logger, hooks, progress: bool, trainer_options, prepare) -> None:
+        t = run.training
+        if run_logger is not None:
+            run_logger.log_datasets(data.data, run.task.name, {s: data.digest(s) for s in data.data})
         length, source_length = typical_lengths(data.rows["train"])
         reset_peak_memory()  # this run's peak, not the worker process's (sweeps reuse processes)
-        module = LitTransformer(
+        module = self.module = LitTransformer(
             run.model,
             t,
-            task.kind,
+            run.task.kind,
             log_every=run.tracking.log_every,
             typical_length=length,
             typical_source_length=source_length,
@@ -256,81 +279,97 @@ def train(
         drain = Drain(run_logger, list(hooks or []))
         callbacks = [Progress(t.max_steps), drain] if progress else [drain]  # the bar reads before drain empties
         with tempfile.TemporaryDirectory(prefix="ablate-") as scratch:
-            options = dict(
-                accelerator="auto",
-                devices=1,
-                max_steps=t.max_steps,
-                precision=t.precision,
-                gradient_clip_val=t.grad_clip,
-                deterministic=t.deterministic,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-                val_check_interval=t.val_every,
-                check_val_every_n_epoch=None,
-                limit_val_batches=t.val_batches or 1.0,
-                default_root_dir=scratch,
-                max_time={"seconds": t.max_time} if t.max_time else None,
-                callbacks=callbacks,
-            )
-            options.update(trainer_options or {})
-            trainer = L.Trainer(**options)
-            if prepare is not None:
-                trainer = prepare(trainer)
+            trainer = _trainer(t, callbacks, scratch, trainer_options, prepare)
             fit(trainer, module, data, drain)
-            extra: dict[str, float] = {}
-            if module.diverged:
-                status, detail = records.STATUS_DIVERGED, module.diverged["reason"]
-                extra["diverged_step"] = float(module.diverged["step"])
-            elif drain.stopped is not None:
-                status, detail, stop_step = drain.stopped
-                extra["stopped_step"] = float(stop_step)
-            else:
-                status = records.STATUS_FINISHED
-            if trainer.is_global_zero and drain.stopped is None:
-                extra.update(_final_evaluation(module, data, drain))
-                lost = [k for k, v in {**module.last_val, **extra}.items() if not math.isfinite(v)]
-                if status == records.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
-                    # did not: a result with no value, counted as diverged whatever the metric is called (dropped as
-                    # "no value yet", it vanished; only a loss's name was checked)
-                    status, detail = records.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
-                    extra["diverged_step"] = float(trainer.global_step)
-                if run_logger is not None and run.tracking.checkpoint:
-                    path = Path(scratch) / "model.pt"
-                    torch.save(module.model.state_dict(), path)
-                    run_logger.log_artifact(path, "checkpoint")
-            extra["cost/wall_time_s"] = time.perf_counter() - started
+            self.status, self.detail, extra = _outcome(module, drain, trainer, data)
+            if run_logger is not None and run.tracking.checkpoint and trainer.is_global_zero and drain.stopped is None:
+                path = Path(scratch) / "model.pt"
+                torch.save(module.model.state_dict(), path)
+                run_logger.log_artifact(path, "checkpoint")
+            extra["cost/wall_time_s"] = time.perf_counter() - self.started
             extra["cost/steps"] = float(trainer.global_step)
-            summary = summarize(module, extra)
-    except KeyboardInterrupt as err:
-        status, detail = (
-            records.STATUS_KILLED,
-            "interrupted (SIGTERM)" if str(err) == "SIGTERM" else "interrupted (Ctrl-C)",
-        )
-        raise
-    except BaseException as err:
-        status, detail = records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
-        if run_logger is not None:
-            run_logger.log_text(traceback.format_exc(), "traceback.txt")
-        raise
-    finally:
-        if run_logger is not None:
-            if fence is not None and status in records.RESULT_STATES and not fence(run_logger.run_id):
-                status, detail = (
-                    records.STATUS_KILLED,
-                    ("its claim on the cell was taken over (the lease expired): another submission trains it"),
-                )
-            run_logger.end(status, detail, summary, step=module.global_step if module is not None else 0)
-    return RunResult(
-        run_id=run_logger.run_id if run_logger else "",
-        status=status,
-        detail=detail,
-        metrics=summary,
-        tracking_uri=uri,
+            self.summary = summarize(module, extra)
+
+
+def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str) -> tracking.RunLogger:
+    """The run's MLflow run, started with its params and configuration."""
+    tags = {
+        records.TAG_SEED: str(run.seed),
+        records.TAG_TASK: run.task.name,
+        records.TAG_ARCH: run.model.arch,
+        records.TAG_CONFIG_HASH: run.config_hash(),
+        **where.tags,
+        records.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
+    }
+    run_logger = tracking.RunLogger(
+        uri=uri,
         experiment=experiment,
+        run_name=where.run_name or run.name,
+        parent_run_id=where.parent_run_id,
+        tags=tags,
     )
+    run_logger.start(run.params(), run.to_dict())
+    return run_logger
+
+
+def _trainer(t, callbacks: list, scratch: str, trainer_options: dict[str, Any] | None, prepare) -> Any:
+    """Lightning's Trainer for the training settings ``t`` (``trainer_options`` override; ``prepare`` wraps)."""
+    options = dict(
+        accelerator="auto",
+        devices=1,
+        max_steps=t.max_steps,
+        precision=t.precision,
+        gradient_clip_val=t.grad_clip,
+        deterministic=t.deterministic,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=t.val_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches or 1.0,
+        default_root_dir=scratch,
+        max_time={"seconds": t.max_time} if t.max_time else None,
+        callbacks=callbacks,
+    )
+    options.update(trainer_options or {})
+    trainer = L.Trainer(**options)
+    return prepare(trainer) if prepare is not None else trainer
+
+
+def _outcome(module, drain: Drain, trainer, data) -> tuple[str, str, dict[str, float]]:
+    """(status, detail, the final evaluation's metrics) once fit() has returned: diverged, stopped by a hook,
+    or finished; a finished run whose evaluation is not finite diverged."""
+    extra: dict[str, float] = {}
+    detail = ""
+    if module.diverged:
+        status, detail = records.STATUS_DIVERGED, module.diverged["reason"]
+        extra["diverged_step"] = float(module.diverged["step"])
+    elif drain.stopped is not None:
+        status, detail, stop_step = drain.stopped
+        extra["stopped_step"] = float(stop_step)
+    else:
+        status = records.STATUS_FINISHED
+    if trainer.is_global_zero and drain.stopped is None:
+        extra.update(_final_evaluation(module, data, drain))
+        lost = [k for k, v in {**module.last_val, **extra}.items() if not math.isfinite(v)]
+        if status == records.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
+            # did not: a result with no value, counted as diverged whatever the metric is called (dropped as
+            # "no value yet", it vanished; only a loss's name was checked)
+            status, detail = records.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
+            extra["diverged_step"] = float(trainer.global_step)
+    return status, detail, extra
+
+
+def _fenced(run_id: str, status: str, detail: str, fence: Callable[[str], bool] | None) -> tuple[str, str]:
+    """A result is written only while the cell's claim holds: taken over, the run ends as killed."""
+    if fence is not None and status in records.RESULT_STATES and not fence(run_id):
+        return (
+            records.STATUS_KILLED,
+            "its claim on the cell was taken over (the lease expired): another submission trains it",
+        )
+    return status, detail
 
 
 def _final_evaluation(module, data, drain: Drain) -> dict[str, float]:

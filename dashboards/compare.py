@@ -50,7 +50,7 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
     share: each variant against the baseline, then the other declared contrasts and effects."""
     (name_a, sub_a), (name_b, sub_b) = parse(ref_a), parse(ref_b)
     runs_a, runs_b = load_study(uri, name_a, submission=sub_a), load_study(uri, name_b, submission=sub_b)
-    metric = metric or runs_a.design.get("metric")
+    metric = metric or runs_a.design.metric
     ta = build(runs_a, metric)
     # each variant against the same baseline in both: a study whose first variant differs asked "y vs x" where
     # the other asked "y vs base", and the two were set side by side as one contrast that "changed"

@@ -31,7 +31,6 @@ import yaml
 
 from ablations import records
 from ablations.spec import resolve_run
-from ablations.spec.analysis import from_design
 from dashboards import stats
 from dashboards.load import load_study
 
@@ -211,7 +210,7 @@ def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
     order = {v: i for i, v in enumerate(runs.variants)}
     cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
-    return [(v, int(seed), run_id) for v, seed, run_id in cells], from_design(runs.design).test
+    return [(v, int(seed), run_id) for v, seed, run_id in cells], runs.design.analysis.test
 
 
 def check_options(uri: str, study: str, metric: str, prune: str | None = None) -> None:

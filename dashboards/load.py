@@ -2,7 +2,8 @@
 
 The conventions (ablations/records.py, DESIGN.md): one experiment per study; a parent run per submission
 (tag ``kind=study``, the design as the artifact ``design.json``); a child run per attempt of a cell (tag
-``kind=cell``, with ``variant``, ``seed``, ``cell_id``, ``axis.<key>`` and ``status_detail``). A cell's row
+``kind=cell``, with ``variant``, ``seed``, ``cell_id`` and ``status_detail``; its settings from the design,
+``ablations.recorded``). A cell's row
 is its result run (finished or diverged) when it has one, else its latest attempt (failed, killed, ...).
 """
 
@@ -15,12 +16,13 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from ablations.recorded import CellRun, RecordedDesign, submission_number
 from ablations.records import (
+    AXIS_PREFIX,
     DESIGN_ARTIFACT,
     KIND_CELL,
     KIND_STUDY,
-    TUNED_SETTING,
-    cell_state,
+    TAG_SUBMISSION,
     client,
     kind_filter,
     name_hint,
@@ -61,7 +63,7 @@ class StudyRuns:
     name: str
     uri: str
     experiment_id: str
-    design: dict[str, Any]  # kind, axes, variants [{name, settings}], metric, direction
+    design: RecordedDesign  # what the latest submission recorded of the study
     cells: Any  # pandas.DataFrame, one row per cell
     parents: list[Any] = field(default_factory=list)  # submission runs, oldest first
     histories: dict[str, dict[str, list]] = field(default_factory=dict, repr=False)  # metric -> run -> points
@@ -78,7 +80,7 @@ class StudyRuns:
     @property
     def variants(self) -> list[str]:
         """In the study's order (the baseline first), then variants only older submissions had."""
-        order = [v["name"] for v in self.design.get("variants", [])]
+        order = list(self.design.variants)
         seen = list(dict.fromkeys(self.cells["variant"])) if len(self.cells) else []
         return order + [v for v in seen if v not in order]
 
@@ -91,7 +93,8 @@ class StudyRuns:
         return self.parents[-1] if self.parents else None
 
 
-def _design(uri: str, parents: list) -> dict[str, Any]:
+def _design(uri: str, parents: list) -> RecordedDesign:
+    """The latest submission's design.json; a submission recorded before it: its parent run's params."""
     c = client(uri)
     for parent in reversed(parents):
         with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:  # MLflow's own default folder is never removed
@@ -100,17 +103,8 @@ def _design(uri: str, parents: list) -> dict[str, Any]:
             except Exception:  # an older submission without it
                 continue
             with open(path) as f:
-                return json.load(f)
-    if parents:  # the parent's params at least
-        p = parents[-1].data.params
-        return {
-            "kind": p.get("design", ""),
-            "axes": [a for a in p.get("axes", "").split(",") if a],
-            "variants": [],
-            "metric": p.get("metric", "final/val_loss"),
-            "direction": p.get("direction", "minimize"),
-        }
-    return {"kind": "", "axes": [], "variants": [], "metric": "final/val_loss", "direction": "minimize"}
+                return RecordedDesign.from_json(json.load(f))
+    return RecordedDesign.from_params(parents[-1].data.params) if parents else RecordedDesign()
 
 
 def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:
@@ -128,23 +122,23 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         )
     parents = sorted(
         search_all(uri, [exp.experiment_id], kind_filter(KIND_STUDY)),
-        key=lambda r: int(r.data.tags.get("submission", 0)),
+        key=submission_number,
     )
-    filt = kind_filter(KIND_CELL, **({"submission": str(submission)} if submission is not None else {}))
+    filt = kind_filter(KIND_CELL, **({TAG_SUBMISSION: str(submission)} if submission is not None else {}))
     runs = sorted(search_all(uri, [exp.experiment_id], filt), key=lambda r: r.info.start_time)
     if not runs and submission is not None:  # the submissions there are, not "run ablate sweep"
-        numbers = [p.data.tags.get("submission", "?") for p in parents]
+        numbers = [str(submission_number(p)) for p in parents]
         there = f"its submissions: {', '.join(numbers)}" if numbers else "it has no submission yet"
         raise NoResults(f"submission {submission} of study {study!r} trained no cell in {redact_url(uri)}; {there}")
     if not runs:
         raise NoResults(f"study {study!r} has no cell runs in {redact_url(uri)} yet: run `ablate sweep` first")
     by_cell: dict[str, list] = {}
     for run in runs:
-        by_cell.setdefault(run.data.tags.get("cell_id", run.info.run_id), []).append(run)
+        by_cell.setdefault(CellRun.of(run).cell_id, []).append(run)
     design = _design(uri, parents)
     # whose results count: the latest submission's code (None: any code's, or an older record); NAME@N: the cells
     # that submission trained, whatever code trained them
-    code = design.get("code") if submission is None else None
+    code = design.code if submission is None else None
     rows = []
     for cell_id, attempts in by_cell.items():
         own = [r for r in attempts if same_code(r, code)]
@@ -161,43 +155,33 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
                     "state": OTHER_CODE,
                 }
             )
-    labels = design.get("cells", {})  # the latest design's name of each cell, whatever its runs were tagged
-    settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
-    for row in rows:
-        row["variant"] = labels.get(row["cell_id"], row["variant"])
-        # axes added after a cell ran are at the base's value in that cell: the design says which
-        row.update(
-            {
-                f"axis.{k}": str(v)
-                for k, v in settings.get(row["variant"], {}).items()
-                if not k.startswith(TUNED_SETTING)
-            }
-        )
+    for row in rows:  # the latest design's name of each cell, whatever its runs were tagged
+        row["variant"] = design.cells.get(row["cell_id"], row["variant"])
+        # a cell's settings are recorded once, in the design (axes added after a cell ran are at the base's value)
+        row.update({AXIS_PREFIX + k: v for k, v in design.axis_values(row["variant"]).items()})
     cells = pd.DataFrame(rows)
     return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)
 
 
 def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, Any]:
-    tags = run.data.tags
-    seed = tags.get("seed", "")
+    r = CellRun.of(run)
     row: dict[str, Any] = {
-        "variant": tags.get("variant", "?"),
-        "seed": int(seed) if seed.lstrip("-").isdigit() else seed,
+        "variant": r.variant,
+        "seed": r.seed,
         "cell_id": cell_id,
-        "state": cell_state(run),
-        "detail": tags.get("status_detail", ""),
+        "state": r.state,
+        "detail": r.detail,
         "attempts": len(attempts),
-        "run_id": run.info.run_id,
-        "submission": tags.get("submission", ""),
-        "ray_node": tags.get("ray_node", ""),
-        "start_time": run.info.start_time,
-        "end_time": run.info.end_time,
+        "run_id": r.run_id,
+        "submission": r.submission,
+        "ray_node": r.ray_node,
+        "start_time": r.start_time,
+        "end_time": r.end_time,
     }
-    row.update({k: v for k, v in tags.items() if k.startswith("axis.")})
-    row.update({PARAMS_PREFIX + k: run.data.params[k] for k in PARAMS_KEPT if k in run.data.params})
+    row.update({PARAMS_PREFIX + k: r.params[k] for k in PARAMS_KEPT if k in r.params})
     if metrics:
-        row.update(run.data.metrics)
-        row[NONFINITE] = ",".join(k for k, v in run.data.metrics.items() if not math.isfinite(v))
+        row.update(r.metrics)
+        row[NONFINITE] = ",".join(k for k, v in r.metrics.items() if not math.isfinite(v))
     return row
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablations import records
 from ablations.secrets import redact_url
 from dashboards import stats
 from dashboards.load import StudyRuns, client, load_study
@@ -278,7 +279,7 @@ def make_report(
     runs = load_study(uri, study, submission=submission)
     table = build(runs, metric, baseline=baseline)
     parent = runs.latest_parent
-    description = parent.data.tags.get("mlflow.note.content", "") if parent is not None else ""
+    description = parent.data.tags.get(records.TAG_NOTE, "") if parent is not None else ""
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
     from dashboards.static import save_pngs

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.records import TUNED_SETTING
-from ablations.spec.analysis import Analysis, from_design
+from ablations.recorded import RecordedDesign
+from ablations.records import AXIS_PREFIX
+from ablations.spec.analysis import Analysis
 from ablations.spec.metrics import better, majority_metric
 from dashboards import caveats, stats, testable
 from dashboards.load import NONFINITE, OTHER_CODE, StudyRuns
@@ -189,29 +190,24 @@ def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
     }
 
 
-TUNED = TUNED_SETTING  # the prefix of what a tuned study's search chose, in a variant's settings
-
-
 def _short(key: str) -> str:
-    return key.removeprefix(TUNED).split(".", 1)[-1]
+    return key.split(".", 1)[-1]
 
 
-def _changed(design: dict[str, Any], variant: str, baseline: str) -> str:
-    settings = {v["name"]: v.get("settings", {}) for v in design.get("variants", [])}
-    mine, base = settings.get(variant), settings.get(baseline, {})
+def _changed(design: RecordedDesign, variant: str, baseline: str) -> str:
     if variant == baseline:
         return "(baseline)"
-    if mine is None:
+    if variant not in design.variants:
         return "?"
-    diff = [f"{_short(k)}={v}" for k, v in mine.items() if base.get(k) != v and not k.startswith(TUNED)]
+    mine, base = design.axis_values(variant), design.axis_values(baseline)
+    diff = [f"{_short(k)}={v}" for k, v in mine.items() if base.get(k) != v]
     # what another baseline (--baseline) sets and this variant leaves at the study's base run
-    diff += [f"{_short(k)}=(base run's)" for k in base if k not in mine and not k.startswith(TUNED)]
+    diff += [f"{_short(k)}=(base run's)" for k in base if k not in mine]
     return ", ".join(diff) or "-"
 
 
-def _tuned(design: dict[str, Any], variant: str) -> str:
-    settings = next((v.get("settings", {}) for v in design.get("variants", []) if v["name"] == variant), {})
-    return ", ".join(f"{_short(k)}={_value(str(v))}" for k, v in settings.items() if k.startswith(TUNED))
+def _tuned(design: RecordedDesign, variant: str) -> str:
+    return ", ".join(f"{_short(k)}={_value(str(v))}" for k, v in design.tuned_values(variant).items())
 
 
 def _value(v: str) -> str:
@@ -281,7 +277,7 @@ def build(
     """The ablation table of a study's cells (see the module docstring). ``analysis``: how to compare (default:
     the ``analysis`` section the submission recorded in design.json, or the defaults); ``curves``: read the
     cells' loss curves from MLflow to check convergence (a dry run's pilot needs none)."""
-    analysis = analysis or from_design(runs.design)
+    analysis = analysis or runs.design.analysis
     metric, direction, notes = _decision_metric(runs, metric)
     baseline = _baseline(runs, baseline)
     frame = _frame(runs, metric, direction, analysis, notes)
@@ -297,7 +293,7 @@ def build(
         r.best = r.variant == ranking.variant
     found = _caveats(runs, frame.cells, rows, contrasts, metric, analysis, notes, curves)
     notes += _row_notes(rows, frame.cells, metric) + _contrast_notes(contrasts)
-    source = str(runs.design.get("source") or f"ablations/studies/{runs.name}.yaml")
+    source = runs.design.source or f"ablations/studies/{runs.name}.yaml"
     return Table(
         runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source
     )
@@ -305,8 +301,7 @@ def build(
 
 def _decision_metric(runs: StudyRuns, metric: str | None) -> tuple[str, str, list[str]]:
     """The metric compared, its direction, and a note when it has none of its own."""
-    study_metric = runs.design.get("metric", "final/val_loss")
-    direction = runs.design.get("direction", "minimize")
+    study_metric, direction = runs.design.metric, runs.design.direction
     if metric and metric != study_metric:
         direction = metric_direction(metric)
     metric = metric or study_metric
@@ -334,7 +329,7 @@ def _baseline(runs: StudyRuns, baseline: str | None) -> str:
 def _frame(runs: StudyRuns, metric: str, direction: str, analysis: Analysis, notes: list[str]) -> _Frame:
     """Each cell's outcome, and each variant's values with failed seeds entered under the failure rule."""
     cells = runs.cells
-    study_metric, study_direction = runs.design.get("metric", "final/val_loss"), runs.design.get("direction")
+    study_metric, study_direction = runs.design.metric, runs.design.direction
     never = {
         m: (t, (study_direction or "minimize") if m == study_metric else metric_direction(m))
         for m, t in analysis.never_learned.items()
@@ -381,11 +376,11 @@ def _fill(analysis: Analysis, metric: str, worst: float, notes: list[str]) -> fl
 def _grid(runs: StudyRuns, frame: _Frame) -> tuple[list[str], bool, dict[str, list[str]]]:
     """The design's axes present in the cells, whether it is a grid, and each axis's levels in the study's order."""
     cells = frame.cells
-    axes = [a for a in runs.design.get("axes", []) if f"axis.{a}" in cells.columns]
-    is_grid = runs.design.get("kind") == "grid" and len(axes) >= 1
+    axes = [a for a in runs.design.axes if AXIS_PREFIX + a in cells.columns]
+    is_grid = runs.design.kind == "grid" and len(axes) >= 1
     order = cells["variant"].map({v: i for i, v in enumerate(frame.variants)})
     ordered = cells.assign(_order=order).sort_values("_order")
-    return axes, is_grid, {a: list(dict.fromkeys(str(x) for x in ordered[f"axis.{a}"])) for a in axes}
+    return axes, is_grid, {a: list(dict.fromkeys(str(x) for x in ordered[AXIS_PREFIX + a])) for a in axes}
 
 
 def _contrasts(
@@ -420,7 +415,7 @@ def _contrasts(
     contrasts = [pair(v, baseline) for v in frame.variants if v != baseline]
     contrasts += [pair(a, b) for a, b in family.pairs if b != baseline or a not in frame.variants]
     if is_grid:
-        df = frame.cells.rename(columns={f"axis.{a}": a for a in axes})
+        df = frame.cells.rename(columns={AXIS_PREFIX + a: a for a in axes})
         df = df[df["variant"].isin(frame.variants)]
         df = df.assign(_value=[frame.values[v].get(s, math.nan) for v, s in zip(df["variant"], df["seed"])])
         contrasts += stats.factorial_effects(
@@ -538,7 +533,7 @@ def _judge(
 def _room(runs: StudyRuns, frame: _Frame, c: stats.Contrast, metric: str, analysis: Analysis) -> tuple[str, str] | None:
     """The room check of an expectation declared for this contrast on this metric (pairs and main effects)."""
     expect = next(
-        (e for e in analysis.expect if e.name == c.label and (e.metric or runs.design.get("metric")) == metric), None
+        (e for e in analysis.expect if e.name == c.label and (e.metric or runs.design.metric) == metric), None
     )
     if expect is None or c.kind == "interaction":
         return None
@@ -548,7 +543,7 @@ def _room(runs: StudyRuns, frame: _Frame, c: stats.Contrast, metric: str, analys
         comparator = ok[ok["variant"] == c.b]
     else:
         axis = c.label.split(": ", 1)[0]
-        comparator = ok[ok[f"axis.{axis}"].astype(str) == c.b]
+        comparator = ok[ok[AXIS_PREFIX + axis].astype(str) == c.b]
     rows = comparator.to_dict("records")
     classes = next((k for k in map(caveats.output_classes, rows) if k is not None), None)
     majority = _mean(comparator, majority_metric(metric))
@@ -605,8 +600,8 @@ def _caveats(
     ]
     for c in contrasts:
         axis = c.label.split(": ", 1)[0]
-        if c.kind == "main" and "cost/n_params" in cells.columns and f"axis.{axis}" in cells.columns:
-            level_of = cells[f"axis.{axis}"].astype(str)
+        if c.kind == "main" and "cost/n_params" in cells.columns and AXIS_PREFIX + axis in cells.columns:
+            level_of = cells[AXIS_PREFIX + axis].astype(str)
             at = {level: stats.finite(cells.loc[level_of == level, "cost/n_params"]) for level in (c.a, c.b)}
             mean = {k: float(x.mean()) if x.size else math.nan for k, x in at.items()}
             compared.append((c.label, f"{axis}={c.a}", f"{axis}={c.b}", mean[c.a], mean[c.b]))
@@ -660,7 +655,7 @@ def _failures(o: stats.Successes) -> str:
 
 
 def stats_error(runs: StudyRuns, metric: str) -> ValueError:
-    known = sorted(c for c in runs.cells.columns if "/" in c and not c.startswith(("train/", "axis.")))
+    known = sorted(c for c in runs.cells.columns if "/" in c and not c.startswith(("train/", AXIS_PREFIX)))
     close = difflib.get_close_matches(metric, known, 3, 0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     shown = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")

@@ -7,7 +7,7 @@
 - No module imports another module's private names.
 - The declarations (ablations/spec/) import no ray, mlflow or optuna; what only drives training imports no torch.
 - One module (ablations/records.py) defines the MLflow record vocabulary.
-- Modules of ablations/ stay small (one concern each); dataclasses with many (over 6) fields are keyword-only.
+- No product function is longer than 60 lines; dataclasses with many (over 6) fields are keyword-only.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
-LAYER = ("ablations.spec", "ablations.records", "ablations.secrets")  # declarations and the record vocabulary
+LAYER = ("ablations.spec", "ablations.records", "ablations.recorded", "ablations.secrets")  # declarations, records
 COMPOSER = "ablations.cli"  # composes running and comparing
 
 
@@ -178,10 +178,21 @@ def test_one_module_defines_the_mlflow_record_vocabulary():
     assert not strays, strays
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("ablations")])
-def test_ablations_modules_stay_small(name):
-    lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= 450, f"{MODULES[name].relative_to(ROOT)} has {lines} lines: split it by concern"
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_product_function_is_longer_than_60_lines():
+    """Issue 47: 21 functions exceeded 60 lines, seven of them 100 (table.build 185, load_study 152, train 146,
+    run_search 138, ...): a function that needs that many lines to be followed wants splitting. Across models/,
+    ablations/ and dashboards/, docstrings included."""
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} has {lines} lines")
+    assert not long, "\n".join(long)
 
 
 def test_dataclasses_with_many_fields_are_keyword_only():

@@ -36,6 +36,7 @@ from ablations.search.results import best_trials, counts, finish_parent, last_pa
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
+from ablations.shell import cluster_address, open_ray, refuse_unreachable
 from ablations.spec import SearchSpec, SpecError, resolve_run
 
 
@@ -111,9 +112,9 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
         tags={
             records.TAG_KIND: records.KIND_SEARCH,
             records.TAG_STUDY: spec.name,
-            "storage": redact_url(url),
-            "sampler": spec.sampler,
-            "pruner": spec.pruner,
+            records.TAG_STORAGE: redact_url(url),
+            records.TAG_SAMPLER: spec.sampler,
+            records.TAG_PRUNER: spec.pruner,
             records.TAG_STATUS: records.STATUS_RUNNING,
             **tracking.code_version(),
         },
@@ -140,18 +141,13 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
 def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpus: int | None) -> None:
     """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
     never hold. Raises ValueError."""
-    from ablations.cluster import check_fits, is_loopback_address
-    from ablations.sweep.placement import is_local
+    from ablations.cluster import check_fits
 
     # first: at an address, whether it answers (a dashboard's address, or one where nothing listens), before
     # what it could reach; else whether the local Ray can hold a trial
     check_fits(address, num_cpus, spec.resources.cpus, spec.resources.gpus)
-    local = [redact_url(u) for u in (uri, url) if is_local(u)]  # files, or servers at this machine's 127.0.0.1
-    if not is_loopback_address(address) and local:
-        raise ValueError(
-            f"the Ray cluster at {address} cannot write to {', '.join(local)}, which only this machine reaches; use "
-            "an MLflow server (--tracking-uri) and an Optuna storage (--storage postgresql://...) every node reaches"
-        )
+    fix = "use an MLflow server (--tracking-uri) and an Optuna storage (--storage postgresql://...) every node reaches"
+    refuse_unreachable(address, [uri, url], fix, ask=False)
 
 
 def run_search(
@@ -166,14 +162,11 @@ def run_search(
 ) -> SearchResult:
     """Ask, run on Ray, tell, until the study has ``n_trials`` or this process's ``timeout`` ends."""
     import optuna
-    from optuna.trial import TrialState
-
-    from ablations.cluster import connect
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = tracking.resolve_uri(tracking_uri, create=False)  # the embedded store's folder: once the checks pass
     url = storage_url(spec, storage)
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = cluster_address(address)
     preflight(spec, address, uri, url, num_cpus)
     study, seed = _open_study(spec, url, out)
     uri = tracking.resolve_uri(tracking_uri)
@@ -188,110 +181,163 @@ def run_search(
             name=spec.name, storage=url, parent_run_id=parent, counts=counts(study), best=best, tracking_uri=uri
         )
     parent_id = _open_parent(spec, uri, url, experiment, seed)
-    code = tracking.code_version()
+    search = _Search(spec, study, uri, url, experiment, parent_id, out)
+    search.connect(address, num_cpus)
+    return search.run()
 
-    parallel = spec.resources.workers > 1
-    conn = connect(address, num_cpus=num_cpus, dashboard=parallel)
-    import ray
 
-    # a data-parallel trial's task only drives: its workers get the resources, in their own placement group
-    from ablations.sweep.placement import check_placement, trial_slots
+class _Search:
+    """One process's part of a search: it asks Optuna for trials, runs each as a Ray task, and tells the result
+    as it arrives, until the study has its trials or this process's time is up; its end is recorded whatever
+    stopped it."""
 
-    stores = {"the MLflow store": uri, "the Optuna storage": url, "Ray Train's storage": tracking.ray_storage()}
-    check_placement(spec.resources, stores)
-    concurrency = min(spec.concurrency, trial_slots(spec.resources))
-    if concurrency < spec.concurrency:
-        out(f"concurrency {spec.concurrency} is more than the cluster holds at once: {concurrency} trial(s) at once")
-    # a trial whose process or node dies (out of memory, a lost node) is run again by Ray, up to SYSTEM_RETRIES
-    # times; a trial's own exception is a result (run_trial never raises)
-    remote = ray.remote(run_trial).options(
-        num_cpus=0 if parallel else spec.resources.cpus,
-        num_gpus=None if parallel else spec.resources.gpus or None,
-        max_retries=SYSTEM_RETRIES,
-        retry_exceptions=False,
-    )
-    credentials = Credentials.from_environ()  # the trials write to MLflow as this user
-    running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
-    t0, status = time.monotonic(), records.STATUS_FAILED
+    def __init__(self, spec: SearchSpec, study, uri: str, url: str, experiment: str, parent_id: str, out) -> None:
+        self.spec, self.study, self.uri, self.url, self.out = spec, study, uri, url, out
+        self.experiment, self.parent_id = experiment, parent_id
+        self.code = tracking.code_version()
+        self.credentials = Credentials.from_environ()  # the trials write to MLflow as this user
+        self.running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
+        self.t0 = time.monotonic()
 
-    def can_ask() -> bool:
-        if spec.timeout is not None and time.monotonic() - t0 > spec.timeout:
+    def connect(self, address: str | None, num_cpus: int | None) -> None:
+        """Ray, and the remote task a trial runs as. A data-parallel trial's task only drives: its workers get
+        the resources, in their own placement group."""
+        import ray
+
+        from ablations.sweep.placement import trial_slots
+
+        spec, parallel = self.spec, self.spec.resources.workers > 1
+        stores = {"the MLflow store": self.uri, "the Optuna storage": self.url}
+        stores["Ray Train's storage"] = tracking.ray_storage()
+        try:
+            self.conn = open_ray(address, num_cpus, spec.resources, stores, dashboard=parallel)
+        except BaseException:
+            finish_parent(self.uri, self.parent_id, spec, self.study, records.STATUS_FAILED)
+            raise
+        self.concurrency = min(spec.concurrency, trial_slots(spec.resources))
+        if self.concurrency < spec.concurrency:
+            self.out(
+                f"concurrency {spec.concurrency} is more than the cluster holds at once: {self.concurrency} trial(s) at once"
+            )
+        # a trial whose process or node dies (out of memory, a lost node) is run again by Ray, up to SYSTEM_RETRIES
+        # times; a trial's own exception is a result (run_trial never raises)
+        self.remote = ray.remote(run_trial).options(
+            num_cpus=0 if parallel else spec.resources.cpus,
+            num_gpus=None if parallel else spec.resources.gpus or None,
+            max_retries=SYSTEM_RETRIES,
+            retry_exceptions=False,
+        )
+
+    def run(self) -> SearchResult:
+        spec, status = self.spec, records.STATUS_FAILED
+        pruner = "no" if spec.pruner == "none" else spec.pruner
+        self.out(
+            f"search {spec.name!r}: {describe_sampler(spec)}, {pruner} pruner, {self.concurrency} trial(s) at once; "
+            f"storage {redact_url(self.url)}; MLflow parent run {self.parent_id}"
+        )
+        for warning in spec.warnings:
+            self.out(f"warning: {warning}")
+        try:
+            while True:
+                while len(self.running) < self.concurrency and self._can_ask():
+                    self._ask()
+                if not self.running:
+                    break
+                self._collect()
+            status = records.STATUS_FINISHED
+        except KeyboardInterrupt:
+            status = records.STATUS_KILLED
+            self._interrupted()
+            raise
+        finally:
+            n, best = finish_parent(self.uri, self.parent_id, spec, self.study, status)
+            reason = "the search stopped before the trial finished"
+            end_orphaned_trial_runs(self.uri, self.experiment, self.study, spec.name, reason)
+            self.conn.close()
+        return SearchResult(
+            name=spec.name, storage=self.url, parent_run_id=self.parent_id, counts=n, best=best, tracking_uri=self.uri
+        )
+
+    def _can_ask(self) -> bool:
+        spec = self.spec
+        if spec.timeout is not None and time.monotonic() - self.t0 > spec.timeout:
             return False
-        return spec.n_trials is None or counted_trials(study) < spec.n_trials
+        return spec.n_trials is None or counted_trials(self.study) < spec.n_trials
 
-    pruner = "no" if spec.pruner == "none" else spec.pruner
-    out(
-        f"search {spec.name!r}: {describe_sampler(spec)}, {pruner} pruner, {concurrency} trial(s) at once; "
-        f"storage {redact_url(url)}; MLflow parent run {parent_id}"
-    )
-    for warning in spec.warnings:
-        out(f"warning: {warning}")
-    try:
-        while True:
-            while len(running) < concurrency and can_ask():
-                with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": we beat them ourselves
-                    warnings.simplefilter("ignore", UserWarning)
-                    trial = study.ask()
-                # whose trial it is, before anything can interrupt (a GP sampler's proposal takes seconds): a trial
-                # without them, left RUNNING by Ctrl-C, was never asked again and still counted
-                trial.set_user_attr(HOST_ATTR, socket.gethostname())
-                trial.set_user_attr(PID_ATTR, os.getpid())
-                if surplus(study, trial.number, spec.n_trials):  # another process asked the last one at once
-                    trial.set_user_attr(SURPLUS_ATTR, True)
-                    study.tell(trial, state=TrialState.FAIL)
-                    out(f"trial {trial.number} not run: another process asked the search's last trial at the same time")
-                    continue
-                params = spec.suggest(trial)
-                try:
-                    data = spec.run_data(params)
-                    resolve_run({**data, "name": spec.name}, f"{spec.source} (trial {trial.number})")
-                except SpecError as err:  # an impossible combination: a failed trial with its reason
-                    study.tell(trial, state=TrialState.FAIL)
-                    out(f"trial {trial.number} refused: {err.message} ({params})")
-                    continue
-                task = TrialTask(
-                    spec_name=spec.name,
-                    storage=url,
-                    number=trial.number,
-                    params=params,
-                    run_data=data,
-                    uri=uri,
-                    experiment=experiment,
-                    parent_run_id=parent_id,
-                    objectives=spec.objectives,
-                    prune_on=spec.prune_on,
-                    pruner=spec.pruner,
-                    warmup_trials=spec.warmup_trials,
-                    warmup_steps=spec.warmup_steps,
-                    code=code,
-                    resources=spec.resources,
-                    ray_storage=tracking.ray_storage(),
-                    credentials=credentials,
-                )
-                running[remote.remote(task)] = (trial.number, time.monotonic())
-            if not running:
-                break
-            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
-            for ref in done:
-                number, started = running.pop(ref)
-                result = _result(ref, number, uri, experiment)
-                state = tell(study, number, result, spec)
-                if result.get("run_id"):
-                    records.client(uri).set_tag(result["run_id"], "optuna_state", state)
-                out(progress_line(study, spec, number, state, result, time.monotonic() - started, len(running), t0))
-        status = records.STATUS_FINISHED
-    except KeyboardInterrupt:
-        status = records.STATUS_KILLED
-        for ref in running:
+    def _ask(self) -> None:
+        """One trial asked and started, or failed at once: a surplus trial, or an impossible combination."""
+        from optuna.trial import TrialState
+
+        spec, study = self.spec, self.study
+        with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": we beat them ourselves
+            warnings.simplefilter("ignore", UserWarning)
+            trial = study.ask()
+        # whose trial it is, before anything can interrupt (a GP sampler's proposal takes seconds): a trial
+        # without them, left RUNNING by Ctrl-C, was never asked again and still counted
+        trial.set_user_attr(HOST_ATTR, socket.gethostname())
+        trial.set_user_attr(PID_ATTR, os.getpid())
+        if surplus(study, trial.number, spec.n_trials):  # another process asked the last one at once
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            study.tell(trial, state=TrialState.FAIL)
+            self.out(f"trial {trial.number} not run: another process asked the search's last trial at the same time")
+            return
+        params = spec.suggest(trial)
+        try:
+            data = spec.run_data(params)
+            resolve_run({**data, "name": spec.name}, f"{spec.source} (trial {trial.number})")
+        except SpecError as err:  # an impossible combination: a failed trial with its reason
+            study.tell(trial, state=TrialState.FAIL)
+            self.out(f"trial {trial.number} refused: {err.message} ({params})")
+            return
+        self.running[self.remote.remote(self._task(trial.number, params, data))] = (trial.number, time.monotonic())
+
+    def _task(self, number: int, params: dict[str, Any], data: dict[str, Any]) -> TrialTask:
+        spec = self.spec
+        return TrialTask(
+            spec_name=spec.name,
+            storage=self.url,
+            number=number,
+            params=params,
+            run_data=data,
+            uri=self.uri,
+            experiment=self.experiment,
+            parent_run_id=self.parent_id,
+            objectives=spec.objectives,
+            prune_on=spec.prune_on,
+            pruner=spec.pruner,
+            warmup_trials=spec.warmup_trials,
+            warmup_steps=spec.warmup_steps,
+            code=self.code,
+            resources=spec.resources,
+            ray_storage=tracking.ray_storage(),
+            credentials=self.credentials,
+        )
+
+    def _collect(self) -> None:
+        """The results that have arrived, told to Optuna (waiting at most 5 s for one)."""
+        import ray
+
+        done, _ = ray.wait(list(self.running), num_returns=1, timeout=5.0)
+        for ref in done:
+            number, started = self.running.pop(ref)
+            result = _result(ref, number, self.uri, self.experiment)
+            state = tell(self.study, number, result, self.spec)
+            if result.get("run_id"):
+                records.client(self.uri).set_tag(result["run_id"], records.TAG_OPTUNA_STATE, state)
+            line = progress_line(
+                self.study, self.spec, number, state, result, time.monotonic() - started, len(self.running), self.t0
+            )
+            self.out(line)
+
+    def _interrupted(self) -> None:
+        """Ctrl-C: the running trials cancelled, and failed as interrupted, not by themselves: the next run asks
+        them again."""
+        import ray
+
+        for ref in self.running:
             ray.cancel(ref, force=True)
-        for number, _ in running.values():  # interrupted, not failed by itself: the next run asks it again
-            fail_and_ask_again(study, number, study.trials[number].params)
-        raise
-    finally:
-        n, best = finish_parent(uri, parent_id, spec, study, status)
-        end_orphaned_trial_runs(uri, experiment, study, spec.name, "the search stopped before the trial finished")
-        conn.close()
-    return SearchResult(name=spec.name, storage=url, parent_run_id=parent_id, counts=n, best=best, tracking_uri=uri)
+        for number, _ in self.running.values():
+            fail_and_ask_again(self.study, number, self.study.trials[number].params)
 
 
 SYSTEM_RETRIES = 2  # runs of a trial whose process or node died, before it is failed with the reason
@@ -306,7 +352,7 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
     ended = 0
     for run in records.running_runs(uri, experiment, records.KIND_TRIAL, study=spec_name):
-        number = run.data.tags.get("trial", "")
+        number = run.data.tags.get(records.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
             records.mark_killed(uri, run, reason)
             ended += 1

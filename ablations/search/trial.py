@@ -98,10 +98,10 @@ def trial_tags(task: TrialTask) -> dict[str, str]:
     return {
         records.TAG_KIND: records.KIND_TRIAL,
         records.TAG_STUDY: task.spec_name,
-        "trial": str(task.number),
-        "pid": str(os.getpid()),
-        "host": socket.gethostname(),
-        "workers": str(task.resources.workers),
+        records.TAG_TRIAL: str(task.number),
+        records.TAG_PID: str(os.getpid()),
+        records.TAG_HOST: socket.gethostname(),
+        records.TAG_WORKERS: str(task.resources.workers),
         **task.code,
         **{f"{records.PARAM_PREFIX}{k}": str(v) for k, v in task.params.items()},
     }
@@ -119,52 +119,59 @@ def lost_attempts(task: TrialTask) -> None:
         return
 
 
+def _heartbeat(storage, tid: int) -> threading.Event:
+    """Tells a later process that this trial is alive (RDB storages), until the event returned is set."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(5):
+            with contextlib.suppress(Exception):
+                storage.record_heartbeat(tid)
+
+    if hasattr(storage, "record_heartbeat"):
+        threading.Thread(target=beat, daemon=True).start()
+    return stop
+
+
+def _train(task: TrialTask, storage):
+    """The trial's run, here or data-parallel on Ray Train (rank 0 reports to Optuna and prunes)."""
+    from ablations.tracking import Tracking
+
+    run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
+    where = Tracking(
+        uri=task.uri,
+        experiment=task.experiment,
+        parent_run_id=task.parent_run_id,
+        run_name=f"trial {task.number}",
+        tags=trial_tags(task) | {records.TAG_CONFIG_HASH: run.config_hash(workers=task.resources.workers)},
+    )
+    if task.resources.workers > 1:
+        from functools import partial
+
+        from ablations.parallel import ParallelJob, run_data_parallel
+
+        hooks = partial(pruning_hooks, task, last_step=run.training.max_steps)
+        job = ParallelJob(run=run, where=where, resources=task.resources, rank0_hooks=hooks)
+        return run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
+    # trained here: torch is imported only now (a data-parallel trial's task drives its workers, above)
+    from ablations.train import train
+
+    return train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
+
+
 def run_trial(task: TrialTask) -> dict[str, Any]:
     """Train one trial, reporting ``prune_on`` to Optuna at every validation; never raises (a failure is a result).
 
     With ``resources.workers > 1`` the trial trains data-parallel (Ray Train), and rank 0 reports and prunes."""
-    from ablations.tracking import Tracking
-
     task.credentials.apply()
     exit_quickly()  # this worker's process ends without collecting its libraries' garbage
     import_paused(["optuna", *trial_modules(task.uri, task.resources.workers)])  # and imports with it paused
     lost_attempts(task)
     storage = open_storage(task.storage)
-    stop = threading.Event()
-
-    def beat(tid: int) -> None:  # tells a later process that this trial is alive (RDB storages)
-        while not stop.wait(5):
-            with contextlib.suppress(Exception):
-                storage.record_heartbeat(tid)
-
     tid = trial_id(storage, task.spec_name, task.number)
-    if hasattr(storage, "record_heartbeat"):
-        threading.Thread(target=beat, args=(tid,), daemon=True).start()
+    stop = _heartbeat(storage, tid)
     try:
-        run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
-        where = Tracking(
-            uri=task.uri,
-            experiment=task.experiment,
-            parent_run_id=task.parent_run_id,
-            run_name=f"trial {task.number}",
-            tags=trial_tags(task) | {"config_hash": run.config_hash(workers=task.resources.workers)},
-        )
-        if task.resources.workers > 1:
-            from functools import partial
-
-            from ablations.parallel import ParallelJob, run_data_parallel
-
-            job = ParallelJob(
-                run=run,
-                where=where,
-                resources=task.resources,
-                rank0_hooks=partial(pruning_hooks, task, last_step=run.training.max_steps),
-            )
-            result = run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
-        else:  # trained here: torch is imported only now (a data-parallel trial's task drives its workers, above)
-            from ablations.train import train
-
-            result = train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
+        result = _train(task, storage)
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:

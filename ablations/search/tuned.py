@@ -10,8 +10,9 @@ from typing import Any
 
 from ablations.records import TUNED_SETTING
 from ablations.search.driver import run_search
-from ablations.spec import Cell, SearchSpec, Study, load_search, resolve_run
+from ablations.spec import Cell, SearchSpec, Study, resolve_run
 from ablations.spec.run import apply_overrides
+from ablations.spec.study import Tuning
 
 
 def tune_study(
@@ -68,7 +69,7 @@ def variant_searches(study: Study) -> list[tuple[str, SearchSpec]]:
         searches.append(
             (
                 variant,
-                load_search(study.source, {**study.tune, "name": f"{study.name}.tune.{slug}.seed{seed}"}, base=base),
+                study.tune.spec(study.source, f"{study.name}.tune.{slug}.seed{seed}", base),
             )
         )
     return searches
@@ -101,7 +102,7 @@ def tuned_study(study: Study, best: dict[str, dict[str, Any]], tuning: dict[str,
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
         settings = {**cell.settings, **{f"{TUNED_SETTING}{k}": v for k, v in best[cell.variant].items()}}
         cells.append(Cell(cell.variant, settings, cell.seed, run, cell.workers))
-    return dataclasses.replace(study, cells=cells, tuning={"seed": tuning_seed(study), "variants": tuning})
+    return dataclasses.replace(study, cells=cells, tuning=Tuning(tuning_seed(study), tuning))
 
 
 def preview_tuning(

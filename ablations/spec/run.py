@@ -33,6 +33,7 @@ from ablations.spec.configs import canonical, effective
 from ablations.spec.errors import SpecError, found, unknown_key_message
 from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
 from models.config import ConfigError, ModelConfig
+from models.training import TrainingConfig
 
 SECTIONS = ("name", "seed", "model", "task", "training", "tracking", "resources")
 
@@ -79,7 +80,7 @@ class RunConfig:
 
     task_spec: dict[str, Any]
     model: ModelConfig
-    training: Any  # models.training.TrainingConfig
+    training: TrainingConfig
     seed: int = 0
     name: str | None = None
     tracking: TrackingSection = field(default_factory=TrackingSection)
@@ -134,7 +135,6 @@ class RunConfig:
 def run_keys(base: dict[str, Any]) -> list[str]:
     """Every dotted key of a run file, for the base's task (model.*, training.*, task.*, tracking.*, ...)."""
     from models.tasks import TASKS
-    from models.training import TrainingConfig
 
     keys = ["name", "seed", "model", "task", "training", "tracking", "resources"]
     keys += [f"model.{f.name}" for f in fields(ModelConfig)]
@@ -366,8 +366,6 @@ def structure_errors(origin: Origin, data: Any) -> list[SpecError]:
 
 def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> RunConfig:
     """Check a run's sections and fill in what the task determines. Raises SpecError."""
-    from models.training import TrainingConfig
-
     origin = Origin.of(source)
     file = _structure(origin, data)
 

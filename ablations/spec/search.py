@@ -357,34 +357,7 @@ def load_search(
         doc = read_document(path, ("name", "base", "space", "n_trials", "metric", "...")) if data is None else None
         origin, folder = Origin(str(path), doc), Path(path).parent
         data = doc.data if doc is not None else data
-    data = dict(data or {})
-    errors: list[SpecError] = []  # every mistake of the file's structure at once: its keys, values, space, base
-    base_errors: list[SpecError] = []  # its base file's, after its own
-    if base is None and "base" in data:
-        try:
-            base, base_origin = load_base(origin, data["base"], folder)
-            base_errors = structure_errors(base_origin, base)
-        except SpecError as err:
-            errors += err.every()
-    elif base is None:
-        errors.append(origin.error(("base",), "is required"))
-    has_base = base is not None
-    base = dict(base or {})
-    base.pop("name", None)
-    valid = axis_keys(base) if has_base else []
-    file_keys = list(SEARCH_KEYS) + [f"budget.{k}" for k in Budget.model_fields]
-    file_keys += [f"resources.{k}" for k in Resources.model_fields]
-    try:
-        file = validate(SearchFile, data, origin, file_keys + valid)
-    except SpecError as err:  # the base's type is said once, by load_base
-        errors += [e for e in err.every() if has_base or (e.key or "").split(".")[0] != "base"]
-    body = data.get("space")
-    try:  # without a base, the parameters are judged but not the keys they set
-        space = _space(origin, body if isinstance(body, dict) else {}, valid if has_base else None)
-    except SpecError as err:
-        errors += err.every()
-    if errors or base_errors:
-        raise found(errors + base_errors)
+    file, base, space = _structure(origin, dict(data or {}), folder, base)
     given = [(o.metric, o.direction) for o in file.objectives or ()] or [
         (file.metric or "final/val_loss", file.direction)
     ]
@@ -415,32 +388,68 @@ def load_search(
         startup_given=file.startup_trials,
         diverged=file.diverged,
     )
-    # every parameter at its low end and at its high end must make a valid run (caught here, not in trial 17),
-    # which logs every objective and reports prune_on
-    for pick in (0, -1):
-        params = spec.assign(lambda p, pick=pick: p.end(pick))
-        try:
-            run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
-        except SpecError as err:  # blamed on the parameter that causes it (its key, or "n_heads=1000" named)
-            end = "low" if pick == 0 else "high"
-            cause = [k for k in params if k == err.key or f"{k.rsplit('.', 1)[-1]}=" in err.message]
-            message = f"{err.message} (with the space at its {end} end: {params})"
-            if cause:  # the key the model named, when it is not the parameter's own
-                named = f"{err.key}: " if err.key and err.key != cause[0] else ""
-                raise origin.error(("space", cause[0]), f"{named}{message}") from None
-            raise origin.error(("space",), message, key=f"space ({err.key})") from None
-        logged = logged_metrics(run)
-        for i, (metric, direction) in enumerate(given):
-            where = ("objectives", i) if file.objectives else ()
-            problem = unknown_metric(metric, logged)
-            if problem:
-                raise origin.error((*where, "metric"), problem)
-            problem = direction_problem(metric, direction)
-            if problem:
-                raise origin.error((*where, "direction" if direction else "metric"), problem)
-        if spec.pruner != "none":
-            spec.prune_on, problem = pruned_on(file.prune_on, *spec.objectives[0], intermediate_metrics(run))
-            if problem:
-                raise origin.error(("prune_on",), problem)
+    for pick in (0, -1):  # every parameter at its low end and at its high end must make a valid run
+        _check_end(spec, file, origin, given, pick)
     spec.warnings = refused_values(spec)
     return spec
+
+
+def _structure(origin: Origin, data: dict[str, Any], folder: Path, base: dict[str, Any] | None):
+    """(the file, its base, its space), every mistake of the file's structure at once: its keys, values, space
+    and base (the base file's after its own)."""
+    errors: list[SpecError] = []
+    base_errors: list[SpecError] = []
+    if base is None and "base" in data:
+        try:
+            base, base_origin = load_base(origin, data["base"], folder)
+            base_errors = structure_errors(base_origin, base)
+        except SpecError as err:
+            errors += err.every()
+    elif base is None:
+        errors.append(origin.error(("base",), "is required"))
+    has_base = base is not None
+    base = dict(base or {})
+    base.pop("name", None)
+    valid = axis_keys(base) if has_base else []
+    file_keys = list(SEARCH_KEYS) + [f"budget.{k}" for k in Budget.model_fields]
+    file_keys += [f"resources.{k}" for k in Resources.model_fields]
+    file = space = None
+    try:
+        file = validate(SearchFile, data, origin, file_keys + valid)
+    except SpecError as err:  # the base's type is said once, by load_base
+        errors += [e for e in err.every() if has_base or (e.key or "").split(".")[0] != "base"]
+    body = data.get("space")
+    try:  # without a base, the parameters are judged but not the keys they set
+        space = _space(origin, body if isinstance(body, dict) else {}, valid if has_base else None)
+    except SpecError as err:
+        errors += err.every()
+    if errors or base_errors:
+        raise found(errors + base_errors)
+    return file, base, space
+
+
+def _check_end(spec: SearchSpec, file: SearchFile, origin: Origin, given: list, pick: int) -> None:
+    """The space at its low (``pick`` 0) or high (-1) end makes a valid run (caught here, not in trial 17), which
+    logs every objective and reports prune_on."""
+    params = spec.assign(lambda p, pick=pick: p.end(pick))
+    try:
+        run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
+    except SpecError as err:  # blamed on the parameter that causes it (its key, or "n_heads=1000" named)
+        end = "low" if pick == 0 else "high"
+        cause = [k for k in params if k == err.key or f"{k.rsplit('.', 1)[-1]}=" in err.message]
+        message = f"{err.message} (with the space at its {end} end: {params})"
+        if cause:  # the key the model named, when it is not the parameter's own
+            named = f"{err.key}: " if err.key and err.key != cause[0] else ""
+            raise origin.error(("space", cause[0]), f"{named}{message}") from None
+        raise origin.error(("space",), message, key=f"space ({err.key})") from None
+    logged = logged_metrics(run)
+    for i, (metric, direction) in enumerate(given):
+        where = ("objectives", i) if file.objectives else ()
+        if problem := unknown_metric(metric, logged):
+            raise origin.error((*where, "metric"), problem)
+        if problem := direction_problem(metric, direction):
+            raise origin.error((*where, "direction" if direction else "metric"), problem)
+    if spec.pruner != "none":
+        spec.prune_on, problem = pruned_on(file.prune_on, *spec.objectives[0], intermediate_metrics(run))
+        if problem:
+            raise origin.error(("prune_on",), problem)

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ablations.spec.analysis import Analysis, AnalysisError, check_analysis, parse_analysis
 from ablations.spec.common import (
     Budget,
     Origin,
@@ -60,7 +61,7 @@ from ablations.spec.run import (
     resolve_run,
     structure_errors,
 )
-from ablations.spec.search import load_search
+from ablations.spec.search import SearchSpec, load_search
 from ablations.spec.variants import DESIGNS, FIX, Design, base_errors, expand, matches, variant_error
 
 
@@ -153,6 +154,30 @@ class Skipped:
     reason: str
 
 
+@dataclass(frozen=True)
+class Tune:
+    """A study's ``tune:`` section, checked with its base: the search every variant gets before its seeds run,
+    with the study's resources and budget where the section gives none."""
+
+    body: dict[str, Any]  # the search file's keys but its name
+
+    def spec(self, source: str, name: str, base: dict[str, Any]) -> SearchSpec:
+        """The search of one variant (its base) under ``name``."""
+        return load_search(source, {**self.body, "name": name}, base=base)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What a tuned study's searches chose: the tuning seed, and each variant's chosen values' place in their
+    ranges (variant -> key -> position)."""
+
+    seed: int
+    variants: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "variants": self.variants}
+
+
 @dataclass(kw_only=True)
 class Study:
     name: str
@@ -168,12 +193,11 @@ class Study:
     max_concurrent: int | None
     retries: int
     budget: Budget
-    raw: dict[str, Any] = field(default_factory=dict)
-    tune: dict[str, Any] | None = None  # a search per variant before the cells (ablations/search/tuned.py)
-    analysis: dict[str, Any] | None = None  # the validated analysis: section (ablations/spec/analysis.py)
+    tune: Tune | None = None  # a search per variant before the cells (ablations/search/tuned.py)
+    analysis: Analysis = field(default_factory=Analysis)  # how the results are compared (ablations/spec/analysis.py)
     vary_data: bool = False
     reuse_any_code: bool = False  # results trained by other code (another code fingerprint) count as done
-    tuning: dict[str, Any] | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
+    tuning: Tuning | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
     metrics: list[str] = field(default_factory=list)  # the summary metrics every variant's runs log
 
     @property
@@ -209,11 +233,66 @@ def _design_keys(data: dict[str, Any]) -> list[tuple[tuple, Any]]:
 def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     """Read and check a study file and expand it into cells. Raises SpecError before anything starts."""
     path = Path(path)
-    source = str(path)
+    parsed = _read(path)
+    file, origin = parsed.file, parsed.origin
+    axes, variants = expand(file.design)
+    seed_list = seeds if seeds is not None else file.seeds
+    total = len(variants) * len(seed_list)
+    if total > file.max_cells:
+        raise origin.error(
+            ("design",),
+            f"expands to {total} cells ({len(variants)} variants x {len(seed_list)} seeds), "
+            f"more than max_cells={file.max_cells}; shrink the design or raise max_cells",
+        )
+    cells = _Cells(parsed)
+    for label, settings, where in variants:
+        cells.add_variant(label, settings, where, seed_list)
+    if not cells.cells and not cells.invalid:
+        reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in cells.skipped))  # why, not only that
+        shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+        raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
+    labels = list(dict.fromkeys(label for label, _, _ in variants if label in cells.named | cells.labels))
+    tune, analysis, metrics, direction = _second_pass(parsed, cells, labels, axes)
+    return Study(
+        name=file.name,
+        description=file.description,
+        source=str(path),
+        design=file.design.kind,
+        axes=axes,
+        cells=cells.cells,
+        skipped=cells.skipped,
+        metric=file.metric,
+        direction=direction,
+        resources=file.resources,
+        max_concurrent=file.max_concurrent,
+        retries=file.retries,
+        budget=file.budget,
+        tune=tune,
+        analysis=analysis,
+        vary_data=file.vary_data,
+        reuse_any_code=file.reuse_results == "any_code",
+        metrics=in_order(metrics or ()),
+    )
+
+
+@dataclass
+class _Parsed:
+    """A study file whose structure has been checked: the file, its base (the run every cell starts from)."""
+
+    origin: Origin
+    data: dict[str, Any]
+    file: StudyFile
+    base: dict[str, Any]
+    base_origin: Origin
+    analysis: Analysis  # its structure checked; the names it gives are checked once the cells are known
+
+
+def _read(path: Path) -> _Parsed:
+    """The file's structure, every mistake at once: keys, values, axes, the analysis, the tune, the base's."""
     doc = read_document(path, ("name", "base", "design", "seeds", "metric", "..."))
-    origin = Origin(source, doc)
+    origin = Origin(str(path), doc)
     data = doc.data
-    errors: list[SpecError] = []  # every mistake of the file's structure at once: keys, values, axes, the base's
+    errors: list[SpecError] = []
     base, base_origin, has_base = {}, origin, False  # without a base, pydantic names it; no axis can be judged
     if "base" in data:
         try:
@@ -225,6 +304,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     valid = axis_keys(base) if has_base else []
     study_keys = list(STUDY_KEYS) + [f"design.{k}" for k in DESIGNS] + [f"budget.{k}" for k in Budget.model_fields]
     study_keys += [f"resources.{k}" for k in Resources.model_fields]
+    file = None
     try:
         file = validate(StudyFile, data, origin, study_keys + valid)
     except SpecError as err:  # a base that load_base refused is said once, by load_base
@@ -235,7 +315,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         check_axes(origin, design_keys, valid)
     except SpecError as err:
         errors += err.every()
-    errors += _analysis_errors(origin, data.get("analysis"))
+    analysis, problems = _parse_analysis(origin, data.get("analysis"))
+    errors += problems
     base_problems = structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
     if has_base and not base_problems:  # a tune's search is judged with the base: only a base without mistakes
         axes_set = {k for p, k in design_keys if p[0] == "design" and "baseline" not in p}
@@ -243,158 +324,132 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     errors += base_problems
     if errors:
         raise found(errors)
-    axes, variants = expand(file.design)
-    seed_list = seeds if seeds is not None else file.seeds
+    return _Parsed(origin, data, file, base, base_origin, analysis)
 
-    total = len(variants) * len(seed_list)
-    if total > file.max_cells:
-        raise origin.error(
-            ("design",),
-            f"expands to {total} cells ({len(variants)} variants x {len(seed_list)} seeds), "
-            f"more than max_cells={file.max_cells}; shrink the design or raise max_cells",
-        )
 
-    cells: list[Cell] = []
-    skipped: list[Skipped] = []
-    seen: dict[str, Cell] = {}
-    invalid: list[SpecError] = []
-    named: set[str] = set()  # the variants refused: names the analysis may still give
-    in_base: set[str] | None = None
-    every_trial = trial_overrides(file.resources, file.budget)
-    for label, settings, where in variants:
-        run_data = apply_overrides(base, settings_overrides({**settings, **every_trial}))
-        reason, refused = None, False
+class _Cells:
+    """The cells of a study, variant by variant: those that resolve, those a constraint skips, and the mistakes of
+    those the model refuses (every variant's at once, each with the fix)."""
+
+    def __init__(self, parsed: _Parsed) -> None:
+        self.parsed = parsed
+        self.cells: list[Cell] = []
+        self.skipped: list[Skipped] = []
+        self.invalid: list[SpecError] = []
+        self.named: set[str] = set()  # the variants refused: names the analysis may still give
+        self.seen: set[str] = set()
+        self.in_base: set[str] | None = None
+        self.every_trial = trial_overrides(parsed.file.resources, parsed.file.budget)
+
+    @property
+    def labels(self) -> set[str]:
+        return {c.variant for c in self.cells}
+
+    def add_variant(self, label: str, settings: dict[str, Any], where: Any, seeds: list[int]) -> None:
+        file, origin = self.parsed.file, self.parsed.origin
+        run_data = apply_overrides(self.parsed.base, settings_overrides({**settings, **self.every_trial}))
+        reason = None
         for i, c in enumerate(file.constraints):
             if matches(run_data, c.when):
-                reason, refused = c.reason, c.action == "refuse"
-                if refused:  # named beside the variants the model refuses
-                    invalid.append(origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}"))
-                    named.add(label)
+                if c.action == "refuse":  # named beside the variants the model refuses
+                    self.invalid.append(origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}"))
+                    self.named.add(label)
+                    return
+                reason = c.reason
                 break
-        if refused:
-            continue
-        for seed in seed_list:
+        for seed in seeds:
             if reason is not None:
-                skipped.append(Skipped(label, seed, reason))
-                continue
-            seeded = run_data
-            if (
-                file.vary_data
-            ):  # the seed also draws the data: synthetic tasks regenerate (text refuses: split by position)
-                seeded = apply_overrides(run_data, [(["task", "data_seed"], seed)])
-            try:
-                run = resolve_run({**seeded, "seed": seed, "name": file.name}, Origin(None))
-            except SpecError as err:
-                if not file.skip_invalid:  # every variant's mistakes at once (the base's once), with the fix
-                    if in_base is None:
-                        in_base = base_errors(apply_overrides(base, settings_overrides(every_trial)), seed, file.name)
-                    invalid += [
-                        variant_error(e, label, settings, where, origin, base_origin, in_base) for e in err.every()
-                    ]
-                    named.add(label)
-                    break
-                skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
-                continue
-            cell = Cell(label, settings, seed, run, file.resources.workers)
-            if cell.cell_id in seen:  # e.g. a one_at_a_time value equal to the baseline's
-                continue
-            seen[cell.cell_id] = cell
-            cells.append(cell)
-    if not cells and not invalid:
-        reasons = list(dict.fromkeys(f"{k.variant}: {k.reason}" for k in skipped))  # why, not only that
-        shown = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
-        raise origin.error(("design",), f"leaves no cell to run: every cell is skipped ({shown})")
-    # the second pass, at once: every variant refused, then the metric and the names the analysis gives (judged by
-    # the variants that are valid; a refused variant is still a name the analysis may give)
-    problems = list(invalid)
-    named |= {c.variant for c in cells}
-    labels = list(dict.fromkeys(label for label, _, _ in variants if label in named))
+                self.skipped.append(Skipped(label, seed, reason))
+            elif not self._add(label, settings, where, seed, run_data):
+                return
+
+    def _add(self, label: str, settings: dict[str, Any], where: Any, seed: int, run_data: dict[str, Any]) -> bool:
+        """One cell; False when the variant is refused (its mistakes said once, not per seed)."""
+        file, base = self.parsed.file, self.parsed.base
+        if file.vary_data:  # the seed also draws the data: synthetic tasks regenerate (text refuses: split by position)
+            run_data = apply_overrides(run_data, [(["task", "data_seed"], seed)])
+        try:
+            run = resolve_run({**run_data, "seed": seed, "name": file.name}, Origin(None))
+        except SpecError as err:
+            if file.skip_invalid:
+                self.skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
+                return True
+            if self.in_base is None:
+                self.in_base = base_errors(apply_overrides(base, settings_overrides(self.every_trial)), seed, file.name)
+            origins = (self.parsed.origin, self.parsed.base_origin)
+            self.invalid += [variant_error(e, label, settings, where, *origins, self.in_base) for e in err.every()]
+            self.named.add(label)
+            return False
+        cell = Cell(label, settings, seed, run, file.resources.workers)
+        if cell.cell_id not in self.seen:  # a one_at_a_time value equal to the baseline's is one cell
+            self.seen.add(cell.cell_id)
+            self.cells.append(cell)
+        return True
+
+
+def _second_pass(parsed: _Parsed, cells: _Cells, labels: list[str], axes: list[str]):
+    """Every variant refused, then the tune, the metric and its direction, and the names the analysis gives
+    (judged by the variants that are valid; a refused variant is still a name the analysis may give), at once.
+    Returns (tune, analysis, the metrics every variant logs, direction)."""
+    file, origin = parsed.file, parsed.origin
+    problems = list(cells.invalid)
     tune = analysis = None
     metrics: set[str] | None = None  # with no valid cell, the analysis's metrics are not judged
     try:
-        tune = _tune(origin, file, base)
+        tune = _tune(origin, file, parsed.base)
     except SpecError as err:
         problems += err.every()
-    if cells:
+    if cells.cells:
         try:
-            metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells])
+            metrics = variant_metrics(origin, file.metric, [(c.variant, c.run) for c in cells.cells])
         except SpecError as err:
             problems += err.every()
-            metrics = set.intersection(*(logged_metrics(c.run) for c in cells))
+            metrics = set.intersection(*(logged_metrics(c.run) for c in cells.cells))
     direction = file.direction or better(file.metric) or "minimize"
     problem = direction_problem(file.metric, file.direction) if file.metric in (metrics or ()) else None
     if problem:  # (a metric no run logs is said above)
         problems.append(origin.error(("direction",) if file.direction else ("metric",), problem))
     try:
-        levels = {a: list(dict.fromkeys(str(c.settings[a]) for c in cells if a in c.settings)) for a in axes}
-        analysis = _analysis(origin, file, labels, axes, metrics, levels)
+        levels = {a: list(dict.fromkeys(str(c.settings[a]) for c in cells.cells if a in c.settings)) for a in axes}
+        analysis = _checked_analysis(parsed, labels, axes, metrics, levels)
     except SpecError as err:
         problems += err.every()
-    if problems:  # the way out of a variant's mistakes said once, after the last; the study's file first
-        errors = found(sorted(problems, key=lambda e: e.source != origin.source)).every()
-        last = max((i for i, e in enumerate(errors) if (e.key or "").startswith("variant ")), default=None)
-        if last is not None:
-            errors[last] = SpecError(
-                errors[last].source, errors[last].key, f"{errors[last].message} {FIX}", errors[last].line
-            )
-        raise found(errors)
-    return Study(
-        name=file.name,
-        description=file.description,
-        source=source,
-        design=file.design.kind,
-        axes=axes,
-        cells=cells,
-        skipped=skipped,
-        metric=file.metric,
-        direction=direction,
-        resources=file.resources,
-        max_concurrent=file.max_concurrent,
-        retries=file.retries,
-        budget=file.budget,
-        raw=data,
-        tune=tune,
-        analysis=analysis,
-        vary_data=file.vary_data,
-        reuse_any_code=file.reuse_results == "any_code",
-        metrics=in_order(metrics or ()),
-    )
+    if problems:
+        raise _with_fix_last(problems, origin)
+    return tune, analysis, metrics, direction
 
 
-def _analysis_errors(origin: Origin, value: Any) -> list[SpecError]:
-    """The mistakes of the ``analysis:`` section's structure (its keys and values), named beside the file's other
-    mistakes; its variants, axes and metrics are checked once the cells are known (``_analysis``)."""
-    from ablations.spec.analysis import AnalysisError, parse_analysis
+def _with_fix_last(problems: list[SpecError], origin: Origin) -> SpecError:
+    """Every problem, the study's file first; the way out of a variant's mistakes said once, after the last."""
+    errors = found(sorted(problems, key=lambda e: e.source != origin.source)).every()
+    last = max((i for i, e in enumerate(errors) if (e.key or "").startswith("variant ")), default=None)
+    if last is not None:
+        e = errors[last]
+        errors[last] = SpecError(e.source, e.key, f"{e.message} {FIX}", e.line)
+    return found(errors)
 
+
+def _parse_analysis(origin: Origin, value: Any) -> tuple[Analysis, list[SpecError]]:
+    """The ``analysis:`` section, parsed once (absent: the defaults), and the mistakes of its structure (its keys
+    and values), named beside the file's other mistakes."""
     if not isinstance(value, dict | None):  # the file's schema says it (a mapping), once
-        return []
+        return Analysis(), []
     try:
-        parse_analysis(value)
+        return parse_analysis(value), []
     except AnalysisError as err:
-        return [origin.error(e.path, e.message) for e in (err, *err.also)]
-    return []
+        return Analysis(), [origin.error(e.path, e.message) for e in (err, *err.also)]
 
 
-def _analysis(
-    origin: Origin,
-    file: StudyFile,
-    variants: list[str],
-    axes: list[str],
-    metrics: set[str] | None,
-    levels: dict[str, list[str]],
-) -> dict[str, Any] | None:
+def _checked_analysis(
+    parsed: _Parsed, variants: list[str], axes: list[str], metrics: set[str] | None, levels: dict[str, list[str]]
+) -> Analysis:
     """The ``analysis:`` section, checked against the study's variants, axes (and their ``levels``) and metrics
     before anything runs."""
-    if file.analysis is None:
-        return None
-    from ablations.spec.analysis import AnalysisError, check_analysis, parse_analysis
-
     try:
-        analysis = parse_analysis(file.analysis)
-        check_analysis(analysis, variants, axes, metrics, kind=file.design.kind, levels=levels)
-    except AnalysisError as err:  # every mistake of the section's structure at once
-        raise found([origin.error(e.path, e.message) for e in (err, *err.also)]) from None
-    return analysis.model_dump(mode="json", exclude_defaults=True)
+        check_analysis(parsed.analysis, variants, axes, metrics, kind=parsed.file.design.kind, levels=levels)
+    except AnalysisError as err:  # every mistake at once
+        raise found([parsed.origin.error(e.path, e.message) for e in (err, *err.also)]) from None
+    return parsed.analysis
 
 
 def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axes: set[str]) -> list[SpecError]:
@@ -431,7 +486,7 @@ def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axe
     return errors
 
 
-def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> dict[str, Any] | None:
+def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> Tune | None:
     """A study's ``tune:`` section (checked by ``_tune_errors``): the search every variant gets, with the study's
     resources and budget, before its seeds run."""
     if file.tune is None:
@@ -440,4 +495,4 @@ def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> dict[str, An
     tune.setdefault("resources", {"cpus": file.resources.cpus, "gpus": file.resources.gpus})
     tune.setdefault("budget", file.budget.as_dict())
     load_search(origin.under("tune"), {**tune, "name": f"{file.name}.tune"}, base=base)
-    return tune
+    return Tune(tune)

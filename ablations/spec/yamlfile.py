@@ -116,71 +116,91 @@ def decode(raw: bytes) -> str:
 def _check_graph(root: yaml.Node) -> dict[Path_, int]:
     """Depth, size after aliases, tags and duplicate keys, on the composed node graph (no object built yet).
     Returns the line of every key path (first occurrence of a shared node)."""
-    lines: dict[Path_, int] = {}
-    sizes: dict[int, int] = {}  # id(node) -> values it expands to
+    walk = _Walk()
     # iterative post-order walk; aliases make the graph a DAG (PyYAML shares the aliased node object)
     stack: list[tuple[yaml.Node, Path_, int, bool]] = [(root, (), 1, False)]
-    on_path: set[int] = set()
-    total_guard = 0
     while stack:
         node, path, depth, done = stack.pop()
-        key = id(node)
         if done:
-            on_path.discard(key)
-            if isinstance(node, yaml.MappingNode):
-                children = [n for pair in node.value for n in pair]
-            elif isinstance(node, yaml.SequenceNode):
-                children = list(node.value)
-            else:
-                children = []
-            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
-            if sizes[key] > MAX_NODES:
-                raise YamlFileError(
-                    f"expands to more than {MAX_NODES:,} values (aliases repeat a large anchor); "
-                    "a configuration file does not need that many",
-                    node.start_mark.line + 1,
-                )
-            continue
-        if key in on_path:
-            raise YamlFileError("has an anchor that refers to itself", node.start_mark.line + 1)
+            walk.leave(node)
+        elif walk.enter(node, depth):
+            stack.append((node, path, depth, True))
+            stack += walk.children(node, path, depth)
+    return walk.lines
+
+
+class _Walk:
+    """The state of ``_check_graph``'s walk: the nodes on the current path (an anchor that refers to itself), each
+    checked node's size after aliases, and the line of every key path."""
+
+    def __init__(self) -> None:
+        self.lines: dict[Path_, int] = {}
+        self.sizes: dict[int, int] = {}  # id(node) -> values it expands to
+        self.on_path: set[int] = set()
+        self.visited = 0
+
+    def enter(self, node: yaml.Node, depth: int) -> bool:
+        """Check a node on the way down; False for an alias of a node already checked."""
+        key, line = id(node), node.start_mark.line + 1
+        if key in self.on_path:
+            raise YamlFileError("has an anchor that refers to itself", line)
         if node.tag not in PLAIN_TAGS:
             raise YamlFileError(
                 f"uses the YAML tag {node.tag!r}; a configuration file holds plain values only "
                 "(numbers, text, true/false, lists, mappings)",
-                node.start_mark.line + 1,
+                line,
             )
         if depth > MAX_DEPTH:
-            raise YamlFileError(f"nests deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
-        total_guard += 1
-        if total_guard > 4 * MAX_NODES:  # distinct nodes: a huge flat file (already bounded by MAX_BYTES)
+            raise YamlFileError(f"nests deeper than {MAX_DEPTH} levels", line)
+        self.visited += 1
+        if self.visited > 4 * MAX_NODES:  # distinct nodes: a huge flat file (already bounded by MAX_BYTES)
             raise YamlFileError(f"holds more than {4 * MAX_NODES:,} values")
-        if key in sizes:  # an alias of a node already checked
-            continue
-        on_path.add(key)
-        stack.append((node, path, depth, True))
+        if key in self.sizes:
+            return False
+        self.on_path.add(key)
+        return True
+
+    def leave(self, node: yaml.Node) -> None:
+        """A node's size once its children's are known: at most MAX_NODES values after aliases."""
+        key = id(node)
+        self.on_path.discard(key)
         if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for k, v in node.value:
-                name = k.value if isinstance(k, yaml.ScalarNode) else None
-                if name == "<<":  # a merge key: its mapping's keys join this one
-                    stack.append((k, (*path, "<key>"), depth + 1, False))
-                    stack.append((v, path, depth + 1, False))
-                    continue
-                line = k.start_mark.line + 1
-                if name is None:  # `? [a, b]`: a list or a mapping as a key
-                    raise YamlFileError("a key must be a name, not a list or a mapping", line)
-                if name in seen:
-                    where = ".".join(str(p) for p in (*path, name))
-                    raise YamlFileError(f"{where} appears twice (lines {seen[name]} and {line}); keep one", line)
-                seen[name] = line
-                lines.setdefault((*path, _scalar_key(name)), line)
-                stack.append((k, (*path, "<key>"), depth + 1, False))
-                stack.append((v, (*path, _scalar_key(name)), depth + 1, False))
-        elif isinstance(node, yaml.SequenceNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = list(node.value) if isinstance(node, yaml.SequenceNode) else []
+        self.sizes[key] = 1 + sum(self.sizes[id(c)] for c in children)
+        if self.sizes[key] > MAX_NODES:
+            raise YamlFileError(
+                f"expands to more than {MAX_NODES:,} values (aliases repeat a large anchor); "
+                "a configuration file does not need that many",
+                node.start_mark.line + 1,
+            )
+
+    def children(self, node: yaml.Node, path: Path_, depth: int) -> list[tuple[yaml.Node, Path_, int, bool]]:
+        """A node's children to walk, with their key paths; a mapping's keys are checked for duplicates."""
+        out: list[tuple[yaml.Node, Path_, int, bool]] = []
+        if isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                lines.setdefault((*path, i), item.start_mark.line + 1)
-                stack.append((item, (*path, i), depth + 1, False))
-    return lines
+                self.lines.setdefault((*path, i), item.start_mark.line + 1)
+                out.append((item, (*path, i), depth + 1, False))
+        if not isinstance(node, yaml.MappingNode):
+            return out
+        seen: dict[Any, int] = {}
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else None
+            if name == "<<":  # a merge key: its mapping's keys join this one
+                out += [(k, (*path, "<key>"), depth + 1, False), (v, path, depth + 1, False)]
+                continue
+            line = k.start_mark.line + 1
+            if name is None:  # `? [a, b]`: a list or a mapping as a key
+                raise YamlFileError("a key must be a name, not a list or a mapping", line)
+            if name in seen:
+                where = ".".join(str(p) for p in (*path, name))
+                raise YamlFileError(f"{where} appears twice (lines {seen[name]} and {line}); keep one", line)
+            seen[name] = line
+            self.lines.setdefault((*path, _scalar_key(name)), line)
+            out += [(k, (*path, "<key>"), depth + 1, False), (v, (*path, _scalar_key(name)), depth + 1, False)]
+        return out
 
 
 def _scalar_key(name: str) -> Any:

@@ -16,7 +16,6 @@ result, not a failure.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -29,11 +28,12 @@ from typing import Any
 from ablations import claims as cl
 from ablations import records, tracking
 from ablations.claims import Claim, Claims
-from ablations.secrets import Credentials, redact_url
+from ablations.secrets import Credentials
+from ablations.shell import close_ray, cluster_address, open_ray, refuse_unreachable
 from ablations.spec import Cell, Study
 from ablations.spec.equivalence import warning_lines
-from ablations.sweep.placement import check_placement, describe_cluster, is_local, trial_slots
-from ablations.sweep.plan import format_rows, plan, summarize, unresolvable_warning
+from ablations.sweep.placement import describe_cluster, trial_slots
+from ablations.sweep.plan import Plan, format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, open_submission
 from ablations.sweep.trial import TrialContext, trainable
 
@@ -137,26 +137,17 @@ def run_study(
     """Run the cells of a study that MLflow does not hold yet (trained by this code, unless ``reuse_any_code``);
     return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
     study may run at once, each training what it claims and waiting for the rest."""
-    from ablations.cluster import check_answers, check_fits, connect, is_loopback_address
+    from ablations.cluster import check_fits
 
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = cluster_address(address)
     uri = tracking.resolve_uri(tracking_uri, create=False)
-    if address:  # before the store is made or read, and before whether the cluster reaches it is asked
-        check_answers(address)
-    if not is_loopback_address(address) and is_local(uri):  # a file, or a server at this machine's 127.0.0.1
-        raise ValueError(
-            f"the Ray cluster at {address} cannot write to {redact_url(uri)}, which only this machine reaches; give "
-            "an MLflow server every node reaches (--tracking-uri, or MLFLOW_TRACKING_URI)"
-        )
+    fix = "give an MLflow server every node reaches (--tracking-uri, or MLFLOW_TRACKING_URI)"
+    refuse_unreachable(address, [uri], fix)  # before the store is made or read
     uri = tracking.resolve_uri(tracking_uri)
-    if warning := unresolvable_warning(study):  # said before anything runs: the seeds cannot resolve the pairs
-        out(warning)
-    for line in warning_lines(study):  # variants that compare one model family under two names
-        out(line)
+    _warn(study, out)
     fingerprint = tracking.code_fingerprint()
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint
-    key = code or cl.ANY_CODE  # what its cells' claims are keyed by (ablations.claims)
     claims = Claims(cl.claims_url(uri, claims_url))
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before the searches
@@ -164,99 +155,140 @@ def run_study(
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
     p = plan(study, uri, code)
+    _mark_stale(study, p, claims, uri, out)
+    if not p.todo:
+        counts, rows = summarize(study, uri, code)
+        out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
+        return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
+    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
+    run = _Submission(study, uri, code, claims, out)
+    run.open(p, fingerprint, reuse_any_code)
+    return run.train(p.todo, address, num_cpus, max_concurrent)
+
+
+def _warn(study: Study, out: Callable[[str], None]) -> None:
+    """Said before anything runs: the seeds cannot resolve the family; variants that are one model."""
+    if warning := unresolvable_warning(study):
+        out(warning)
+    for line in warning_lines(study):  # variants that compare one model family under two names
+        out(line)
+
+
+def _mark_stale(study: Study, p: Plan, claims: Claims, uri: str, out: Callable[[str], None]) -> None:
     claims.expire_dead_local_owners(study.name)  # a killed driver on this machine: its cells are free at once
     stale = _stale(study, p, claims)
     for run in stale:
         records.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
     if stale:
         out(f"marked {len(stale)} run(s) left RUNNING by an earlier submission as KILLED")
-    if not p.todo:
-        counts, rows = summarize(study, uri, code)
-        out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
-        return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
 
-    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
-    parent, alive_claim = open_submission(study, uri, p, claims, fingerprint, code)
-    keeper = Keeper(claims, [alive_claim] if alive_claim else [], out)
-    keeper.start()
-    ctx = TrialContext(
-        uri=uri,
-        study=study.name,
-        parent_run_id=parent.run_id,
-        submission=parent.submission,
-        resources=study.resources,
-        storage=tracking.ray_storage(),
-        metric=study.metric,
-        code=tracking.code_version(),
-        fingerprint=fingerprint,
-        reuse_any_code=reuse_any_code,
-        claims_url=claims.url,
-        owner=claims.owner,
-        credentials=Credentials.from_environ(),
-    )
-    out(
-        f"submission {parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} already done "
-        f"(MLflow parent run {parent.run_id})"
-    )
-    status = records.STATUS_FAILED
-    conn = None
-    held: dict[str, Claim] = {}
-    try:
-        pending, tried = list(p.todo), set()
-        while pending:
-            mine = []
-            for cell in pending:
-                claim = claims.claim(study.name, cell.cell_id, key) if cell.cell_id not in tried else None
-                if claim is not None:
-                    held[cell.cell_id] = claim
-                    keeper.hold(claim)
-                    mine.append(cell)
-            if mine and conn is None:  # Ray only once there is something to train (not to wait for others)
-                conn = connect(address, num_cpus=num_cpus, dashboard=study.resources.workers > 1)
-                stores = {"the MLflow store": uri, "the claims store": claims.url, "Ray Train's storage": ctx.storage}
-                check_placement(study.resources, stores)
-                slots = trial_slots(study.resources, max_concurrent or study.max_concurrent)
-                out(f"Ray: {conn.describe()} ({describe_cluster()}); "
-                    f"up to {slots} trial(s) at once")  # fmt: skip
-            if mine:
-                ctx.tokens = {c: k.token for c, k in held.items()}
-                _tune(study, mine, ctx, slots, max_concurrent or study.max_concurrent, out)
-                for cell in mine:  # given back: a failed or lost cell may be tried again by a later submission
-                    tried.add(cell.cell_id)
-                    keeper.drop(held[cell.cell_id])
-                    claims.release(held.pop(cell.cell_id))
-            pending = _still_pending(study, uri, code, pending, tried, claims, key, out)
-            if pending and not mine:
-                time.sleep(POLL_S)
-        status = records.STATUS_FINISHED
-    except KeyboardInterrupt:
-        status = records.STATUS_KILLED
-        raise
-    finally:
-        keeper.stop()
-        if conn is not None:  # Ray first: a trial still starting (Tune's stop does not wait for its actors to die)
-            try:  # would otherwise open its MLflow run after the RUNNING runs below are marked killed
-                conn.close()
-            except Exception as err:  # the records below matter more than a clean disconnect
-                out(f"Ray did not shut down cleanly ({type(err).__name__}: {err}); recording the submission anyway")
-        for claim in held.values():
-            claims.release(claim)
-        this_submission = {records.TAG_SUBMISSION: str(parent.submission)}
+
+class _Submission:
+    """One submission of a study: its parent run and liveness claim, the cells it claims and trains in rounds
+    (waiting for the cells other submissions hold), and its end, recorded whatever stopped it."""
+
+    def __init__(self, study: Study, uri: str, code: str | None, claims: Claims, out: Callable[[str], None]):
+        self.study, self.uri, self.code, self.claims, self.out = study, uri, code, claims, out
+        self.key = code or cl.ANY_CODE  # what its cells' claims are keyed by (ablations.claims)
+        self.held: dict[str, Claim] = {}
+        self.conn = None
+
+    def open(self, p: Plan, fingerprint: str, reuse_any_code: bool) -> None:
+        """The parent run, the claim that says it is alive, and what every trial is given."""
+        study = self.study
+        self.parent, self.alive = open_submission(study, self.uri, p, self.claims, fingerprint, self.code)
+        self.keeper = Keeper(self.claims, [self.alive] if self.alive else [], self.out)
+        self.keeper.start()
+        self.ctx = TrialContext(
+            uri=self.uri,
+            study=study.name,
+            parent_run_id=self.parent.run_id,
+            submission=self.parent.submission,
+            resources=study.resources,
+            storage=tracking.ray_storage(),
+            metric=study.metric,
+            code=tracking.code_version(),
+            fingerprint=fingerprint,
+            reuse_any_code=reuse_any_code,
+            claims_url=self.claims.url,
+            owner=self.claims.owner,
+            credentials=Credentials.from_environ(),
+        )
+        self.out(
+            f"submission {self.parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} "
+            f"already done (MLflow parent run {self.parent.run_id})"
+        )
+
+    def train(self, todo: list[Cell], address: str | None, num_cpus: int | None, limit: int | None) -> StudyResult:
+        """Claim, train and release in rounds until no cell is left without a result; then the end."""
+        status = records.STATUS_FAILED
+        try:
+            pending, tried = list(todo), set()
+            while pending:
+                mine = [cell for cell in pending if cell.cell_id not in tried and self._claim(cell)]
+                if mine:
+                    self._train(mine, address, num_cpus, limit)
+                    tried |= {cell.cell_id for cell in mine}
+                key = self.key
+                pending = _still_pending(self.study, self.uri, self.code, pending, tried, self.claims, key, self.out)
+                if pending and not mine:
+                    time.sleep(POLL_S)
+            status = records.STATUS_FINISHED
+        except KeyboardInterrupt:
+            status = records.STATUS_KILLED
+            raise
+        finally:
+            counts, rows = self._end(status)
+        return StudyResult(
+            study=self.study.name, parent_run_id=self.parent.run_id, counts=counts, rows=rows, tracking_uri=self.uri
+        )
+
+    def _claim(self, cell: Cell) -> bool:
+        claim = self.claims.claim(self.study.name, cell.cell_id, self.key)
+        if claim is not None:
+            self.held[cell.cell_id] = claim
+            self.keeper.hold(claim)
+        return claim is not None
+
+    def _train(self, mine: list[Cell], address: str | None, num_cpus: int | None, limit: int | None) -> None:
+        """The claimed cells as Tune trials; Ray only once there is something to train (not to wait for others).
+        Each claim is given back after: a failed or lost cell may be tried again by a later submission."""
+        study, limit = self.study, limit or self.study.max_concurrent
+        if self.conn is None:
+            stores = {"the MLflow store": self.uri, "the claims store": self.claims.url}
+            stores["Ray Train's storage"] = self.ctx.storage
+            self.conn = open_ray(address, num_cpus, study.resources, stores, dashboard=study.resources.workers > 1)
+            self.slots = trial_slots(study.resources, limit)
+            self.out(f"Ray: {self.conn.describe()} ({describe_cluster()}); up to {self.slots} trial(s) at once")
+        self.ctx.tokens = {c: k.token for c, k in self.held.items()}
+        _tune(study, mine, self.ctx, self.slots, limit, self.out)
+        for cell in mine:
+            self.keeper.drop(self.held[cell.cell_id])
+            self.claims.release(self.held.pop(cell.cell_id))
+
+    def _end(self, status: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        """Ray first, then the claims, the runs this submission left RUNNING, and the parent run's summary."""
+        study, uri = self.study, self.uri
+        self.keeper.stop()
+        close_ray(self.conn, self.out)
+        for claim in self.held.values():
+            self.claims.release(claim)
+        this_submission = {records.TAG_SUBMISSION: str(self.parent.submission)}
         for run in records.running_runs(uri, study.name, records.KIND_CELL, **this_submission):
             records.mark_killed(uri, run, "the submission stopped before the trial finished")
         if status == records.STATUS_FINISHED:
-            _failed_on_every_attempt(study, uri, code, parent.submission, study.retries)
-        counts, rows = summarize(study, uri, code)
+            _failed_on_every_attempt(study, uri, self.code, self.parent.submission, study.retries)
+        counts, rows = summarize(study, uri, self.code)
         if status == records.STATUS_FINISHED and any(
             n for s, n in counts.items() if s.startswith(("to train", "killed"))
         ):
             status = records.STATUS_KILLED  # Tune was interrupted (Ctrl-C) and returned
         if status != records.STATUS_FINISHED:
-            out("the submission did not finish: run the same command again to train the missing cells")
-        parent.finish(status, counts, rows, format_rows(study, rows))
-        if alive_claim is not None:
-            claims.release(alive_claim)
-    return StudyResult(study=study.name, parent_run_id=parent.run_id, counts=counts, rows=rows, tracking_uri=uri)
+            self.out("the submission did not finish: run the same command again to train the missing cells")
+        self.parent.finish(status, counts, rows, format_rows(study, rows))
+        if self.alive is not None:
+            self.claims.release(self.alive)
+        return counts, rows
 
 
 def _stale(study: Study, p, claims: Claims) -> list:

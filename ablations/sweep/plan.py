@@ -41,9 +41,7 @@ def unresolvable_warning(study: Study) -> str | None:
     """Before any run: a warning when the study's seeds cannot resolve its family's contrasts (pairs and factorial
     effects alike, each tested by the exact test within each seed), and one when they cannot show them equivalent
     within the metric's declared margin (the exact tests' smallest p above Holm's first step), or None."""
-    from ablations.spec.analysis import parse_analysis
-
-    analysis = parse_analysis(study.analysis)
+    analysis = study.analysis
     levels = {a: len({repr(c.settings.get(a)) for c in study.cells}) for a in study.axes}
     family = analysis.family(study.variants, study.variants[0], study.axes, study.design == "grid")
     size = family.size(levels)

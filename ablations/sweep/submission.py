@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ablations import records, tracking
 from ablations.claims import RENEW_S, Claim, Claims
+from ablations.recorded import RecordedDesign
 from ablations.spec import Study
 from ablations.sweep.plan import Plan
 
@@ -53,7 +54,7 @@ def live_notes(study: Study, uri: str, claims_url: str | None = None) -> list[st
     claims = Claims(url)
     return [
         f"submission {r.data.tags.get(records.TAG_SUBMISSION)} of {study.name!r} is running (pid "
-        f"{r.data.tags.get('driver_pid')} on {r.data.tags.get('driver_host')}): a new submission trains the cells "
+        f"{r.data.tags.get(records.TAG_DRIVER_PID)} on {r.data.tags.get(records.TAG_DRIVER_HOST)}): a new submission trains the cells "
         "it has not claimed and waits for the rest"
         for r in live_submissions(study, uri, claims)
     ]
@@ -117,29 +118,10 @@ class Submission:
 
 
 def design_record(study: Study, code: str | None = None) -> dict:
-    """What a report needs to know about the design (logged as design.json); ``code``: the fingerprint of the code
-    whose results count (None: any code's, ``reuse_results: any_code``), so the report takes the cells' results as
-    this submission did."""
-    return {
-        "code": code,
-        "kind": study.design,
-        "axes": study.axes,
-        "metric": study.metric,
-        "direction": study.direction,
-        "variants": [
-            {"name": v, "settings": {k: str(x) for k, x in s.items()}}
-            for v, s in dict((c.variant, c.settings) for c in study.cells).items()
-        ],
-        "seeds": study.seeds,
-        "skipped": [vars(s) for s in study.skipped],
-        # a cell keeps its id when the design grows (a new axis at the base's value), but its label changes
-        "cells": {c.cell_id: c.variant for c in study.cells},
-        "analysis": study.analysis or {},  # how the report compares (ablations/spec/analysis.py)
-        "vary_data": study.vary_data,
-        "tuning": study.tuning or {},  # tuned studies: the tuning seed, each chosen value's place in its range
-        "source": study.source,  # the study file: the report's next steps are commands on it
-        "budget": study.budget.as_dict(),
-    }
+    """What a report needs to know about the design (logged as design.json; ``ablations.recorded``); ``code``: the
+    fingerprint of the code whose results count (None: any code's, ``reuse_results: any_code``), so the report
+    takes the cells' results as this submission did."""
+    return RecordedDesign.of(study, code).to_json()
 
 
 def open_submission(
@@ -167,13 +149,13 @@ def open_submission(
         records.TAG_KIND: records.KIND_STUDY,
         records.TAG_STUDY: study.name,
         records.TAG_SUBMISSION: str(number),
-        "design": study.design,
-        "driver_host": socket.gethostname(),
-        "driver_pid": str(os.getpid()),
-        "claims_owner": claims.owner,
+        records.TAG_DESIGN: study.design,
+        records.TAG_DRIVER_HOST: socket.gethostname(),
+        records.TAG_DRIVER_PID: str(os.getpid()),
+        records.TAG_CLAIMS_OWNER: claims.owner,
         records.TAG_CODE: fingerprint,
-        "cells": str(len(study.cells)),
-        "cells_to_train": str(len(p.todo)),
+        records.TAG_CELLS: str(len(study.cells)),
+        records.TAG_CELLS_TO_TRAIN: str(len(p.todo)),
         records.TAG_STATUS: records.STATUS_RUNNING,
         **tracking.code_version(),
     }
@@ -193,6 +175,6 @@ def open_submission(
         c.log_artifact(run.info.run_id, str(copy))
     c.log_dict(run.info.run_id, design_record(study, code), records.DESIGN_ARTIFACT)
     if study.description:
-        c.set_tag(run.info.run_id, "mlflow.note.content", study.description)
+        c.set_tag(run.info.run_id, records.TAG_NOTE, study.description)
     mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)
     return Submission(uri, run.info.run_id, number), mine

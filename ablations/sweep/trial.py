@@ -52,25 +52,20 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
         records.TAG_VARIANT: cell.variant,
         records.TAG_SEED: str(cell.seed),
         records.TAG_CELL_ID: cell.cell_id,
-        "config_hash": cell.cell_id,  # the hash of what it trains, its data-parallel workers included
+        records.TAG_CONFIG_HASH: cell.cell_id,  # the hash of what it trains, its data-parallel workers included
         records.TAG_SUBMISSION: str(ctx.submission),
         records.TAG_ATTEMPT: str(attempt),
-        "pid": str(os.getpid()),
-        "workers": str(ctx.resources.workers),
+        records.TAG_PID: str(os.getpid()),
+        records.TAG_WORKERS: str(ctx.resources.workers),
         **ctx.code,
         records.TAG_CODE: ctx.fingerprint,  # train() replaces it with the fingerprint of the code it runs
     }
     if ray.is_initialized():
         rc = ray.get_runtime_context()
-        tags["ray_node"] = rc.get_node_id()
-        tags["ray_node_ip"] = ray.util.get_node_ip_address()
-    tags["code_dir"] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
-    for k, v in cell.settings.items():  # the design's axes, and what a tuned study's search chose
-        if k.startswith(records.TUNED_SETTING):
-            tags[records.TUNED_PREFIX + k.removeprefix(records.TUNED_SETTING)] = str(v)
-        else:
-            tags[records.AXIS_PREFIX + k] = str(v)
-    return tags
+        tags[records.TAG_RAY_NODE] = rc.get_node_id()
+        tags[records.TAG_RAY_NODE_IP] = ray.util.get_node_ip_address()
+    tags[records.TAG_CODE_DIR] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
+    return tags  # its settings are recorded once, in the submission's design.json
 
 
 def run_name(cell: Cell) -> str:

@@ -91,7 +91,6 @@ def fill(
                 "mlflow.parentRunId": pid,
                 "status_detail": state,
                 **({"code_fingerprint": code} if code is not None else {}),
-                **{f"axis.{k}": v for k, v in settings[variant].items()},
             }
             run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
             now = int(time.time() * 1000)

@@ -332,15 +332,18 @@ def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
 def test_changed_says_what_differs_from_the_baseline_chosen():
     """With --baseline another variant, `changed` is what differs from that variant: its settings the row leaves
     at the study's base run count too (a row showed only its own settings, and the study's base row '-')."""
+    from ablations.recorded import RecordedDesign
     from dashboards.table import _changed
 
-    design = {
-        "variants": [
-            {"name": "base", "settings": {}},
-            {"name": "wide", "settings": {"model.d_ff": 128}},
-            {"name": "slow", "settings": {"training.lr": "1e-05"}},
-        ]
-    }
+    design = RecordedDesign.from_json(
+        {
+            "variants": [
+                {"name": "base", "settings": {}},
+                {"name": "wide", "settings": {"model.d_ff": 128}},
+                {"name": "slow", "settings": {"training.lr": "1e-05"}},
+            ]
+        }
+    )
     assert _changed(design, "slow", "base") == "lr=1e-05"
     assert _changed(design, "slow", "wide") == "lr=1e-05, d_ff=(base run's)"
     assert _changed(design, "base", "wide") == "d_ff=(base run's)"

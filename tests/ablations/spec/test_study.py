@@ -563,7 +563,7 @@ def test_an_expectation_or_convergence_criterion_that_names_nothing_real_is_refu
     err = refused(tmp_path, analysis={"expect": [{"contrast": "model.norm: post vs pre", "value": 0.1}]})
     assert "is not a contrast of the family" in err.message and "norm=post vs norm=pre" in err.message
     ok = {"expect": [{"contrast": ["norm=post", "norm=pre"], "value": 0.1, "source": "Xiong et al. 2020"}]}
-    assert load_study(write(tmp_path, analysis={**ok, "converged": {}})).analysis["converged"] == {}
+    assert load_study(write(tmp_path, analysis={**ok, "converged": {}})).analysis.converged.window == 0.2
 
 
 def line_of(path: Path) -> int:
