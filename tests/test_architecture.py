@@ -208,3 +208,42 @@ def test_dataclasses_with_many_fields_are_keyword_only():
             if deco and len(fields) > 6 and "kw_only=True" not in ast.unparse(deco[0]):
                 bad.append(f"{path.relative_to(ROOT)}: {node.name} has {len(fields)} fields")
     assert not bad, "\n".join(bad)
+
+
+def tag_literals(path: Path) -> list[tuple[int, str]]:
+    """String constants used as MLflow tag names: ``set_tag(run, "name", ...)``, ``tags["name"]``,
+    ``tags.get("name")``, and the keys of a dict given as ``tags=`` or assigned to ``tags``."""
+    out = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        is_tags = lambda node: getattr(node, "attr", getattr(node, "id", None)) == "tags"  # noqa: E731
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            args = n.args
+            if n.func.attr == "set_tag" and len(args) >= 2 and isinstance(args[1], ast.Constant):
+                out.append((n.lineno, args[1].value))
+            if n.func.attr == "get" and is_tags(n.func.value) and args and isinstance(args[0], ast.Constant):
+                out.append((n.lineno, args[0].value))
+        if isinstance(n, ast.Subscript) and is_tags(n.value) and isinstance(n.slice, ast.Constant):
+            out.append((n.lineno, n.slice.value))
+        given = n.value if isinstance(n, ast.keyword) and n.arg == "tags" else None
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "tags" for t in n.targets):
+            given = n.value
+        if isinstance(given, ast.Dict):
+            out += [(k.lineno, k.value) for k in given.keys if isinstance(k, ast.Constant)]
+    return [(line, v) for line, v in out if isinstance(v, str)]
+
+
+def test_no_tag_name_is_written_or_read_outside_the_vocabulary(tmp_path):
+    """Issue 47: dashboards/load.py read "cell_id", "submission" and "axis." as literal strings beside the
+    vocabulary module; every tag the product writes or reads is now a name of ablations/records.py."""
+    strays = [
+        f"{path.relative_to(ROOT)}:{line}: {value!r}"
+        for name, path in MODULES.items()
+        if name != "ablations.records" and not name.startswith("models")
+        for line, value in tag_literals(path)
+    ]
+    assert not strays, "\n".join(strays)
+    spelt = tmp_path / "spelt.py"  # the scan finds each way a tag name is spelt
+    spelt.write_text(
+        'c.set_tag(r, "a", 1)\nrun.data.tags["b"]\nrun.data.tags.get("c")\ntags = {"d": 1}\nf(tags={"e": 1})\n'
+    )
+    assert [v for _, v in sorted(tag_literals(spelt))] == ["a", "b", "c", "d", "e"]
