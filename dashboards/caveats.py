@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from ablations.spec.analysis import Warn
+from ablations.spec.equivalence import equivalent_pairs, sentence
 from dashboards import stats
 from models.tasks.base import BOS, PAD, SEP
 
 
 @dataclass(frozen=True)
 class Caveat:
-    """One warning: ``kind`` chance | convergence | params | seeds | resolution; ``variants``: those it names;
+    """One warning: ``kind`` chance | convergence | params | seeds | resolution | family; ``variants``: those it names;
     ``contrasts``: the labels of the contrasts it concerns (empty: every contrast of the table)."""
 
     kind: str
@@ -341,6 +342,21 @@ def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test:
     return Caveat("resolution", text, contrasts=labels)
 
 
+# --- one model family under two names ------------------------------------------------------------------------
+
+
+def same_family(models: dict[str, dict[str, str]]) -> Caveat | None:
+    """``models``: variant -> its model's fields (a cell's ``params.model.*``). A caveat naming the pairs of
+    variants that compare one model family under two names (``ablations.spec.equivalence``: Luong's general
+    against dot over projected q and k), as the dry run and the sweep said before the runs."""
+    pairs = equivalent_pairs(models)
+    if not pairs:
+        return None
+    text = "; ".join(sentence(a, b, other) for a, b, other in pairs)
+    labels = tuple(f"{a} vs {b}" for a, b, _ in pairs) + tuple(f"{b} vs {a}" for a, b, _ in pairs)
+    return Caveat("family", text, tuple(dict.fromkeys(v for a, b, _ in pairs for v in (a, b))), labels)
+
+
 # --- best ----------------------------------------------------------------------------------------------------
 
 
@@ -390,6 +406,7 @@ __all__ = [
     "not_converged",
     "output_classes",
     "param_ratio",
+    "same_family",
     "recent_fall",
     "trend_fall",
     "unresolvable",

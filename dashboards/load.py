@@ -36,17 +36,11 @@ from dashboards.caveats import ANSWER_CHOICES
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 
 
-# what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the
-# size of the output the loss is over, from which the report knows the level of a uniform guess (caveats.py)
-PARAMS_KEPT = (
-    "model.arch",
-    "model.vocab_size",
-    "model.tgt_vocab_size",
-    "model.n_classes",
-    "model.classifier",
-    "task.name",
-    *(f"task.{key}" for key in ANSWER_CHOICES.values()),  # what an answer can hold
-)
+# what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the model's
+# every field (the size of the output the loss is over, from which the report knows the level of a uniform guess;
+# variants that are one model family under two names, caveats.py), and the task's name and what an answer holds
+PARAMS_KEPT = ("task.name", *(f"task.{key}" for key in ANSWER_CHOICES.values()))
+MODEL_PARAMS = "model."
 PARAMS_PREFIX = "params."
 OTHER_CODE = "other code"  # a cell's state when only other code than its study's latest submission trained it
 NONFINITE = "nonfinite"  # a cell's column: the metrics its run logged as nan or infinite, comma-separated
@@ -178,7 +172,7 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
         "start_time": r.start_time,
         "end_time": r.end_time,
     }
-    row.update({PARAMS_PREFIX + k: r.params[k] for k in PARAMS_KEPT if k in r.params})
+    row.update({PARAMS_PREFIX + k: v for k, v in r.params.items() if k in PARAMS_KEPT or k.startswith(MODEL_PARAMS)})
     if metrics:
         row.update(r.metrics)
         row[NONFINITE] = ",".join(k for k, v in r.metrics.items() if not math.isfinite(v))

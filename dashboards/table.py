@@ -23,7 +23,7 @@ from ablations.records import AXIS_PREFIX
 from ablations.spec.analysis import Analysis
 from ablations.spec.metrics import better, majority_metric
 from dashboards import caveats, stats, testable
-from dashboards.load import NONFINITE, OTHER_CODE, StudyRuns
+from dashboards.load import MODEL_PARAMS, NONFINITE, OTHER_CODE, PARAMS_PREFIX, StudyRuns
 
 COSTS = [
     ("cost/n_params", "params"),
@@ -606,6 +606,7 @@ def _caveats(
             mean = {k: float(x.mean()) if x.size else math.nan for k, x in at.items()}
             compared.append((c.label, f"{axis}={c.a}", f"{axis}={c.b}", mean[c.a], mean[c.b]))
     found.append(caveats.param_ratio(compared, warn))
+    found.append(caveats.same_family(_models(by_variant)))
     intervals = [(r.variant, (r.variant,), r.summary.n) for r in rows if r.summary.n >= 2 and r.summary.spread]
     intervals += [
         (c.label, (c.a, c.b), c.n)
@@ -621,6 +622,17 @@ def _caveats(
         if c.kind in ("chance", "convergence"):
             mine = tuple(x.label for x in contrasts if x.kind == "pair" and {x.a, x.b} & set(c.variants))
             out[i] = dataclasses.replace(c, contrasts=mine + effects)
+    return out
+
+
+def _models(by_variant: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each variant's model fields, from its first cell's params (as MLflow keeps them: text)."""
+    prefix = f"{PARAMS_PREFIX}{MODEL_PARAMS}"
+    out = {}
+    for v, sub in by_variant.items():
+        if len(sub):
+            row = sub.iloc[0]
+            out[v] = {k.removeprefix(prefix): str(row[k]) for k in sub.columns if k.startswith(prefix)}
     return out
 
 

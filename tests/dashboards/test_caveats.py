@@ -454,3 +454,23 @@ def test_a_ratio_just_over_the_threshold_is_printed_over_it():
     c = caveats.param_ratio([("a vs b", "a", "b", 1510.0, 1000.0)], Warn())
     assert c is not None and "a has 1.51x the parameters of b" in c.text
     assert caveats.param_ratio([("a vs b", "a", "b", 1500.0, 1000.0)], Warn()) is None  # not more than 1.5
+
+
+def test_a_report_warns_where_two_variants_are_one_model_family(store):
+    """Luong's general (q W k) over projected q and k is dot with W folded into the query projection: a table that
+    compares them measures over-parameterisation, and says so, from the runs' own params (as the dry run did before
+    the runs). Over the states themselves (qk_projections false) the comparison is Luong's, and nothing is said."""
+    rng = np.random.default_rng(11)
+    base = {s: 1.0 + 0.01 * rng.standard_normal() for s in range(5)}
+    values = {"dot": base, "general": {s: v + 0.01 for s, v in base.items()}}
+    model = {"model.arch": "decoder", "model.d_model": "64", "model.qk_projections": "True"}
+    params = {v: {**model, "model.score": v} for v in values}
+    fill(store, "fam", values, metric="final/val_loss", direction="minimize", params=params)
+    table = build(load_study(store, "fam"))
+    found = [c for c in table.caveats if c.kind == "family"]
+    assert len(found) == 1 and found[0].variants == ("dot", "general") and found[0].concerns("general vs dot")
+    assert "one bilinear family" in found[0].text and "qk_projections: false" in found[0].text
+    assert "one bilinear family" in to_markdown(table)
+    luong = {v: {**p, "model.qk_projections": "False"} for v, p in params.items()}
+    fill(store, "luong", values, metric="final/val_loss", direction="minimize", params=luong)
+    assert not [c for c in build(load_study(store, "luong")).caveats if c.kind == "family"]
