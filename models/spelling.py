@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from models.errors import ConfigError
+from models.schedules import schedule
 
 BUILT_IN = {"full": "full", "local": "window", "dilated": "window"}  # pattern -> what it computes
 GEOMETRY_DEFAULTS = {
@@ -70,8 +71,6 @@ def given(cfg) -> dict[str, Any]:
 
 def _windows(cfg, stacks: dict[int, list[Layer]], per_layer: bool) -> dict[str, Any] | None:
     """The simplest spelling of every stack's windows: fixed, a schedule, or one per layer."""
-    from models.config import schedule
-
     lists = {n: [w for kind, w, _ in layers if kind == "window"] for n, layers in stacks.items()}
     first = lists[min(lists)]
     if not first:
@@ -91,8 +90,6 @@ def _windows(cfg, stacks: dict[int, list[Layer]], per_layer: bool) -> dict[str, 
 def _dilations(cfg, rows: dict[int, list[tuple[int, ...] | None]], per_layer: bool) -> dict[str, Any] | None:
     """The simplest spelling of the dilated layers' head dilations (``rows``: per stack, one tuple per layer, None
     where the layer is not dilated): a schedule, one dilation per layer, or every head."""
-    from models.config import schedule
-
     H = cfg.n_heads
     used = [row for stack in rows.values() for row in stack if row is not None]
     counts = {sum(d > 1 for d in row) for row in used if max(row) > 1}
