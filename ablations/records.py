@@ -49,6 +49,8 @@ TAG_DRIVER_HOST, TAG_DRIVER_PID, TAG_CLAIMS_OWNER = "driver_host", "driver_pid",
 # what writing to MLflow cost a run, and what it could not write
 TAG_LOGGING_SECONDS, TAG_TRACKING_SECONDS = "logging_seconds", "tracking_seconds"
 TAG_METRICS_LOST, TAG_LOGGING_ERRORS = "metrics_lost", "logging_errors"
+TAG_OUTCOME = "outcome"  # a cell's run: "counted" (what its study's latest submission counts), or "superseded"
+OUTCOME_COUNTED, OUTCOME_SUPERSEDED = "counted", "superseded"
 AXIS_PREFIX = "axis."  # a cell's row in a report: axis.<dotted key>, the value of a design axis (from design.json)
 PARAM_PREFIX = "param."  # param.<dotted key>: a search trial's parameters
 TUNED_SETTING = "tuned:"  # the prefix of a tuned value in a variant's settings (design.json)
@@ -236,6 +238,28 @@ def cell_runs(uri: str, study: str, cell_id: str | None = None) -> dict[str, lis
 def result_run(runs: Iterable, code: str | None = None):
     """A cell's result: its first finished or diverged run (trained by the code ``code``, unless None), else None."""
     return next((r for r in runs if cell_state(r) in RESULT_STATES and same_code(r, code)), None)
+
+
+def counted_run(runs: list, code: str | None):
+    """The run a cell's outcome is read from: its first result by ``code`` (None: any), else its latest attempt by
+    that code; None when that code never ran it."""
+    own = [r for r in runs if same_code(r, code)]
+    return result_run(own) or (own[-1] if own else None)
+
+
+def mark_outcomes(uri: str, study: str, cell_ids: Iterable[str], code: str | None) -> None:
+    """Tag each cell's counted run ``outcome=counted`` and its other runs (killed attempts, a failed attempt Tune
+    retried, other code's results) ``outcome=superseded``, so that MLflow's filter ``tags.outcome = "counted"``
+    shows one run per cell: ``tags.kind = "cell"`` also returned killed attempts with partial curves."""
+    c = client(uri)
+    by_cell = cell_runs(uri, study)
+    for cell_id in cell_ids:
+        runs = by_cell.get(cell_id, [])
+        counted = counted_run(runs, code)
+        for run in runs:
+            value = OUTCOME_COUNTED if run is counted else OUTCOME_SUPERSEDED
+            if run.info.status != "RUNNING" and run.data.tags.get(TAG_OUTCOME) != value:
+                c.set_tag(run.info.run_id, TAG_OUTCOME, value)
 
 
 def run_missing(uri: str, run_id: str | None) -> bool:

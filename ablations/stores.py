@@ -60,7 +60,8 @@ def usable(uri: str) -> str | None:
     up: a job started beside its MLflow server or database, which MLflow's own retries used to ride out."""
     import math
     import sys
-    import time
+
+    import tenacity
 
     text = os.environ.get("ABLATE_STORE_WAIT", "").strip()
     wait = 0.0
@@ -75,11 +76,13 @@ def usable(uri: str) -> str | None:
     if not problem or not wait or not any(w in problem for w in WAIT_FOR):
         return problem
     print(f"waiting up to {wait:g} s (ABLATE_STORE_WAIT) for the tracking store: {problem}", file=sys.stderr)
-    deadline = time.monotonic() + wait
-    while problem and time.monotonic() < deadline:
-        time.sleep(max(0.0, min(2.0, deadline - time.monotonic())))
-        problem = store_problem(uri)
-    return problem
+    asking = tenacity.Retrying(
+        retry=tenacity.retry_if_result(bool),  # a problem: ask again
+        stop=tenacity.stop_after_delay(wait),
+        wait=tenacity.wait_fixed(2),
+        retry_error_callback=lambda state: state.outcome.result(),  # out of time: the problem that remains
+    )
+    return asking(store_problem, uri)
 
 
 WAIT_FOR = ("does not answer", "cannot be reached", "is not ready")  # what may yet come up: worth waiting for

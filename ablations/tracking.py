@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import tenacity
+
 from ablations.records import (
     MLFLOW_STATUS,
     STATUS_RUNNING,
@@ -330,15 +332,15 @@ class RunLogger:
         # Trials of one study log the same dataset at the same moment; MLflow's SQL store checks, then inserts,
         # so one of two concurrent inserts fails on its unique key. Once the other has committed, the retry
         # finds the dataset and only links it to this run.
-        for attempt in range(5):
-            try:
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_duplicate_key),
+            stop=tenacity.stop_after_attempt(5),
+            wait=tenacity.wait_incrementing(0.2, 0.2),
+            reraise=True,
+        ):
+            with attempt:
                 client(self.uri).log_inputs(self.run_id, datasets=inputs)
-                self.seconds_writing += time.perf_counter() - t
-                return
-            except Exception as err:  # MlflowException wrapping IntegrityError
-                if "UNIQUE constraint" not in str(err) and "duplicate key" not in str(err) or attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        self.seconds_writing += time.perf_counter() - t
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.writer.log(metrics, step)
@@ -375,3 +377,20 @@ class RunLogger:
         tags[TAG_TRACKING_SECONDS] = f"{self.seconds_writing + time.perf_counter() - t:.3f}"
         self.set_tags(tags)
         client(self.uri).set_terminated(self.run_id, MLFLOW_STATUS[status])
+
+
+DUPLICATE_KEY = ("UNIQUE constraint", "duplicate key")  # SQLite's and PostgreSQL's words, in a server's answer
+
+
+def _duplicate_key(err: BaseException) -> bool:
+    """An insert that lost a race on a unique key: trials of one study log the same dataset at once, and MLflow's SQL
+    store checks, then inserts. In this process MLflow chains the database's IntegrityError; from a tracking server
+    only the error's text comes back."""
+    from sqlalchemy.exc import IntegrityError
+
+    chain, seen = err, 0
+    while chain is not None and seen < 10:
+        if isinstance(chain, IntegrityError):
+            return True
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    return any(words in str(err) for words in DUPLICATE_KEY)

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -254,13 +253,7 @@ def serve(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(ready, timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.3)
+        _wait_ready(proc, ready, timeout)
         if proc.poll() is None:
             print("\n".join([*lines, f"(the server's own log: {log_path})"]), flush=True)
             proc.wait()
@@ -274,6 +267,24 @@ def serve(
     finally:
         _stop_group(proc)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _wait_ready(proc: subprocess.Popen, ready: str, timeout: float) -> None:
+    """Until ``ready`` answers, the server exits, or ``timeout`` seconds pass."""
+    import tenacity
+
+    def answer() -> None:
+        if proc.poll() is None:  # a server that exited answers nothing: stop asking
+            with urllib.request.urlopen(ready, timeout=2):
+                pass
+
+    asking = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(OSError),
+        stop=tenacity.stop_after_delay(timeout),
+        wait=tenacity.wait_fixed(0.3),
+        retry_error_callback=lambda state: None,  # out of time: the caller sees the server still starting
+    )
+    asking(answer)
 
 
 def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:

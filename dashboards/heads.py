@@ -110,7 +110,7 @@ def sequence_losses(module, loader) -> tuple[Any, Any]:
     nll, weight = [], []
     with torch.no_grad():
         for batch in loader:
-            logits, targets = module._inputs(batch)  # noqa: SLF001  (the module's own scoring)
+            logits, targets = module.scored_logits(batch)
             if targets.dim() == 1:  # classification: one label per sequence
                 nll.append(F.cross_entropy(logits.float(), targets, reduction="none"))
                 weight.append(torch.ones_like(nll[-1]))

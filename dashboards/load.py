@@ -24,9 +24,9 @@ from ablations.records import (
     KIND_STUDY,
     TAG_SUBMISSION,
     client,
+    counted_run,
     kind_filter,
     name_hint,
-    result_run,
     same_code,
     search_all,
 )
@@ -137,7 +137,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
     for cell_id, attempts in by_cell.items():
         own = [r for r in attempts if same_code(r, code)]
         if own:  # as the sweep takes it: the first result of that code, else its latest attempt
-            rows.append(_row(cell_id, result_run(own) or own[-1], own))
+            rows.append(_row(cell_id, counted_run(own, code), own))
         else:  # trained only by other code (the code changed since): no outcome of this study's code yet (its
             # metrics are there, without values: a study no cell of which the new code has trained is a table of
             # cells without an outcome, not a metric "no run has")

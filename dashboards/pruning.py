@@ -86,7 +86,7 @@ def head_importance(module, loader, removed: set[tuple[str, int]]) -> dict[tuple
                 for name, g in base.items()
             }
             model.set_head_mask(gates)
-            logits, targets = module._inputs(batch)  # noqa: SLF001  (the module's own scoring)
+            logits, targets = module.scored_logits(batch)
             if targets.dim() == 1:  # classification: one loss per sequence
                 per_seq = F.cross_entropy(logits.float(), targets, reduction="none")
             else:

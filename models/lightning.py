@@ -149,7 +149,7 @@ class LitTransformer(L.LightningModule):
             )
 
     # -- batches -> (logits, targets, mask) ------------------------------------------------------
-    def _inputs(self, batch: dict[str, torch.Tensor], tf_p: float = 1.0):
+    def scored_logits(self, batch: dict[str, torch.Tensor], tf_p: float = 1.0):
         """Logits and what they are scored against. targets hold -100 where nothing is scored."""
         if self.kind == "classify":
             tokens = batch["tokens"]
@@ -244,7 +244,7 @@ class LitTransformer(L.LightningModule):
             loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
             loss = loss + self.training_cfg.length_loss_weight * F.cross_entropy(length_logits.float(), lengths)
         else:
-            logits, targets = self._inputs(batch, tf_p)
+            logits, targets = self.scored_logits(batch, tf_p)
             loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
         self._losses.append((step, loss.detach()))
         if step % self.log_every == 0:
@@ -408,7 +408,7 @@ class LitTransformer(L.LightningModule):
             logits, targets, length_logits, lengths = self._parallel(batch, sample_masks=False)
             length_ok, length_n = float((length_logits.argmax(-1) == lengths).sum()), float(lengths.numel())
         else:
-            logits, targets = self._inputs(batch)
+            logits, targets = self.scored_logits(batch)
         scored = targets != -100
         nll = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"

@@ -49,12 +49,12 @@ def _lost(study, storage) -> tuple[int, int]:
     callback does."""
     import optuna
 
-    from ablations.search.setup import STALE_RETRIES
+    from ablations.search.setup import STALE_RETRIES, heartbeat_stale_ids
 
     lost = {t.number for t in stale_trials(study)}
     final = 0
     if isinstance(storage, optuna.storages.RDBStorage):  # what optuna.storages.fail_stale_trials fails; read here
-        for trial_id in storage._get_stale_trial_ids(study._study_id):
+        for trial_id in heartbeat_stale_ids(storage, study.study_name):
             trial = storage.get_trial(trial_id)
             if len(optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(trial)) < STALE_RETRIES:
                 lost.add(trial.number)

@@ -13,6 +13,8 @@ import time
 import warnings
 from pathlib import Path
 
+import tenacity
+
 from ablations import records, stores, tracking
 from ablations.spec import SearchSpec
 
@@ -41,22 +43,29 @@ def open_storage(url: str):
         path = local_file(url).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    attempt = 0
-    while True:
-        try:  # records.first_use makes an SQLite database's folder
-            with warnings.catch_warnings(), records.first_use(url):
-                warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
-                return optuna.storages.RDBStorage(
-                    url,
-                    **HEARTBEAT,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(STALE_RETRIES),
-                    engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-                )
-        except Exception as err:
-            attempt += 1
-            if attempt == SCHEMA_ATTEMPTS or not _lost_the_schema_race(err):
-                raise
-            time.sleep(0.2 * attempt)
+    # two processes creating one new storage's tables at once: the one that lost the race tries again
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_lost_the_schema_race),
+        stop=tenacity.stop_after_attempt(SCHEMA_ATTEMPTS),
+        wait=tenacity.wait_incrementing(0.2, 0.2),
+        reraise=True,
+    ):
+        with attempt, warnings.catch_warnings(), records.first_use(url):  # first_use: an SQLite database's folder
+            warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
+            return optuna.storages.RDBStorage(
+                url,
+                **HEARTBEAT,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(STALE_RETRIES),
+                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+            )
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def heartbeat_stale_ids(storage, study_name: str) -> list[int]:
+    """The trials whose heartbeat stopped (what ``optuna.storages.fail_stale_trials`` would fail), read without
+    failing them, for a dry run. Optuna has no public read of them: ``_get_stale_trial_ids`` stayed private when
+    optuna/optuna#3442 added it; this is the one place that reaches for it."""
+    return list(storage._get_stale_trial_ids(storage.get_study_id_from_name(study_name)))  # noqa: SLF001
 
 
 def local_file(url: str) -> Path | None:

@@ -278,6 +278,7 @@ class _Submission:
             records.mark_killed(uri, run, "the submission stopped before the trial finished")
         if status == records.STATUS_FINISHED:
             _failed_on_every_attempt(study, uri, self.code, self.parent.submission, study.retries)
+        records.mark_outcomes(uri, study.name, [c.cell_id for c in study.cells], self.code)
         counts, rows = summarize(study, uri, self.code)
         if status == records.STATUS_FINISHED and any(
             n for s, n in counts.items() if s.startswith(("to train", "killed"))

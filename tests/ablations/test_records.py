@@ -74,3 +74,28 @@ def test_a_new_optuna_storage_opened_by_several_at_once_even_beside_an_opener_th
     outcomes = at_once(outsider, *ours)
     assert outcomes[1:] == ["ok"] * OPENERS, outcomes  # the outsider may lose; ours open it again
     optuna.create_study(study_name="usable", storage=open_storage(new_database)).ask()
+
+
+def test_mlflows_filter_for_a_studys_outcomes_returns_one_run_per_cell(tmp_path):
+    """Tried as a new user would, ``tags.kind = "cell"`` returned killed attempts with partial curves beside the
+    results (a variant grouped in the UI held 5 runs, 2 of them killed). A submission's end tags each cell's counted
+    run, so ``tags.outcome = "counted"`` is one run per cell: its result, or its latest attempt when it has none."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(uri)
+    exp = c.create_experiment("s")
+    ends = {"a": ["KILLED", "FINISHED"], "b": ["FAILED", "FINISHED"], "c": ["KILLED", "FAILED"]}
+    ids = {}
+    for cell, statuses in ends.items():
+        for i, status in enumerate(statuses):
+            detail = {"FINISHED": "finished", "FAILED": "failed: boom", "KILLED": "killed"}[status]
+            tags = {records.TAG_KIND: records.KIND_CELL, records.TAG_CELL_ID: cell, records.TAG_STATUS: detail}
+            run = c.create_run(exp, tags=tags, start_time=1000 * (len(ids) + 1))
+            c.set_terminated(run.info.run_id, status)
+            ids[(cell, i)] = run.info.run_id
+    records.mark_outcomes(uri, "s", ["a", "b", "c"], code=None)
+    counted = c.search_runs([exp], f"tags.kind = 'cell' and tags.{records.TAG_OUTCOME} = 'counted'")
+    assert sorted(r.info.run_id for r in counted) == sorted([ids[("a", 1)], ids[("b", 1)], ids[("c", 1)]])
+    every = c.search_runs([exp], "tags.kind = 'cell'")
+    assert len(every) == 6 and sum(r.data.tags[records.TAG_OUTCOME] == "superseded" for r in every) == 3

@@ -264,7 +264,7 @@ def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_he
             with torch.no_grad():
                 gates["layers.0.attn"][1] = 0.0  # removed
             module.model.set_head_mask(gates)
-            logits, targets = module._inputs(one)
+            logits, targets = module.scored_logits(one)
             loss = F.cross_entropy(logits[0].float(), targets[0], ignore_index=-100)
             for name, g in zip(gates, torch.autograd.grad(loss, list(gates.values()))):
                 sums[name] += g.abs().double()

@@ -61,7 +61,7 @@ def test_scheduled_sampling_feeds_back_only_the_tokens_a_language_model_predicts
     fed = []
     forward = module.model.forward
     module.model.forward = lambda inp, *a, **kw: fed.append(inp) or forward(inp, *a, **kw)
-    module._inputs(batch, tf_p=0.0)
+    module.scored_logits(batch, tf_p=0.0)
     given, mixed = batch["tokens"][:, :-1], fed[-1]
     predicted = torch.zeros_like(given, dtype=torch.bool)
     predicted[:, 1:] = batch["loss_mask"][:, :-1].bool() & (batch["tokens"][:, 1:-1] != PAD)
