@@ -36,47 +36,88 @@ DECODINGS = ("autoregressive", "nat", "mask_predict")
 OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True, "global_tokens": None}
 
 
-def _choice(name: str, value: Any, choices) -> None:
+def _name(field: str, at: int | None) -> str:
+    """How the message names a field, or one entry of it (``layer_windows[2]``)."""
+    return field if at is None else f"{field}[{at}]"
+
+
+def _choice(field: str, value: Any, choices, at: int | None = None) -> None:
     if not isinstance(value, str) or value not in choices:
         valid = ", ".join(repr(c) for c in choices)
-        raise ConfigError(f"{name}={value!r} is not a valid choice; valid: {valid}")
+        raise ConfigError(
+            f"{_name(field, at)}={value!r} is not a valid choice; valid: {valid}",
+            field=field,
+            value=value,
+            fix=f"use one of {valid}",
+        )
 
 
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+def _positive_int(field: str, value: Any, allow_none: bool = False, at: int | None = None) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+        fix = "give a positive integer" + (" or remove it" if allow_none else "")
+        raise ConfigError(f"{_name(field, at)}={value!r} must be a positive integer", field=field, value=value, fix=fix)
 
 
-def _probability(name: str, value: Any) -> None:
+def _probability(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ConfigError(f"{name}={value!r} must be a number in [0, 1)")
+        raise ConfigError(
+            f"{field}={value!r} must be a number in [0, 1)", field=field, value=value, fix="give a number in [0, 1)"
+        )
 
 
-def _ints(name: str, value: Any, length: int | None = None, what: str = "") -> None:
+def _ints(field: str, value: Any, length: int | None = None, what: str = "", at: int | None = None) -> None:
+    """A list of ``length`` positive integers (one per head: ``related`` n_heads)."""
+    name = _name(field, at)
     if not isinstance(value, tuple) or not all(
         not isinstance(v, bool) and isinstance(v, int) and v >= 1 for v in value
     ):
-        raise ConfigError(f"{name}={_show(value)} must be a list of positive integers{what}")
+        raise ConfigError(
+            f"{name}={_show(value)} must be a list of positive integers{what}",
+            field=field,
+            value=_show(value),
+            fix="give a list of positive integers",
+        )
     if length is not None and len(value) != length:
-        raise ConfigError(f"{name} has {len(value)} entries but needs {length}{what}")
+        raise ConfigError(
+            f"{name} has {len(value)} entries but needs {length}{what}",
+            field=field,
+            value=_show(value),
+            fix=f"give {length} entries",
+            related=("n_heads",),
+        )
 
 
-def _per_layer(name: str, value: Any, applies: list[bool], what: str, check) -> None:
-    """A list with one entry per layer: ``check(entry name, entry)`` where the entry applies, null elsewhere (an
+def _per_layer(field: str, value: Any, applies: list[bool], what: str, check) -> None:
+    """A list with one entry per layer: ``check(entry, index)`` where the entry applies, null elsewhere (an
     entry a layer ignores would make two spellings of one model)."""
     if not isinstance(value, tuple):
-        raise ConfigError(f"{name}={_show(value)} must be a list with one entry per layer{what}")
+        raise ConfigError(
+            f"{field}={_show(value)} must be a list with one entry per layer{what}",
+            field=field,
+            value=_show(value),
+            fix="give a list with one entry per layer",
+        )
     if len(value) != len(applies):
-        raise ConfigError(f"{name} has {len(value)} entries but needs {len(applies)}{what}")
+        raise ConfigError(
+            f"{field} has {len(value)} entries but needs {len(applies)}{what}",
+            field=field,
+            value=_show(value),
+            fix=f"give {len(applies)} entries, one per layer",
+            related=("n_layers", "layer_patterns"),
+        )
     for i, (entry, used) in enumerate(zip(value, applies)):
         if used:
-            check(f"{name}[{i}]", entry)
+            check(entry, i)
         elif entry is not None:
             raise ConfigError(
-                f"{name}[{i}]={_show(entry)} is given for layer {i}, whose pattern does not use it: write null there "
-                "(a value a layer ignores would spell one model two ways)"
+                f"{field}[{i}]={_show(entry)} is given for layer {i}, whose pattern does not use it: write null there "
+                "(a value a layer ignores would spell one model two ways)",
+                field=field,
+                value=_show(entry),
+                fix=f"write null at {field}[{i}]",
+                related=("layer_patterns",),
             )
 
 
@@ -297,7 +338,13 @@ class ModelConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown model key(s) {unknown}; valid keys: {sorted(names)}")
+            raise ConfigError(
+                f"unknown model key(s) {unknown}; valid keys: {sorted(names)}",
+                field=unknown[0],
+                value=data[unknown[0]],
+                fix=f"remove {unknown[0]} or correct its name",
+                related=unknown[1:],
+            )
         return cls(**data)
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -331,56 +378,134 @@ class ModelConfig:
             _probability(name, getattr(self, name))
         for name in ("bias", "scale_embeddings", "qk_projections"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} must be true or false",
+                    field=name,
+                    value=getattr(self, name),
+                    fix="write true or false",
+                )
         if self.tie_embeddings is not None and not isinstance(self.tie_embeddings, bool):
-            raise ConfigError(f"tie_embeddings={self.tie_embeddings!r} must be true, false or null (auto)")
+            raise ConfigError(
+                f"tie_embeddings={self.tie_embeddings!r} must be true, false or null (auto)",
+                field="tie_embeddings",
+                value=self.tie_embeddings,
+                fix="write true, false or null",
+            )
         if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or self.pad_id < 0:
-            raise ConfigError(f"pad_id={self.pad_id!r} must be a non-negative integer")
+            raise ConfigError(
+                f"pad_id={self.pad_id!r} must be a non-negative integer",
+                field="pad_id",
+                value=self.pad_id,
+                fix="give an integer >= 0",
+            )
         if self.pad_id >= self.vocab_size:
-            raise ConfigError(f"pad_id={self.pad_id} must be below vocab_size={self.vocab_size}")
+            raise ConfigError(
+                f"pad_id={self.pad_id} must be below vocab_size={self.vocab_size}",
+                field="pad_id",
+                value=self.pad_id,
+                fix=f"give a pad_id below {self.vocab_size}, or raise vocab_size",
+                related=("vocab_size",),
+            )
         if not isinstance(self.norm_eps, (int, float)) or self.norm_eps <= 0:
-            raise ConfigError(f"norm_eps={self.norm_eps!r} must be a positive number")
+            raise ConfigError(
+                f"norm_eps={self.norm_eps!r} must be a positive number",
+                field="norm_eps",
+                value=self.norm_eps,
+                fix="give a number above 0",
+            )
         if not isinstance(self.rotary_base, (int, float)) or self.rotary_base <= 1:
-            raise ConfigError(f"rotary_base={self.rotary_base!r} must be a number above 1")
+            raise ConfigError(
+                f"rotary_base={self.rotary_base!r} must be a number above 1",
+                field="rotary_base",
+                value=self.rotary_base,
+                fix="give a number above 1",
+            )
         if self.position_init_std is not None and (
             isinstance(self.position_init_std, bool)
             or not isinstance(self.position_init_std, (int, float))
             or self.position_init_std < 0
         ):
-            raise ConfigError(f"position_init_std={self.position_init_std!r} must be a non-negative number or null")
+            raise ConfigError(
+                f"position_init_std={self.position_init_std!r} must be a non-negative number or null",
+                field="position_init_std",
+                value=self.position_init_std,
+                fix="give a number >= 0, or remove it",
+            )
 
         if self.head_dim is None and self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "choose a divisible pair or set head_dim explicitly"
+                "choose a divisible pair or set head_dim explicitly",
+                field="d_model",
+                value=self.d_model,
+                fix="choose d_model and n_heads with n_heads dividing d_model, or set head_dim",
+                related=("n_heads",),
             )
         if not self.qk_projections and self.head_size * self.n_heads != self.d_model:
             raise ConfigError(
                 f"qk_projections=false splits each state into n_heads={self.n_heads} slices of head_dim="
                 f"{self.head_size}, which must cover d_model={self.d_model}; remove head_dim or set it to "
-                "d_model / n_heads"
+                "d_model / n_heads",
+                field="head_dim",
+                value=self.head_dim,
+                fix="remove head_dim, or set it to d_model / n_heads",
+                related=("qk_projections", "n_heads", "d_model"),
             )
 
         # arch-specific fields
         if self.arch == "encoder":
             if self.n_classes is None:
-                raise ConfigError("arch='encoder' needs n_classes (the size of the classification or tagging head)")
+                raise ConfigError(
+                    "arch='encoder' needs n_classes (the size of the classification or tagging head)",
+                    field="n_classes",
+                    value=None,
+                    fix="set n_classes",
+                    related=("arch",),
+                )
             if self.tie_embeddings:
                 raise ConfigError(
                     "tie_embeddings=true needs a language-model head; arch='encoder' has a classifier "
-                    "(set tie_embeddings to false or null)"
+                    "(set tie_embeddings to false or null)",
+                    field="tie_embeddings",
+                    value=True,
+                    fix="set tie_embeddings to false or null",
+                    related=("arch",),
                 )
         else:
             if self.n_classes is not None:
-                raise ConfigError(f"n_classes is only for arch='encoder' (got arch={self.arch!r}); remove it")
+                raise ConfigError(
+                    f"n_classes is only for arch='encoder' (got arch={self.arch!r}); remove it",
+                    field="n_classes",
+                    value=self.n_classes,
+                    fix="remove n_classes",
+                    related=("arch",),
+                )
             if self.classifier != "mean":
-                raise ConfigError(f"classifier is only for arch='encoder' (got arch={self.arch!r}); remove it")
+                raise ConfigError(
+                    f"classifier is only for arch='encoder' (got arch={self.arch!r}); remove it",
+                    field="classifier",
+                    value=self.classifier,
+                    fix="remove classifier",
+                    related=("arch",),
+                )
         if self.arch != "encoder_decoder":
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:
-                    raise ConfigError(f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it")
+                    raise ConfigError(
+                        f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it",
+                        field=name,
+                        value=getattr(self, name),
+                        fix=f"remove {name}",
+                        related=("arch",),
+                    )
         if self.arch == "encoder_decoder" and self.tgt_vocab_size is not None and self.pad_id >= self.tgt_vocab_size:
-            raise ConfigError(f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}")
+            raise ConfigError(
+                f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}",
+                field="pad_id",
+                value=self.pad_id,
+                fix=f"give a pad_id below {self.tgt_vocab_size}, or raise tgt_vocab_size",
+                related=("tgt_vocab_size",),
+            )
         self._validate_decoding()
 
         self._validate_patterns(registries["pattern"])
@@ -401,7 +526,10 @@ class ModelConfig:
             raise ConfigError(
                 "decoding='non_autoregressive' named one-pass mask-predict after Gu et al. (2018); say which paper: "
                 "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat' "
-                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)"
+                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)",
+                field="decoding",
+                value=self.decoding,
+                fix="write decoding='mask_predict' or decoding='nat'",
             )
         _choice("decoding", self.decoding, DECODINGS)
 
@@ -409,37 +537,56 @@ class ModelConfig:
         if self.non_autoregressive and self.arch != "encoder_decoder":
             raise ConfigError(
                 f"decoding={self.decoding!r} predicts a target from a source and needs arch='encoder_decoder' "
-                f"(got arch={self.arch!r}); use decoding='autoregressive'"
+                f"(got arch={self.arch!r}); use decoding='autoregressive'",
+                field="decoding",
+                value=self.decoding,
+                fix="use decoding='autoregressive', or arch='encoder_decoder'",
+                related=("arch",),
             )
         if self.nat_iterations > 1 and self.decoding != "mask_predict":
             raise ConfigError(
                 f"nat_iterations={self.nat_iterations} is the number of mask-predict passes at evaluation "
                 f"(Ghazvininejad et al. 2019); it needs decoding='mask_predict' (got decoding={self.decoding!r}"
-                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")")
+                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")"),
+                field="nat_iterations",
+                value=self.nat_iterations,
+                fix="remove nat_iterations, or use decoding='mask_predict'",
+                related=("decoding",),
             )
 
     def _validate_patterns(self, patterns_registry) -> None:
         patterns = self.layer_patterns if self.layer_patterns is not None else (self.pattern,)
         if self.layer_patterns is None:
             _choice("pattern", self.pattern, patterns_registry.names())
-        for i, p in enumerate(patterns):
-            _choice(
-                f"layer_patterns[{i}]" if self.layer_patterns is not None else "pattern", p, patterns_registry.names()
-            )
+        else:
+            for i, p in enumerate(patterns):
+                _choice("layer_patterns", p, patterns_registry.names(), at=i)
         if self.layer_patterns is not None:
             if self.pattern != "full":  # the default: what layer_patterns replaces
                 raise ConfigError(
-                    f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it"
+                    f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it",
+                    field="pattern",
+                    value=self.pattern,
+                    fix="remove pattern",
+                    related=("layer_patterns",),
                 )
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
                     f"layer_patterns applies to both stacks of arch='encoder_decoder', which then need the same "
-                    f"depth (n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})"
+                    f"depth (n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
+                    field="layer_patterns",
+                    value=_show(self.layer_patterns),
+                    fix="give both stacks the same depth, or use pattern",
+                    related=("n_decoder_layers", "n_layers"),
                 )
             if len(self.layer_patterns) != self.n_layers:
                 raise ConfigError(
                     f"layer_patterns has {len(self.layer_patterns)} entries but the stack has {self.n_layers} "
-                    "layers; give one pattern per layer"
+                    "layers; give one pattern per layer",
+                    field="layer_patterns",
+                    value=_show(self.layer_patterns),
+                    fix=f"give {self.n_layers} patterns, one per layer",
+                    related=("n_layers",),
                 )
         traits = patterns_registry.traits
         windowed_names = [n for n in patterns_registry.names() if traits(n).windowed]
@@ -456,48 +603,112 @@ class ModelConfig:
                 self.layer_windows,
                 [t.windowed for t in layer_kinds],
                 " (one window per layer)",
-                lambda name, w: _positive_int(name, w),
+                lambda w, i: _positive_int("layer_windows", w, at=i),
             )
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
                     "layer_windows applies to both stacks of arch='encoder_decoder', which then need the same depth "
-                    f"(n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})"
+                    f"(n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
+                    field="layer_windows",
+                    value=_show(self.layer_windows),
+                    fix="give both stacks the same depth, or use window",
+                    related=("n_decoder_layers", "n_layers"),
                 )
             if self.window is not None:
                 raise ConfigError(
-                    "give either window (with window_schedule) or layer_windows, not both; remove one of them"
+                    "give either window (with window_schedule) or layer_windows, not both; remove one of them",
+                    field="window",
+                    value=self.window,
+                    fix="remove window or layer_windows",
+                    related=("layer_windows",),
                 )
         if windowed and self.window is None and self.layer_windows is None:
-            raise ConfigError(f"pattern {needs} needs window (keys at distance <= window are seen)")
+            raise ConfigError(
+                f"pattern {needs} needs window (keys at distance <= window are seen)",
+                field="window",
+                value=None,
+                fix="set window",
+                related=("pattern", "layer_patterns"),
+            )
         if not windowed and self.window is not None:
             raise ConfigError(
-                f"window={self.window} requires pattern {needs} ({got}); remove window or change the pattern"
+                f"window={self.window} requires pattern {needs} ({got}); remove window or change the pattern",
+                field="window",
+                value=self.window,
+                fix=f"remove window, or use pattern {needs}",
+                related=("pattern", "layer_patterns"),
             )
         if not windowed and self.layer_windows is not None:
-            raise ConfigError(f"layer_windows requires pattern {needs} ({got}); remove layer_windows")
+            raise ConfigError(
+                f"layer_windows requires pattern {needs} ({got}); remove layer_windows",
+                field="layer_windows",
+                value=_show(self.layer_windows),
+                fix="remove layer_windows",
+                related=("pattern", "layer_patterns"),
+            )
         if not windowed and self.window_schedule != "fixed":
-            raise ConfigError(f"window_schedule={self.window_schedule!r} requires pattern {needs} ({got})")
+            raise ConfigError(
+                f"window_schedule={self.window_schedule!r} requires pattern {needs} ({got})",
+                field="window_schedule",
+                value=self.window_schedule,
+                fix=f"remove window_schedule, or use pattern {needs}",
+                related=("pattern", "layer_patterns"),
+            )
         if self.window_schedule != "fixed" and self.layer_windows is not None:
-            raise ConfigError("window_schedule does not apply with layer_windows (each layer's window is given)")
+            raise ConfigError(
+                "window_schedule does not apply with layer_windows (each layer's window is given)",
+                field="window_schedule",
+                value=self.window_schedule,
+                fix="remove window_schedule",
+                related=("layer_windows",),
+            )
 
         explicit = self.head_dilations is not None or self.layer_dilations is not None
         dil_needs = " or ".join(repr(n) for n in dilated_names)
         if self.dilation > 1 and not dilated:
-            raise ConfigError(f"dilation requires pattern {dil_needs} ({got}, dilation={self.dilation})")
+            raise ConfigError(
+                f"dilation requires pattern {dil_needs} ({got}, dilation={self.dilation})",
+                field="dilation",
+                value=self.dilation,
+                fix=f"remove dilation, or use pattern {dil_needs}",
+                related=("pattern", "layer_patterns"),
+            )
         for name in ("dilated_heads", "layer_dilations", "head_dilations"):
             if getattr(self, name) is not None and not dilated:
-                raise ConfigError(f"{name} requires pattern {dil_needs} ({got}); remove {name}")
+                raise ConfigError(
+                    f"{name} requires pattern {dil_needs} ({got}); remove {name}",
+                    field=name,
+                    value=_show(getattr(self, name)),
+                    fix=f"remove {name}",
+                    related=("pattern", "layer_patterns"),
+                )
         if self.dilation_schedule != "increasing" and (not dilated or explicit):
             given = "head_dilations or layer_dilations give the dilations" if explicit else f"{got}"
             raise ConfigError(
                 f"dilation_schedule={self.dilation_schedule!r} spreads dilation over the layers of pattern "
-                f"{dil_needs} ({given}); remove it"
+                f"{dil_needs} ({given}); remove it",
+                field="dilation_schedule",
+                value=self.dilation_schedule,
+                fix="remove dilation_schedule",
+                related=("head_dilations", "layer_dilations") if explicit else ("pattern", "layer_patterns"),
             )
         if dilated and not explicit and self.dilation < 2:
-            raise ConfigError(f"pattern {dil_needs} needs dilation >= 2 (dilation 1 is pattern 'local')")
+            raise ConfigError(
+                f"pattern {dil_needs} needs dilation >= 2 (dilation 1 is pattern 'local')",
+                field="dilation",
+                value=self.dilation,
+                fix="set dilation >= 2, or use pattern 'local'",
+                related=("pattern", "layer_patterns"),
+            )
         H = self.n_heads
         if self.dilated_heads is not None and self.dilated_heads > H:
-            raise ConfigError(f"dilated_heads={self.dilated_heads} must be at most n_heads={H}")
+            raise ConfigError(
+                f"dilated_heads={self.dilated_heads} must be at most n_heads={H}",
+                field="dilated_heads",
+                value=self.dilated_heads,
+                fix=f"give dilated_heads <= {H}",
+                related=("n_heads",),
+            )
         self._validate_dilation_lists([t.dilated for t in layer_kinds])
         if explicit:
             name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
@@ -505,7 +716,11 @@ class ModelConfig:
             if all(d == 1 for row in rows for d in (row if isinstance(row, tuple) else (row,))):
                 raise ConfigError(
                     f"every dilation of {name} is 1, which is pattern 'local': use pattern 'local', or give a "
-                    "dilation >= 2"
+                    "dilation >= 2",
+                    field=name,
+                    value=_show(getattr(self, name)),
+                    fix="use pattern 'local', or give a dilation >= 2",
+                    related=("pattern", "layer_patterns"),
                 )
 
         if dilated:
@@ -516,13 +731,25 @@ class ModelConfig:
                 stacks.add(self.decoder_layers)
             for n in stacks:
                 if min(self.attention_layers(n)[0].dilations) > 1:
+                    spelt_by = self._dilations_spelt_by()
                     raise ConfigError(
                         "every head of the bottom layer is dilated, so a token does not see its neighbour t-1 after "
                         "one layer (and a stack dilated everywhere splits into independent sub-models over residue "
                         "classes); keep some heads of the bottom layer undilated as Longformer does: dilated_heads < "
                         "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
-                        "or layer_dilations"
+                        "or layer_dilations",
+                        field=spelt_by,
+                        value=_show(getattr(self, spelt_by)),
+                        fix="keep some heads of the bottom layer undilated",
+                        related=tuple(k for k in ("dilation", "dilated_heads", "dilation_schedule") if k != spelt_by),
                     )
+
+    def _dilations_spelt_by(self) -> str:
+        """The key that gives the dilated heads' dilations, the most specific first."""
+        for name in ("head_dilations", "layer_dilations", "dilated_heads"):
+            if getattr(self, name) is not None:
+                return name
+        return "dilation"
 
     def _validate_dilation_lists(self, dilated_layers: list[bool]) -> None:
         """head_dilations and layer_dilations: their shapes, and null at the layers that are not dilated."""
@@ -530,9 +757,21 @@ class ModelConfig:
         if self.head_dilations is not None:
             for name in ("dilated_heads", "layer_dilations"):
                 if getattr(self, name) is not None:
-                    raise ConfigError(f"head_dilations gives every head's dilation; remove {name}")
+                    raise ConfigError(
+                        f"head_dilations gives every head's dilation; remove {name}",
+                        field=name,
+                        value=_show(getattr(self, name)),
+                        fix=f"remove {name}",
+                        related=("head_dilations",),
+                    )
             if self.dilation > 1:
-                raise ConfigError("head_dilations gives every head's dilation; remove dilation")
+                raise ConfigError(
+                    "head_dilations gives every head's dilation; remove dilation",
+                    field="dilation",
+                    value=self.dilation,
+                    fix="remove dilation",
+                    related=("head_dilations",),
+                )
             hd = self.head_dilations
             if self.nested_head_dilations:
                 if len(hd) != self.n_layers or (
@@ -540,9 +779,13 @@ class ModelConfig:
                 ):
                     raise ConfigError(
                         f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
-                        "of an encoder_decoder need that depth); give one list per layer or one list for all"
+                        "of an encoder_decoder need that depth); give one list per layer or one list for all",
+                        field="head_dilations",
+                        value=_show(hd),
+                        fix=f"give {self.n_layers} lists, one per layer, or one list for all",
+                        related=("n_layers", "n_decoder_layers"),
                     )
-                each_head = lambda name, row: _ints(name, row, H, " (one dilation per head)")  # noqa: E731
+                each_head = lambda row, i: _ints("head_dilations", row, H, " (one dilation per head)", at=i)  # noqa: E731
                 _per_layer("head_dilations", hd, dilated_layers, "", each_head)
             else:
                 _ints("head_dilations", hd, H, " (one dilation per head)")
@@ -552,13 +795,23 @@ class ModelConfig:
                 self.layer_dilations,
                 dilated_layers,
                 " (one dilation per layer)",
-                lambda name, d: _positive_int(name, d),
+                lambda d, i: _positive_int("layer_dilations", d, at=i),
             )
             if self.dilation > 1:
-                raise ConfigError("layer_dilations gives each layer's dilation; remove dilation")
+                raise ConfigError(
+                    "layer_dilations gives each layer's dilation; remove dilation",
+                    field="dilation",
+                    value=self.dilation,
+                    fix="remove dilation",
+                    related=("layer_dilations",),
+                )
             if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
                 raise ConfigError(
-                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth"
+                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth",
+                    field="layer_dilations",
+                    value=_show(self.layer_dilations),
+                    fix="give both stacks the same depth, or use dilation",
+                    related=("n_decoder_layers", "n_layers"),
                 )
 
     def _validate_global_tokens(self, patterns_registry) -> None:
@@ -571,21 +824,35 @@ class ModelConfig:
             or not all(not isinstance(t, bool) and isinstance(t, int) and t >= 0 for t in g)
         ):
             raise ConfigError(
-                f"global_tokens={_show(g)} must be a non-empty list of positions (integers >= 0), e.g. [0]"
+                f"global_tokens={_show(g)} must be a non-empty list of positions (integers >= 0), e.g. [0]",
+                field="global_tokens",
+                value=_show(g),
+                fix="give a non-empty list of integers >= 0",
             )
         if list(g) != sorted(set(g)):
             raise ConfigError(
-                f"global_tokens={_show(g)} names the same positions as {sorted(set(g))}: write that (sorted, each once)"
+                f"global_tokens={_show(g)} names the same positions as {sorted(set(g))}: write that (sorted, each once)",
+                field="global_tokens",
+                value=_show(g),
+                fix=f"write global_tokens={sorted(set(g))}",
             )
         if not any(patterns_registry.traits(p).windowed for p in self.patterns_for(self.n_layers)):
             raise ConfigError(
                 f"global_tokens gives positions global attention in windowed layers (Longformer); pattern "
-                f"{self.pattern!r} sees every key already: remove global_tokens or use pattern 'local' or 'dilated'"
+                f"{self.pattern!r} sees every key already: remove global_tokens or use pattern 'local' or 'dilated'",
+                field="global_tokens",
+                value=_show(g),
+                fix="remove global_tokens, or use pattern 'local' or 'dilated'",
+                related=("pattern", "layer_patterns"),
             )
         if self.arch == "decoder":
             raise ConfigError(
                 "global_tokens in a causal stack (arch='decoder') would let a global token see later tokens; Longformer's "
-                "global attention is for bidirectional stacks (encoders, the encoder of an encoder_decoder): remove it"
+                "global attention is for bidirectional stacks (encoders, the encoder of an encoder_decoder): remove it",
+                field="global_tokens",
+                value=_show(g),
+                fix="remove global_tokens",
+                related=("arch",),
             )
 
     # A short human-readable name, used in logs.

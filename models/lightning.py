@@ -145,7 +145,11 @@ class LitTransformer(L.LightningModule):
         if training.sampling == "scheduled" and model.non_autoregressive:
             raise ConfigError(
                 f"sampling='scheduled' feeds a decoder its own earlier predictions; decoding={model.decoding!r} "
-                "has none (use sampling='teacher_forcing')"
+                "has none (use sampling='teacher_forcing')",
+                field="training.sampling",
+                value=training.sampling,
+                fix="use sampling='teacher_forcing'",
+                related=("model.decoding",),
             )
 
     # -- batches -> (logits, targets, mask) ------------------------------------------------------
@@ -186,7 +190,10 @@ class LitTransformer(L.LightningModule):
             if int(lengths.max()) > self.cfg.max_len:
                 raise ConfigError(
                     f"a target of {int(lengths.max())} tokens exceeds max_len={self.cfg.max_len}, the longest length "
-                    "the non-autoregressive length predictor knows; raise model.max_len"
+                    "the non-autoregressive length predictor knows; raise model.max_len",
+                    field="model.max_len",
+                    value=self.cfg.max_len,
+                    fix=f"raise model.max_len to at least {int(lengths.max())}",
                 )
         if sample_masks and self.cfg.decoding == "mask_predict":  # n ~ U{1..length} random positions (CMLM)
             n = (torch.rand(lengths.shape, device=src.device) * lengths).long() + 1

@@ -167,7 +167,14 @@ def check(cfg) -> None:
     finally:
         _checking.active = False
     if same:
+        # the key at fault: the first one written that the simpler spelling writes otherwise or not at all
+        differ = [k for k in mine if best.get(k, GEOMETRY_DEFAULTS[k]) != mine[k]]
+        field = differ[0] if differ else next(iter(mine))
         raise ConfigError(
             f"{_text(mine)} resolves to the same attention as {_text(best)}: write that (two spellings of one model "
-            "would be two variants, and two cell ids, of one model)"
+            "would be two variants, and two cell ids, of one model)",
+            field=field,
+            value=mine[field],
+            fix=f"write {_text(best)}",
+            related=[k for k in {**mine, **best} if k != field],
         )

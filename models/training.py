@@ -72,7 +72,13 @@ class TrainingConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown training key(s) {unknown}; valid keys: {sorted(names)}")
+            raise ConfigError(
+                f"unknown training key(s) {unknown}; valid keys: {sorted(names)}",
+                field=unknown[0],
+                value=data[unknown[0]],
+                fix=f"remove {unknown[0]} or correct its name",
+                related=unknown[1:],
+            )
         return cls(**data)
 
     def implied(self) -> dict[str, Any]:
@@ -96,11 +102,13 @@ class TrainingConfig:
                 return
             kinds = (int,) if integer else (int, float)
             if isinstance(v, bool) or not isinstance(v, kinds):
-                raise ConfigError(f"{name}={v!r} must be {'an integer' if integer else 'a number'}")
+                kind = "an integer" if integer else "a number"
+                raise ConfigError(f"{name}={v!r} must be {kind}", field=name, value=v, fix=f"give {kind}")
             if lo is not None and (v <= lo if lo_open else v < lo):
-                raise ConfigError(f"{name}={v!r} must be {'>' if lo_open else '>='} {lo}")
+                bound = f"{'>' if lo_open else '>='} {lo}"
+                raise ConfigError(f"{name}={v!r} must be {bound}", field=name, value=v, fix=f"give a value {bound}")
             if hi is not None and v > hi:
-                raise ConfigError(f"{name}={v!r} must be <= {hi}")
+                raise ConfigError(f"{name}={v!r} must be <= {hi}", field=name, value=v, fix=f"give a value <= {hi}")
 
         number("max_steps", 1, integer=True)
         number("max_time", 0, none=True, lo_open=True)
@@ -124,25 +132,56 @@ class TrainingConfig:
         number("diverge_factor", 1, none=True, lo_open=True)
         number("diverge_after", 0, integer=True)
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"betas={list(self.betas)!r} must be two numbers in [0, 1)")
+            raise ConfigError(
+                f"betas={list(self.betas)!r} must be two numbers in [0, 1)",
+                field="betas",
+                value=list(self.betas),
+                fix="give two numbers in [0, 1), e.g. [0.9, 0.98]",
+            )
         for name, choices in (
             ("schedule", SCHEDULES),
             ("sampling", SAMPLING),
             ("sampling_schedule", SAMPLING_SCHEDULES),
         ):
             if getattr(self, name) not in choices:
+                valid = ", ".join(map(repr, choices))
                 raise ConfigError(
-                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {', '.join(map(repr, choices))}"
+                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {valid}",
+                    field=name,
+                    value=getattr(self, name),
+                    fix=f"use one of {valid}",
                 )
         if self.schedule == "noam" and self.warmup_steps < 1:
-            raise ConfigError("schedule='noam' needs warmup_steps >= 1")
+            raise ConfigError(
+                "schedule='noam' needs warmup_steps >= 1",
+                field="warmup_steps",
+                value=self.warmup_steps,
+                fix="set warmup_steps >= 1, or another schedule",
+                related=("schedule",),
+            )
         if self.sampling_schedule == "inverse_sigmoid" and self.sampling == "scheduled" and self.sampling_k < 1:
-            raise ConfigError(f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})")
+            raise ConfigError(
+                f"sampling_schedule='inverse_sigmoid' needs sampling_k >= 1 (got {self.sampling_k})",
+                field="sampling_k",
+                value=self.sampling_k,
+                fix="set sampling_k >= 1, or another sampling_schedule",
+                related=("sampling_schedule", "sampling"),
+            )
         if not isinstance(self.precision, str) or not self.precision:
-            raise ConfigError(f"precision={self.precision!r} must be a Lightning precision such as '32-true'")
+            raise ConfigError(
+                f"precision={self.precision!r} must be a Lightning precision such as '32-true'",
+                field="precision",
+                value=self.precision,
+                fix="give a Lightning precision such as '32-true' or 'bf16-mixed'",
+            )
         for name in ("deterministic", *SPEED_OPTIONS):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} must be true or false",
+                    field=name,
+                    value=getattr(self, name),
+                    fix="write true or false",
+                )
 
 
 def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:

@@ -54,18 +54,30 @@ class PositionsTraits:
         if cfg.position_init_std is not None and not cls.takes_init_std:
             raise ConfigError(
                 f"position_init_std={cfg.position_init_std} sets the initial scale of a learned table; "
-                f"positions={cfg.positions!r} has none (remove it, or use positions='learned')"
+                f"positions={cfg.positions!r} has none (remove it, or use positions='learned')",
+                field="position_init_std",
+                value=cfg.position_init_std,
+                fix="remove position_init_std, or use positions='learned'",
+                related=("positions",),
             )
         if cfg.rotary_base != ROTARY_BASE and not cls.takes_base:
             raise ConfigError(
                 f"rotary_base={cfg.rotary_base:g} sets the wavelengths of rotary positions; positions="
-                f"{cfg.positions!r} has none (remove it, or use positions='rotary')"
+                f"{cfg.positions!r} has none (remove it, or use positions='rotary')",
+                field="rotary_base",
+                value=cfg.rotary_base,
+                fix="remove rotary_base, or use positions='rotary'",
+                related=("positions",),
             )
         if cls.needs_dot_product and not cfg.dot_like_score:
             raise ConfigError(
                 f"positions={cfg.positions!r} encodes offsets through the dot product q.k, which score="
                 f"{cfg.score!r} does not compute; use positions sinusoidal, learned, alibi or none with "
-                f"{cfg.score} scores"
+                f"{cfg.score} scores",
+                field="positions",
+                value=cfg.positions,
+                fix=f"use positions sinusoidal, learned, alibi or none with score={cfg.score!r}, or a dot-product score",
+                related=("score",),
             )
 
 
@@ -82,7 +94,11 @@ class RotaryTraits(PositionsTraits):
         super().check(cfg)
         if cfg.head_size % 2:
             raise ConfigError(
-                f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {cfg.head_size})"
+                f"positions='rotary' rotates pairs of dimensions and needs an even head_dim (got {cfg.head_size})",
+                field="positions",
+                value=cfg.positions,
+                fix="choose an even head_dim (or d_model / n_heads), or other positions",
+                related=("head_dim", "d_model", "n_heads"),
             )
 
 
@@ -95,5 +111,9 @@ class ALiBiTraits(PositionsTraits):
             raise ConfigError(
                 f"positions='alibi' in a bidirectional stack (arch={cfg.arch!r}) gives past and future keys the "
                 "slopes of two different heads; with n_heads=1 they coincide and the bias cannot tell a sequence "
-                "from its reverse. Use n_heads >= 2, or positions sinusoidal, learned or rotary"
+                "from its reverse. Use n_heads >= 2, or positions sinusoidal, learned or rotary",
+                field="positions",
+                value=cfg.positions,
+                fix="use n_heads >= 2, or positions sinusoidal, learned or rotary",
+                related=("n_heads", "arch"),
             )

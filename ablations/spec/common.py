@@ -61,31 +61,29 @@ class Origin:
         """Whether the file itself holds a mapping at ``path`` (a section; not a value an override made one)."""
         return isinstance(self._in_file(path), dict)
 
-    def error(self, path: Sequence[Any], message: str, *, key: str | None = None) -> SpecError:
-        """A SpecError at ``path`` (relative to this data): its key, its line, and ``--set`` if overridden there."""
+    def error(
+        self, path: Sequence[Any], message: str, *, key: str | None = None, involves: Sequence[tuple] = ()
+    ) -> SpecError:
+        """A SpecError at ``path`` (relative to this data): its key, its line, and ``--set`` if overridden there or
+        at one of the other keys the refusal reads (``involves``: paths relative to this data, the model's
+        ``ConfigError.fields``)."""
         path = tuple(path)
+        keys = tuple(dotted((*self.prefix, *p)) for p in involves)
         for n in range(len(path), 0, -1):
             if path[:n] in self.overrides:
-                return SpecError("--set", self.overrides[path[:n]], message)
-        for over, item in self.overrides.items():  # a cross-field refusal that names an overridden key
-            if over and over[:-1] == path[: len(over) - 1] and f"{over[-1]}=" in message:
-                return SpecError("--set", item, message)
+                return SpecError("--set", self.overrides[path[:n]], message, involves=keys)
+        for over, item in self.overrides.items():  # --set model.n_heads.x=1 (or name.x=1) made it a mapping
             if over[: len(path)] == path and len(over) > len(path) and (len(path) > 1 or not self._mapping_at(path)):
-                return SpecError("--set", item, message)  # --set model.n_heads.x=1 (or name.x=1) made it a mapping
-        for over, item in self.overrides.items():  # a section's refusal that names a key only --set gave
-            if (
-                len(over) == len(path) + 1
-                and over[:-1] == path
-                and re.search(rf"\b{re.escape(str(over[-1]))}\b", message)
-                and self._in_file(over) is None
-            ):
-                return SpecError("--set", item, message)
+                return SpecError("--set", item, message, involves=keys)
+        for other in map(tuple, involves):  # the refusal read a value --set gave (n_heads=3 beside the file's d_model)
+            if other in self.overrides:
+                return SpecError("--set", self.overrides[other], message, involves=keys)
         full = (*self.prefix, *path)
         line = self.doc.line(full) if self.doc is not None else None
         shown = key if key is not None else dotted(full)
         if self.label:
             shown = f"{self.label}: {shown}" if shown else self.label
-        return SpecError(self.source, shown or None, message, line)
+        return SpecError(self.source, shown or None, message, line, involves=keys)
 
 
 # --- pydantic errors -> one line -------------------------------------------------------------------------

@@ -15,10 +15,21 @@ class SpecError(ValueError):
     """A configuration that cannot run: ``str(err)`` is one line, ``FILE:LINE: KEY: message``.
 
     ``source`` is the file (or ``--set`` for a command-line override), ``line`` 1-based when known, ``key``
-    the dotted key (``model.n_heads``, ``design.variants[2].name``)."""
+    the dotted key (``model.n_heads``, ``design.variants[2].name``), ``involves`` every dotted key the refusal
+    reads, the one at fault first (``model.d_model``, ``model.n_heads``: "d_model=128 is not divisible by
+    n_heads=3"), so that a study blames the variant's setting of any of them."""
 
-    def __init__(self, source: str | None, key: str | None, message: str, line: int | None = None) -> None:
+    def __init__(
+        self,
+        source: str | None,
+        key: str | None,
+        message: str,
+        line: int | None = None,
+        *,
+        involves: Sequence[str] = (),
+    ) -> None:
         self.source, self.key, self.message, self.line = source, key, message, line
+        self.involves = tuple(involves)
         self.also: tuple[SpecError, ...] = ()  # the other mistakes found in the same pass (``every``)
         where = f"{source}:{line}" if source and line else source
         text = ": ".join(p for p in (where, key) if p)

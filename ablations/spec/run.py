@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -249,25 +248,17 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 # --- resolving ----------------------------------------------------------------------------------------------
 
 
-def _key_of(message: str) -> str | None:
-    """The field a ConfigError message starts with ("window=8 requires ..." -> "window")."""
-    m = re.match(r"([a-z_]+)(\[\d+\])?=", message)
-    return m.group(1) if m else None
-
-
 def _section(origin: Origin, section: str, build, data: dict[str, Any]):
     """Build a section with a configuration class of ``models`` (its keys are known: ``_misspelt``); its errors
-    name the key and its line, or the line of a key the file set that the message names."""
+    are blamed on the line of the field at fault, else of the first other field the refusal reads that the file
+    (or ``--set``) gave: a default refused beside a value the file set (d_model beside n_heads=3), a key missing
+    beside the one that needs it (window beside pattern: local)."""
     try:
         return build(data)
     except ConfigError as err:
-        key = _key_of(str(err))
-        if key not in data:  # a default refused beside a value the file set ("n_heads=3"): blame that value's line
-            key = next((k for k in data if re.search(rf"\b{re.escape(k)}(\[\d+\])?=", str(err))), key)
-        if key not in data:  # "pattern 'local' ... needs window", "layer_windows has 3 entries": the key it names first
-            first = re.match(r"([a-z_]+)\b", str(err))
-            key = first.group(1) if first and first.group(1) in data else key
-        raise origin.error((section, key) if key else (section,), str(err)) from None
+        key = next((k for k in err.fields if k in data), err.field)
+        involves = [(section, k) for k in err.fields]
+        raise origin.error((section, key), str(err), involves=involves) from None
     except TypeError as err:  # a dataclass given a value it cannot take
         raise origin.error((section,), str(err)) from None
 
@@ -309,6 +300,7 @@ def _task_and_model(origin: Origin, file: RunFile):
         raise origin.error(
             ("model", "arch"),
             f"{arch!r} does not fit task {task.name!r}, which needs arch " + " or ".join(repr(a) for a in task.archs),
+            involves=[("model", "arch"), ("task", "name")],
         )
     model_data.setdefault("vocab_size", task.vocab_size)
     if isinstance(model_data["vocab_size"], int) and model_data["vocab_size"] < task.vocab_size:
@@ -316,6 +308,7 @@ def _task_and_model(origin: Origin, file: RunFile):
             ("model", "vocab_size"),
             f"{model_data['vocab_size']} is smaller than the vocabulary of "
             f"task {task.name!r} ({task.vocab_size}); remove it to use the task's",
+            involves=[("model", "vocab_size"), ("task", "name")],
         )
     if task.n_classes is not None:
         model_data.setdefault("n_classes", task.n_classes)
@@ -324,6 +317,7 @@ def _task_and_model(origin: Origin, file: RunFile):
                 ("model", "n_classes"),
                 f"{model_data['n_classes']} differs from the "
                 f"{task.n_classes} classes of task {task.name!r}; remove it to use the task's",
+                involves=[("model", "n_classes"), ("task", "name")],
             )
     if model_data.get("positions", "sinusoidal") == "learned":
         model_data.setdefault("max_len", max(512, task.max_length))
@@ -332,6 +326,7 @@ def _task_and_model(origin: Origin, file: RunFile):
                 ("model", "max_len"),
                 f"{model_data['max_len']} is shorter than the longest sequence of "
                 f"task {task.name!r} ({task.max_length}) for learned positions; raise it",
+                involves=[("model", "max_len"), ("model", "positions"), ("task", "name")],
             )
     model = _section(origin, "model", ModelConfig.from_dict, model_data)
     return task, model
@@ -386,12 +381,14 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
             ("training", "sampling"),
             f"'scheduled' feeds a decoder its own earlier predictions; decoding={model.decoding!r} has none "
             "(use sampling='teacher_forcing')",
+            involves=[("training", "sampling"), ("model", "decoding")],
         )
     if training.sampling == "scheduled" and task.kind == "classify":
         raise origin.error(
             ("training", "sampling"),
             f"'scheduled' feeds predictions back to a decoder; task "
             f"{task.name!r} trains an encoder classifier (use 'teacher_forcing')",
+            involves=[("training", "sampling"), ("task", "name")],
         )
     return RunConfig(
         task_spec=task_spec,

@@ -9,7 +9,6 @@ Imports no ray, mlflow or optuna.
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -128,14 +127,11 @@ def base_errors(base: dict[str, Any], seed: int, name: str) -> set[str]:
 def variant_error(
     err: SpecError, variant: str, settings: dict, where: dict, origin: Origin, base_origin: Origin, in_base: set[str]
 ) -> SpecError:
-    """A variant the model refuses, blamed on the line that caused it: the design's setting of the key (or of a
-    key the message names, "n_heads=3"), else the base's line of the key; a mistake of the base itself is the
-    base's, with no variant to skip."""
+    """A variant the model refuses, blamed on the line that caused it: the design's setting of the key (or of
+    another key the refusal reads, ``SpecError.involves``: n_heads beside the base's d_model), else the base's line
+    of the key; a mistake of the base itself is the base's, with no variant to skip."""
     key = err.key or ""
-    leaf = {k: k.rsplit(".", 1)[-1] for k in settings}  # a setting the message names: "n_heads=3", else "pattern"
-    named = [k for k in settings if f"{leaf[k]}=" in err.message] or [
-        k for k in settings if re.search(rf"\b{re.escape(leaf[k])}\b", err.message)
-    ]
+    named = [k for k in err.involves if k in settings]
     if key and key not in settings and not named and str(err) in in_base and base_origin.doc is not None:
         message, shown = err.message, None  # as ``ablate run`` names it
     else:

@@ -22,7 +22,10 @@ def make_task(spec: dict[str, Any]) -> Task:
     spec = dict(spec)
     name = spec.pop("name", None)
     if name not in TASKS:
-        raise ConfigError(f"name={name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}")
+        valid = ", ".join(repr(n) for n in TASKS)
+        raise ConfigError(
+            f"name={name!r} is not a valid task; valid: {valid}", field="name", value=name, fix=f"use one of {valid}"
+        )
     return TASKS[name].from_dict(spec)
 
 

@@ -44,7 +44,12 @@ class TaskParams:
                 continue
             allowed = tuple(t for k in kind for t in _TYPES.get(k, (object,)))
             if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-                raise ConfigError(f"{f.name}={value!r} must be of type {str(f.type)}")
+                raise ConfigError(
+                    f"{f.name}={value!r} must be of type {str(f.type)}",
+                    field=f.name,
+                    value=value,
+                    fix=f"give a value of type {str(f.type)}",
+                )
         self.check()
 
     def check(self) -> None:
@@ -63,7 +68,12 @@ class SyntheticParams(TaskParams):
         super().__post_init__()
         for name in ("train_size", "val_size", "test_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} must be at least 1",
+                    field=name,
+                    value=getattr(self, name),
+                    fix="give an integer >= 1",
+                )
 
 
 class Task:
@@ -84,7 +94,13 @@ class Task:
         names = [f.name for f in fields(cls.Params)]
         unknown = sorted(set(data) - set(names))
         if unknown:
-            raise ConfigError(f"unknown key(s) {unknown} for task {cls.name!r}; valid keys: {sorted(names)}")
+            raise ConfigError(
+                f"unknown key(s) {unknown} for task {cls.name!r}; valid keys: {sorted(names)}",
+                field=unknown[0],
+                value=data[unknown[0]],
+                fix=f"remove {unknown[0]} or correct its name",
+                related=unknown[1:],
+            )
         return cls(cls.Params(**data))
 
     def to_dict(self) -> dict[str, Any]:

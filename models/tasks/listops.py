@@ -34,17 +34,39 @@ class ListOpsParams(SyntheticParams):
 
     def check(self) -> None:
         if self.max_depth < 2 or self.max_args < 2:  # the root is always an operator: depth 1 was depth 2's data
-            raise ConfigError(f"max_depth={self.max_depth} must be >= 2 and max_args={self.max_args} >= 2")
+            field = "max_depth" if self.max_depth < 2 else "max_args"
+            raise ConfigError(
+                f"max_depth={self.max_depth} must be >= 2 and max_args={self.max_args} >= 2",
+                field=field,
+                value=getattr(self, field),
+                fix=f"give {field} >= 2",
+                related=("max_args",) if field == "max_depth" else ("max_depth",),
+            )
         if not 5 <= self.min_len <= self.max_len:
-            raise ConfigError(f"min_len={self.min_len} and max_len={self.max_len} need 5 <= min_len <= max_len")
+            raise ConfigError(
+                f"min_len={self.min_len} and max_len={self.max_len} need 5 <= min_len <= max_len",
+                field="min_len",
+                value=self.min_len,
+                fix="give 5 <= min_len <= max_len",
+                related=("max_len",),
+            )
         longest = 1 + longest_tree(self.max_depth, self.max_args)  # with the separator
         if self.min_len > longest:  # no tree is that long: generating would never end
             raise ConfigError(
                 f"min_len={self.min_len} is longer than any expression of max_depth={self.max_depth} and max_args="
-                f"{self.max_args} ({longest} tokens at most): lower min_len, or raise max_depth or max_args"
+                f"{self.max_args} ({longest} tokens at most): lower min_len, or raise max_depth or max_args",
+                field="min_len",
+                value=self.min_len,
+                fix=f"lower min_len to {longest} or less, or raise max_depth or max_args",
+                related=("max_depth", "max_args"),
             )
         if not 0.0 < self.operator_p < 1.0:
-            raise ConfigError(f"operator_p={self.operator_p} must be in (0, 1)")
+            raise ConfigError(
+                f"operator_p={self.operator_p} must be in (0, 1)",
+                field="operator_p",
+                value=self.operator_p,
+                fix="give a number in (0, 1)",
+            )
 
 
 def longest_tree(max_depth: int, max_args: int, depth: int = 1) -> int:

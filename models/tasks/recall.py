@@ -22,11 +22,25 @@ class RecallParams(SyntheticParams):
 
     def check(self) -> None:
         if self.pairs < 1 or self.pairs > self.keys:
-            raise ConfigError(f"pairs={self.pairs} must be between 1 and keys={self.keys} (keys are distinct)")
+            raise ConfigError(
+                f"pairs={self.pairs} must be between 1 and keys={self.keys} (keys are distinct)",
+                field="pairs",
+                value=self.pairs,
+                fix=f"give 1 <= pairs <= {self.keys}, or raise keys",
+                related=("keys",),
+            )
         if not 1 <= self.queries <= self.pairs:
-            raise ConfigError(f"queries={self.queries} must be between 1 and pairs={self.pairs}")
+            raise ConfigError(
+                f"queries={self.queries} must be between 1 and pairs={self.pairs}",
+                field="queries",
+                value=self.queries,
+                fix=f"give 1 <= queries <= {self.pairs}, or raise pairs",
+                related=("pairs",),
+            )
         if self.values < 2:
-            raise ConfigError(f"values={self.values} must be at least 2")
+            raise ConfigError(
+                f"values={self.values} must be at least 2", field="values", value=self.values, fix="give values >= 2"
+            )
 
 
 def _examples(keys: int, values: int, pairs: int, queries: int, seed: int, size: int, **_):

@@ -22,9 +22,20 @@ class RetrievalParams(SyntheticParams):
 
     def check(self) -> None:
         if self.symbols < 2:
-            raise ConfigError(f"symbols={self.symbols} must be at least 2")
+            raise ConfigError(
+                f"symbols={self.symbols} must be at least 2",
+                field="symbols",
+                value=self.symbols,
+                fix="give symbols >= 2",
+            )
         if not 1 <= self.distance <= self.length:
-            raise ConfigError(f"distance={self.distance} must be between 1 and length={self.length}")
+            raise ConfigError(
+                f"distance={self.distance} must be between 1 and length={self.length}",
+                field="distance",
+                value=self.distance,
+                fix=f"give 1 <= distance <= {self.length}, or raise length",
+                related=("length",),
+            )
 
 
 def _examples(symbols: int, length: int, distance: int, seed: int, size: int, **_):

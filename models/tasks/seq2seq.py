@@ -37,11 +37,27 @@ class Seq2SeqParams(SyntheticParams):
 
     def check(self) -> None:
         if self.symbols < 2:
-            raise ConfigError(f"symbols={self.symbols} must be at least 2")
+            raise ConfigError(
+                f"symbols={self.symbols} must be at least 2",
+                field="symbols",
+                value=self.symbols,
+                fix="give symbols >= 2",
+            )
         if not 1 <= self.min_len <= self.max_len:
-            raise ConfigError(f"min_len={self.min_len} and max_len={self.max_len} need 1 <= min_len <= max_len")
+            raise ConfigError(
+                f"min_len={self.min_len} and max_len={self.max_len} need 1 <= min_len <= max_len",
+                field="min_len",
+                value=self.min_len,
+                fix="give 1 <= min_len <= max_len",
+                related=("max_len",),
+            )
         if not 0.0 < self.heldout < 1.0:
-            raise ConfigError(f"heldout={self.heldout} must be in (0, 1)")
+            raise ConfigError(
+                f"heldout={self.heldout} must be in (0, 1)",
+                field="heldout",
+                value=self.heldout,
+                fix="give a number in (0, 1)",
+            )
         if self.disjoint:
             for split in ("train", "validation", "test"):
                 bounds = _bounds(split, self.heldout)
@@ -50,12 +66,20 @@ class Seq2SeqParams(SyntheticParams):
                     raise ConfigError(
                         f"no sequence of lengths {self.min_len}..{self.max_len} over {self.symbols} symbols falls in "
                         f"the {split} split's share of the hash (disjoint splits, heldout={self.heldout}): raise "
-                        "max_len, symbols or heldout, or set disjoint: false"
+                        "max_len, symbols or heldout, or set disjoint: false",
+                        field="disjoint",
+                        value=True,
+                        fix="raise max_len, symbols or heldout, or set disjoint: false",
+                        related=("max_len", "symbols", "heldout", "min_len"),
                     )
         lo, hi = self.long_range
         if not self.max_len < lo <= hi:
             raise ConfigError(
-                f"long_min_len={lo} and long_max_len={hi} need max_len={self.max_len} < long_min_len <= long_max_len"
+                f"long_min_len={lo} and long_max_len={hi} need max_len={self.max_len} < long_min_len <= long_max_len",
+                field="long_min_len",
+                value=lo,
+                fix=f"give {self.max_len} < long_min_len <= long_max_len",
+                related=("long_max_len", "max_len"),
             )
 
     @property

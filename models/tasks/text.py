@@ -43,26 +43,57 @@ class TextParams(TaskParams):
 
     def check(self) -> None:
         if self.level not in ("byte", "char"):
-            raise ConfigError(f"level={self.level!r} is not a valid choice; valid: 'byte', 'char'")
+            raise ConfigError(
+                f"level={self.level!r} is not a valid choice; valid: 'byte', 'char'",
+                field="level",
+                value=self.level,
+                fix="use 'byte' or 'char'",
+            )
         if self.block_size < 2:
-            raise ConfigError(f"block_size={self.block_size} must be at least 2")
+            raise ConfigError(
+                f"block_size={self.block_size} must be at least 2",
+                field="block_size",
+                value=self.block_size,
+                fix="give block_size >= 2",
+            )
         if not (0 < self.val_fraction < 0.5 and 0 < self.test_fraction < 0.5):
-            raise ConfigError("val_fraction and test_fraction must each be in (0, 0.5)")
+            field = "val_fraction" if not 0 < self.val_fraction < 0.5 else "test_fraction"
+            raise ConfigError(
+                "val_fraction and test_fraction must each be in (0, 0.5)",
+                field=field,
+                value=getattr(self, field),
+                fix=f"give {field} in (0, 0.5)",
+            )
         if self.long_block_size is not None and self.long_block_size <= self.block_size:
             raise ConfigError(
                 f"long_block_size={self.long_block_size} must exceed block_size={self.block_size} (it tests longer "
-                "sequences than training saw)"
+                "sequences than training saw)",
+                field="long_block_size",
+                value=self.long_block_size,
+                fix=f"give long_block_size > {self.block_size}, or remove it",
+                related=("block_size",),
             )
         if self.data_seed != 0:
             raise ConfigError(
                 f"data_seed={self.data_seed} draws a synthetic task's data; the text task splits its corpus by position "
-                "(the same data for every seed): remove it (or vary_data from the study)"
+                "(the same data for every seed): remove it (or vary_data from the study)",
+                field="data_seed",
+                value=self.data_seed,
+                fix="remove data_seed",
             )
         if self.max_chars is not None and self.max_chars < 1000:
-            raise ConfigError(f"max_chars={self.max_chars} must be at least 1000")
+            raise ConfigError(
+                f"max_chars={self.max_chars} must be at least 1000",
+                field="max_chars",
+                value=self.max_chars,
+                fix="give max_chars >= 1000, or remove it",
+            )
         if self.source != "pydoc" and not self.source.startswith("hf:") and not Path(self.source).exists():
             raise ConfigError(
-                f"source={self.source!r} is neither 'pydoc', 'hf:NAME[:CONFIG]' nor an existing file or folder"
+                f"source={self.source!r} is neither 'pydoc', 'hf:NAME[:CONFIG]' nor an existing file or folder",
+                field="source",
+                value=self.source,
+                fix="name an existing file or folder, 'pydoc' or 'hf:NAME[:CONFIG]'",
             )
 
 

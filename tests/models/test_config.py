@@ -358,3 +358,76 @@ def test_a_value_equal_to_what_leaving_it_out_means_is_written_as_left_out():
     ]:
         base = {"n_heads": 4, "d_model": 16}
         assert canonical(ModelConfig(**base, **keys)) == canonical(ModelConfig(**base, **same))
+
+
+# --- a refusal as data (ConfigError's field, value, fix): what the spec layer blames a file's line on -----------
+
+EVERY_REFUSAL = (
+    [keys for keys, _ in REFUSED]
+    + [{"n_heads": 4, "d_model": 16, **keys} for keys, _ in IGNORED]
+    + [{"n_heads": 4, "d_model": 16, **keys} for _, keys, _ in RESPELLINGS]
+    + [{"n_heads": 2, "d_model": 8, "pattern": "dilated", "window": 2, "head_dilations": [2, 3]}]
+)
+
+
+@pytest.mark.parametrize("keys", EVERY_REFUSAL, ids=[str(k) for k in EVERY_REFUSAL])
+def test_every_refusal_names_its_field_as_data(keys):
+    """The all-default config builds, so a refusal reads at least one key the config was given: ``fields`` must
+    hold it (the spec layer blames that key's line). The field is a real key, the message names it, and the fix
+    is said."""
+    ModelConfig()
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**keys)
+    err, names = info.value, set(ModelConfig.__dataclass_fields__)
+    assert err.field in names and set(err.related) <= names, err.fields
+    assert set(err.fields) & set(keys), (err.fields, keys)
+    assert err.field in str(err) and err.fix and err.message == str(err)
+
+
+@pytest.mark.parametrize(
+    "keys,field,value,related",
+    [
+        ({"d_model": 100, "n_heads": 3}, "d_model", 100, ("n_heads",)),  # the default refused beside n_heads=3
+        ({"pattern": "local"}, "window", None, ("pattern", "layer_patterns")),  # a key missing beside its need
+        ({"pattern": "local", "layer_windows": [2, 0]}, "layer_windows", 0, ()),  # an entry: its list, its value
+        ({"pattern": "local", "layer_windows": [4, 4]}, "layer_windows", [4, 4], ("pattern", "window")),
+        ({"positions": "rotary", "score": "additive"}, "positions", "rotary", ("score",)),
+    ],
+)
+def test_a_refusal_carries_the_field_at_fault_its_value_and_the_keys_it_reads(keys, field, value, related):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**keys)
+    assert (info.value.field, info.value.value, info.value.related) == (field, value, related)
+
+
+def test_a_refusal_survives_pickling_with_its_fields():
+    """Ray carries a trial's exception to the driver by pickling it."""
+    import pickle
+
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(d_model=100, n_heads=3)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is ConfigError and str(back) == str(info.value)
+    assert (back.field, back.value, back.fix, back.related) == (
+        info.value.field,
+        info.value.value,
+        info.value.fix,
+        info.value.related,
+    )
+
+
+def test_every_config_error_in_models_passes_field_value_and_fix():
+    """Raises no test reaches included: the keywords are required, and a missing one would be a TypeError in a
+    user's hands instead of the refusal."""
+    import ast
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    missing = []
+    for path in sorted(Path(ROOT, "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError"
+            if call and not {"field", "value", "fix"} <= {k.arg for k in node.keywords}:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, missing

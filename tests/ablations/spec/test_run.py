@@ -73,6 +73,19 @@ MALFORMED = [
         ("model", "pattern"),
         r"model.pattern: pattern 'local' or 'dilated' needs window",
     ),
+    (  # on the line of the field at fault (a respelling's field), not of the key the message starts with
+        {**GOOD, "model": {"d_model": 32, "n_heads": 2, "pattern": "local", "layer_windows": [2, 2]}},
+        None,
+        ("model", "layer_windows"),
+        r"model.layer_windows: pattern: local, layer_windows: \[2, 2\] resolves to the same attention as pattern: "
+        r"local, window: 2: write that",
+    ),
+    (  # a key missing (window) beside the one the file wrote that needs it (it was the model: line)
+        {**GOOD, "model": {"d_model": 32, "n_heads": 2, "layer_patterns": ["local", "full"]}},
+        None,
+        ("model", "layer_patterns"),
+        r"model.layer_patterns: pattern 'local' or 'dilated' needs window",
+    ),
     (
         {**GOOD, "model": {"pattern": "full"}},
         "model.pattern=local",

@@ -281,6 +281,20 @@ def test_a_variant_is_blamed_on_the_setting_the_message_names_and_refusals_come_
     }
 
 
+@pytest.mark.parametrize(
+    "base,axis,values",
+    [  # the refusal is at the base's key, and reads the variant's: the design's line is blamed
+        ({"training": {**BASE["training"], "sampling": "scheduled"}}, "model.decoding", ["autoregressive", "nat"]),
+        ({"model": {**BASE["model"], "positions": "rotary"}}, "model.n_heads", [2, 16]),  # head_dim 1 is odd
+    ],
+)
+def test_a_variant_is_blamed_on_its_setting_of_any_key_the_refusal_reads(tmp_path, base, axis, values):
+    err = refused(tmp_path, base={**BASE, **base}, design={"grid": {axis: values}})
+    lines = (tmp_path / "study.yaml").read_text().splitlines()
+    axis_line = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith(f"{axis}:"))
+    assert [(e.key, e.line) for e in err.every()] == [(f"variant '{axis.split('.')[1]}={values[1]}'", axis_line)]
+
+
 def test_a_tune_section_and_the_analysis_names_are_judged_all_at_once(tmp_path):
     tune = {
         "name": "x",
