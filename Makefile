@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Two test processes (pytest-xdist): most tests wait on subprocesses, servers and Ray for part of their time.
 # Measured 2026-11-24 on 2 cores, a clean clone of the same commit: 640 s with two (the cores 92% busy), 647 s with
 # three (98% busy, and 80 CPU-seconds more: each process has its own Ray); on slower machines of the same size,
-# 906-1,144 s with two (96% busy: README, "Set up"; docs/dev/test-suite.md). worksteal: a process that runs out of tests takes the tail of the
+# 906-1,144 s with two (96% busy: docs/dev/setup-times.md and docs/dev/test-suite.md). worksteal: a process that runs out of tests takes the tail of the
 # other's queue (tests/conftest.py deals the long tests out between the processes, longest first, so what is
 # stolen at the end is short); xdist's default hands out fixed chunks (849 s against 591 s, on a faster machine).
 PYTEST_WORKERS ?= 2
