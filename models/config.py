@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from models import spelling
 from models.errors import ConfigError
@@ -31,6 +31,8 @@ SCHEDULES = ("fixed", "increasing", "decreasing")
 # source embeddings, one pass); mask_predict: Ghazvininejad et al. (2019) ([MASK] inputs, a conditional masked LM,
 # nat_iterations passes at evaluation)
 DECODINGS = ("autoregressive", "nat", "mask_predict")
+SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "dilation", "chunk_elements", "nat_iterations")
+OPTIONAL_SIZES = ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window", "dilated_heads")
 # Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
 # keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
 OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True, "global_tokens": None}
@@ -149,6 +151,32 @@ class LayerAttention:
         """The furthest key distance any head's window sees (None: unbounded). Global tokens reach further; they
         are refused in causal layers, the only ones whose cache keeps reach + 1 keys."""
         return None if self.window is None else self.window * max(self.dilations)
+
+
+class _PatternUse(NamedTuple):
+    """What the config's patterns are, for the checks of the keys they read (windows, dilations)."""
+
+    windowed: bool  # some layer is windowed: it needs a window
+    dilated: bool  # some layer is dilated: it takes dilations
+    layer_kinds: list  # each layer's pattern traits, bottom to top
+    windowed_names: str  # the patterns a window needs: "'local' or 'dilated'"
+    dilated_names: str
+    got: str  # the patterns as given, for the messages: "got pattern='full'"
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, registry) -> _PatternUse:
+        traits, names = registry.traits, registry.names()
+        patterns = cfg.layer_patterns if cfg.layer_patterns is not None else (cfg.pattern,)
+        return cls(
+            windowed=any(traits(p).windowed for p in patterns),
+            dilated=any(traits(p).dilated for p in patterns),
+            layer_kinds=[traits(p) for p in cfg.patterns_for(cfg.n_layers)],
+            windowed_names=" or ".join(repr(n) for n in names if traits(n).windowed),
+            dilated_names=" or ".join(repr(n) for n in names if traits(n).dilated),
+            got=f"got pattern={cfg.pattern!r}"
+            if cfg.layer_patterns is None
+            else f"got layer_patterns={list(patterns)}",
+        )
 
 
 @dataclass(frozen=True)
@@ -351,31 +379,42 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     # -- validation -----------------------------------------------------------------------------
+    # One check per concern, in the order the messages come when a config has several mistakes: each field's own
+    # type and range first, then the combinations, then each chosen component's own check (it may read any field).
     def _validate(self) -> None:
-        registries = REGISTRIES
+        self._validate_choices()
+        self._validate_numbers()
+        self._validate_flags()
+        self._validate_scalars()
+        self._validate_heads()
+        self._validate_arch()
+        self._validate_decoding()
+        self._validate_patterns(REGISTRIES["pattern"])
+        spelling.check(self)  # one spelling per model: a simpler spelling of the same attention is asked for
+        self._validate_global_tokens(REGISTRIES["pattern"])
+        self._validate_components()
+
+    def _validate_choices(self) -> None:
+        """Every field that names a choice: the fixed ones and those a registry holds."""
         _choice("arch", self.arch, ARCHS)
         _choice("norm", self.norm, NORM_PLACEMENTS)
         for name in ("norm_type", "positions", "score", "ffn"):
-            _choice(name, getattr(self, name), registries[name].names())
+            _choice(name, getattr(self, name), REGISTRIES[name].names())
         _choice("classifier", self.classifier, CLASSIFIERS)
         _choice("window_schedule", self.window_schedule, SCHEDULES)
         _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
         self._validate_decoding_name()
-        for name in (
-            "vocab_size",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "max_len",
-            "dilation",
-            "chunk_elements",
-            "nat_iterations",
-        ):
+
+    def _validate_numbers(self) -> None:
+        """Sizes and probabilities, each on its own."""
+        for name in SIZES:
             _positive_int(name, getattr(self, name))
-        for name in ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window", "dilated_heads"):
+        for name in OPTIONAL_SIZES:
             _positive_int(name, getattr(self, name), allow_none=True)
         for name in ("dropout", "attn_dropout", "emb_dropout"):
             _probability(name, getattr(self, name))
+
+    def _validate_flags(self) -> None:
         for name in ("bias", "scale_embeddings", "qk_projections"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -391,6 +430,9 @@ class ModelConfig:
                 value=self.tie_embeddings,
                 fix="write true, false or null",
             )
+
+    def _validate_scalars(self) -> None:
+        """pad_id (a token of the vocabulary), and the numbers of the norms and the position schemes."""
         if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or self.pad_id < 0:
             raise ConfigError(
                 f"pad_id={self.pad_id!r} must be a non-negative integer",
@@ -420,18 +462,17 @@ class ModelConfig:
                 value=self.rotary_base,
                 fix="give a number above 1",
             )
-        if self.position_init_std is not None and (
-            isinstance(self.position_init_std, bool)
-            or not isinstance(self.position_init_std, (int, float))
-            or self.position_init_std < 0
-        ):
+        std = self.position_init_std
+        if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or std < 0):
             raise ConfigError(
-                f"position_init_std={self.position_init_std!r} must be a non-negative number or null",
+                f"position_init_std={std!r} must be a non-negative number or null",
                 field="position_init_std",
-                value=self.position_init_std,
+                value=std,
                 fix="give a number >= 0, or remove it",
             )
 
+    def _validate_heads(self) -> None:
+        """The heads' width: d_model split evenly, unless head_dim is given (and q, k unprojected need the split)."""
         if self.head_dim is None and self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
@@ -452,7 +493,18 @@ class ModelConfig:
                 related=("qk_projections", "n_heads", "d_model"),
             )
 
-        # arch-specific fields
+    def _only_for(self, arch: str, name: str) -> ConfigError:
+        """A key another arch reads: refused, since it would change nothing (two spellings of one model)."""
+        return ConfigError(
+            f"{name} is only for arch={arch!r} (got arch={self.arch!r}); remove it",
+            field=name,
+            value=getattr(self, name),
+            fix=f"remove {name}",
+            related=("arch",),
+        )
+
+    def _validate_arch(self) -> None:
+        """The keys of one arch: the encoder's classifier head, the encoder_decoder's second stack and vocabulary."""
         if self.arch == "encoder":
             if self.n_classes is None:
                 raise ConfigError(
@@ -473,31 +525,13 @@ class ModelConfig:
                 )
         else:
             if self.n_classes is not None:
-                raise ConfigError(
-                    f"n_classes is only for arch='encoder' (got arch={self.arch!r}); remove it",
-                    field="n_classes",
-                    value=self.n_classes,
-                    fix="remove n_classes",
-                    related=("arch",),
-                )
+                raise self._only_for("encoder", "n_classes")
             if self.classifier != "mean":
-                raise ConfigError(
-                    f"classifier is only for arch='encoder' (got arch={self.arch!r}); remove it",
-                    field="classifier",
-                    value=self.classifier,
-                    fix="remove classifier",
-                    related=("arch",),
-                )
+                raise self._only_for("encoder", "classifier")
         if self.arch != "encoder_decoder":
             for name in ("tgt_vocab_size", "n_decoder_layers"):
                 if getattr(self, name) is not None:
-                    raise ConfigError(
-                        f"{name} is only for arch='encoder_decoder' (got arch={self.arch!r}); remove it",
-                        field=name,
-                        value=getattr(self, name),
-                        fix=f"remove {name}",
-                        related=("arch",),
-                    )
+                    raise self._only_for("encoder_decoder", name)
         if self.arch == "encoder_decoder" and self.tgt_vocab_size is not None and self.pad_id >= self.tgt_vocab_size:
             raise ConfigError(
                 f"pad_id={self.pad_id} must be below tgt_vocab_size={self.tgt_vocab_size}",
@@ -506,18 +540,15 @@ class ModelConfig:
                 fix=f"give a pad_id below {self.tgt_vocab_size}, or raise tgt_vocab_size",
                 related=("tgt_vocab_size",),
             )
-        self._validate_decoding()
 
-        self._validate_patterns(registries["pattern"])
-        spelling.check(self)  # one spelling per model: a simpler spelling of the same attention is asked for
-        self._validate_global_tokens(registries["pattern"])
-        # Each chosen component's own checks (e.g. rotary needs a dot-product score).
+    def _validate_components(self) -> None:
+        """Each chosen component's own checks (e.g. rotary needs a dot-product score), patterns included."""
         for name in ("positions", "score", "norm_type", "ffn"):
-            check = getattr(registries[name].traits(getattr(self, name)), "check", None)
+            check = getattr(REGISTRIES[name].traits(getattr(self, name)), "check", None)
             if check is not None:
                 check(self)
         for p in sorted(set(self.patterns_for(self.n_layers))):
-            check = getattr(registries["pattern"].traits(p), "check", None)
+            check = getattr(REGISTRIES["pattern"].traits(p), "check", None)
             if check is not None:
                 check(self)
 
@@ -554,75 +585,89 @@ class ModelConfig:
                 related=("decoding",),
             )
 
-    def _validate_patterns(self, patterns_registry) -> None:
-        patterns = self.layer_patterns if self.layer_patterns is not None else (self.pattern,)
-        if self.layer_patterns is None:
-            _choice("pattern", self.pattern, patterns_registry.names())
-        else:
-            for i, p in enumerate(patterns):
-                _choice("layer_patterns", p, patterns_registry.names(), at=i)
-        if self.layer_patterns is not None:
-            if self.pattern != "full":  # the default: what layer_patterns replaces
-                raise ConfigError(
-                    f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it",
-                    field="pattern",
-                    value=self.pattern,
-                    fix="remove pattern",
-                    related=("layer_patterns",),
-                )
-            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
-                raise ConfigError(
-                    f"layer_patterns applies to both stacks of arch='encoder_decoder', which then need the same "
-                    f"depth (n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
-                    field="layer_patterns",
-                    value=_show(self.layer_patterns),
-                    fix="give both stacks the same depth, or use pattern",
-                    related=("n_decoder_layers", "n_layers"),
-                )
-            if len(self.layer_patterns) != self.n_layers:
-                raise ConfigError(
-                    f"layer_patterns has {len(self.layer_patterns)} entries but the stack has {self.n_layers} "
-                    "layers; give one pattern per layer",
-                    field="layer_patterns",
-                    value=_show(self.layer_patterns),
-                    fix=f"give {self.n_layers} patterns, one per layer",
-                    related=("n_layers",),
-                )
-        traits = patterns_registry.traits
-        windowed_names = [n for n in patterns_registry.names() if traits(n).windowed]
-        dilated_names = [n for n in patterns_registry.names() if traits(n).dilated]
-        needs = " or ".join(repr(n) for n in windowed_names)
-        windowed = any(traits(p).windowed for p in patterns)
-        dilated = any(traits(p).dilated for p in patterns)
-        got = f"got pattern={self.pattern!r}" if self.layer_patterns is None else f"got layer_patterns={list(patterns)}"
+    def _validate_patterns(self, registry) -> None:
+        """The self-attention geometry: the patterns, then the windows and the dilations they take (each refused
+        where no layer reads it), then Longformer's undilated bottom layer."""
+        self._validate_layer_patterns(registry)
+        use = _PatternUse.of(self, registry)
+        self._validate_layer_windows(use)
+        self._validate_window(use)
+        self._validate_window_schedule(use)
+        self._validate_dilation_keys(use)
+        self._validate_dilation(use)
+        dilated_layers = [t.dilated for t in use.layer_kinds]
+        self._validate_head_dilations(dilated_layers)
+        self._validate_layer_dilations(dilated_layers)
+        self._validate_explicit_dilations()
+        if use.dilated:
+            self._validate_bottom_layer()
 
-        layer_kinds = [traits(p) for p in self.patterns_for(self.n_layers)]
-        if self.layer_windows is not None and windowed:  # (without a windowed layer: refused below)
-            _per_layer(
-                "layer_windows",
-                self.layer_windows,
-                [t.windowed for t in layer_kinds],
-                " (one window per layer)",
-                lambda w, i: _positive_int("layer_windows", w, at=i),
+    def _validate_layer_patterns(self, registry) -> None:
+        if self.layer_patterns is None:
+            _choice("pattern", self.pattern, registry.names())
+            return
+        for i, p in enumerate(self.layer_patterns):
+            _choice("layer_patterns", p, registry.names(), at=i)
+        if self.pattern != "full":  # the default: what layer_patterns replaces
+            raise ConfigError(
+                f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it",
+                field="pattern",
+                value=self.pattern,
+                fix="remove pattern",
+                related=("layer_patterns",),
             )
-            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
-                raise ConfigError(
-                    "layer_windows applies to both stacks of arch='encoder_decoder', which then need the same depth "
-                    f"(n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
-                    field="layer_windows",
-                    value=_show(self.layer_windows),
-                    fix="give both stacks the same depth, or use window",
-                    related=("n_decoder_layers", "n_layers"),
-                )
-            if self.window is not None:
-                raise ConfigError(
-                    "give either window (with window_schedule) or layer_windows, not both; remove one of them",
-                    field="window",
-                    value=self.window,
-                    fix="remove window or layer_windows",
-                    related=("layer_windows",),
-                )
-        if windowed and self.window is None and self.layer_windows is None:
+        if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+            raise ConfigError(
+                f"layer_patterns applies to both stacks of arch='encoder_decoder', which then need the same "
+                f"depth (n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
+                field="layer_patterns",
+                value=_show(self.layer_patterns),
+                fix="give both stacks the same depth, or use pattern",
+                related=("n_decoder_layers", "n_layers"),
+            )
+        if len(self.layer_patterns) != self.n_layers:
+            raise ConfigError(
+                f"layer_patterns has {len(self.layer_patterns)} entries but the stack has {self.n_layers} "
+                "layers; give one pattern per layer",
+                field="layer_patterns",
+                value=_show(self.layer_patterns),
+                fix=f"give {self.n_layers} patterns, one per layer",
+                related=("n_layers",),
+            )
+
+    def _validate_layer_windows(self, use: _PatternUse) -> None:
+        """layer_windows where some layer is windowed (without one, ``_validate_window`` refuses it)."""
+        if self.layer_windows is None or not use.windowed:
+            return
+        _per_layer(
+            "layer_windows",
+            self.layer_windows,
+            [t.windowed for t in use.layer_kinds],
+            " (one window per layer)",
+            lambda w, i: _positive_int("layer_windows", w, at=i),
+        )
+        if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+            raise ConfigError(
+                "layer_windows applies to both stacks of arch='encoder_decoder', which then need the same depth "
+                f"(n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers})",
+                field="layer_windows",
+                value=_show(self.layer_windows),
+                fix="give both stacks the same depth, or use window",
+                related=("n_decoder_layers", "n_layers"),
+            )
+        if self.window is not None:
+            raise ConfigError(
+                "give either window (with window_schedule) or layer_windows, not both; remove one of them",
+                field="window",
+                value=self.window,
+                fix="remove window or layer_windows",
+                related=("layer_windows",),
+            )
+
+    def _validate_window(self, use: _PatternUse) -> None:
+        """A windowed pattern needs a window; a window needs a windowed pattern."""
+        needs, got = use.windowed_names, use.got
+        if use.windowed and self.window is None and self.layer_windows is None:
             raise ConfigError(
                 f"pattern {needs} needs window (keys at distance <= window are seen)",
                 field="window",
@@ -630,7 +675,7 @@ class ModelConfig:
                 fix="set window",
                 related=("pattern", "layer_patterns"),
             )
-        if not windowed and self.window is not None:
+        if not use.windowed and self.window is not None:
             raise ConfigError(
                 f"window={self.window} requires pattern {needs} ({got}); remove window or change the pattern",
                 field="window",
@@ -638,7 +683,7 @@ class ModelConfig:
                 fix=f"remove window, or use pattern {needs}",
                 related=("pattern", "layer_patterns"),
             )
-        if not windowed and self.layer_windows is not None:
+        if not use.windowed and self.layer_windows is not None:
             raise ConfigError(
                 f"layer_windows requires pattern {needs} ({got}); remove layer_windows",
                 field="layer_windows",
@@ -646,12 +691,15 @@ class ModelConfig:
                 fix="remove layer_windows",
                 related=("pattern", "layer_patterns"),
             )
-        if not windowed and self.window_schedule != "fixed":
+
+    def _validate_window_schedule(self, use: _PatternUse) -> None:
+        """A schedule spreads ``window`` over windowed layers: without them, or beside layer_windows, it is unread."""
+        if not use.windowed and self.window_schedule != "fixed":
             raise ConfigError(
-                f"window_schedule={self.window_schedule!r} requires pattern {needs} ({got})",
+                f"window_schedule={self.window_schedule!r} requires pattern {use.windowed_names} ({use.got})",
                 field="window_schedule",
                 value=self.window_schedule,
-                fix=f"remove window_schedule, or use pattern {needs}",
+                fix=f"remove window_schedule, or use pattern {use.windowed_names}",
                 related=("pattern", "layer_patterns"),
             )
         if self.window_schedule != "fixed" and self.layer_windows is not None:
@@ -663,86 +711,131 @@ class ModelConfig:
                 related=("layer_windows",),
             )
 
+    def _validate_dilation_keys(self, use: _PatternUse) -> None:
+        """Each dilation key needs a dilated layer to read it; a schedule needs ``dilation`` to spread."""
         explicit = self.head_dilations is not None or self.layer_dilations is not None
-        dil_needs = " or ".join(repr(n) for n in dilated_names)
-        if self.dilation > 1 and not dilated:
+        needs, got = use.dilated_names, use.got
+        if self.dilation > 1 and not use.dilated:
             raise ConfigError(
-                f"dilation requires pattern {dil_needs} ({got}, dilation={self.dilation})",
+                f"dilation requires pattern {needs} ({got}, dilation={self.dilation})",
                 field="dilation",
                 value=self.dilation,
-                fix=f"remove dilation, or use pattern {dil_needs}",
+                fix=f"remove dilation, or use pattern {needs}",
                 related=("pattern", "layer_patterns"),
             )
         for name in ("dilated_heads", "layer_dilations", "head_dilations"):
-            if getattr(self, name) is not None and not dilated:
+            if getattr(self, name) is not None and not use.dilated:
                 raise ConfigError(
-                    f"{name} requires pattern {dil_needs} ({got}); remove {name}",
+                    f"{name} requires pattern {needs} ({got}); remove {name}",
                     field=name,
                     value=_show(getattr(self, name)),
                     fix=f"remove {name}",
                     related=("pattern", "layer_patterns"),
                 )
-        if self.dilation_schedule != "increasing" and (not dilated or explicit):
+        if self.dilation_schedule != "increasing" and (not use.dilated or explicit):
             given = "head_dilations or layer_dilations give the dilations" if explicit else f"{got}"
             raise ConfigError(
                 f"dilation_schedule={self.dilation_schedule!r} spreads dilation over the layers of pattern "
-                f"{dil_needs} ({given}); remove it",
+                f"{needs} ({given}); remove it",
                 field="dilation_schedule",
                 value=self.dilation_schedule,
                 fix="remove dilation_schedule",
                 related=("head_dilations", "layer_dilations") if explicit else ("pattern", "layer_patterns"),
             )
-        if dilated and not explicit and self.dilation < 2:
+
+    def _validate_dilation(self, use: _PatternUse) -> None:
+        """``dilation`` and ``dilated_heads``, where they give the dilations: a dilation, on at most every head."""
+        explicit = self.head_dilations is not None or self.layer_dilations is not None
+        if use.dilated and not explicit and self.dilation < 2:
             raise ConfigError(
-                f"pattern {dil_needs} needs dilation >= 2 (dilation 1 is pattern 'local')",
+                f"pattern {use.dilated_names} needs dilation >= 2 (dilation 1 is pattern 'local')",
                 field="dilation",
                 value=self.dilation,
                 fix="set dilation >= 2, or use pattern 'local'",
                 related=("pattern", "layer_patterns"),
             )
-        H = self.n_heads
-        if self.dilated_heads is not None and self.dilated_heads > H:
+        if self.dilated_heads is not None and self.dilated_heads > self.n_heads:
             raise ConfigError(
-                f"dilated_heads={self.dilated_heads} must be at most n_heads={H}",
+                f"dilated_heads={self.dilated_heads} must be at most n_heads={self.n_heads}",
                 field="dilated_heads",
                 value=self.dilated_heads,
-                fix=f"give dilated_heads <= {H}",
+                fix=f"give dilated_heads <= {self.n_heads}",
                 related=("n_heads",),
             )
-        self._validate_dilation_lists([t.dilated for t in layer_kinds])
-        if explicit:
-            name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
-            rows = [row for row in getattr(self, name) if row is not None]
-            if all(d == 1 for row in rows for d in (row if isinstance(row, tuple) else (row,))):
-                raise ConfigError(
-                    f"every dilation of {name} is 1, which is pattern 'local': use pattern 'local', or give a "
-                    "dilation >= 2",
-                    field=name,
-                    value=_show(getattr(self, name)),
-                    fix="use pattern 'local', or give a dilation >= 2",
-                    related=("pattern", "layer_patterns"),
-                )
 
-        if dilated:
-            # Longformer keeps the lower layers undilated: with every head of the bottom layer dilated, token t
-            # would not see t - 1 after one layer (and a stack dilated everywhere would never see it).
-            stacks = {self.n_layers}
-            if self.arch == "encoder_decoder":
-                stacks.add(self.decoder_layers)
-            for n in stacks:
-                if min(self.attention_layers(n)[0].dilations) > 1:
-                    spelt_by = self._dilations_spelt_by()
-                    raise ConfigError(
-                        "every head of the bottom layer is dilated, so a token does not see its neighbour t-1 after "
-                        "one layer (and a stack dilated everywhere splits into independent sub-models over residue "
-                        "classes); keep some heads of the bottom layer undilated as Longformer does: dilated_heads < "
-                        "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
-                        "or layer_dilations",
-                        field=spelt_by,
-                        value=_show(getattr(self, spelt_by)),
-                        fix="keep some heads of the bottom layer undilated",
-                        related=tuple(k for k in ("dilation", "dilated_heads", "dilation_schedule") if k != spelt_by),
-                    )
+    def _validate_head_dilations(self, dilated_layers: list[bool]) -> None:
+        """head_dilations gives every head's dilation: alone, one list for all layers or one per layer."""
+        if self.head_dilations is None:
+            return
+        given = [n for n in ("dilated_heads", "layer_dilations") if getattr(self, n) is not None]
+        given += ["dilation"] if self.dilation > 1 else []
+        if given:
+            raise ConfigError(
+                f"head_dilations gives every head's dilation; remove {given[0]}",
+                field=given[0],
+                value=_show(getattr(self, given[0])),
+                fix=f"remove {given[0]}",
+                related=("head_dilations",),
+            )
+        hd, H = self.head_dilations, self.n_heads
+        if not self.nested_head_dilations:
+            _ints("head_dilations", hd, H, " (one dilation per head)")
+            return
+        if len(hd) != self.n_layers or (self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers):
+            raise ConfigError(
+                f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
+                "of an encoder_decoder need that depth); give one list per layer or one list for all",
+                field="head_dilations",
+                value=_show(hd),
+                fix=f"give {self.n_layers} lists, one per layer, or one list for all",
+                related=("n_layers", "n_decoder_layers"),
+            )
+        each_head = lambda row, i: _ints("head_dilations", row, H, " (one dilation per head)", at=i)  # noqa: E731
+        _per_layer("head_dilations", hd, dilated_layers, "", each_head)
+
+    def _validate_layer_dilations(self, dilated_layers: list[bool]) -> None:
+        """layer_dilations gives each dilated layer's dilation, in place of ``dilation``."""
+        if self.layer_dilations is None:
+            return
+        _per_layer(
+            "layer_dilations",
+            self.layer_dilations,
+            dilated_layers,
+            " (one dilation per layer)",
+            lambda d, i: _positive_int("layer_dilations", d, at=i),
+        )
+        if self.dilation > 1:
+            raise ConfigError(
+                "layer_dilations gives each layer's dilation; remove dilation",
+                field="dilation",
+                value=self.dilation,
+                fix="remove dilation",
+                related=("layer_dilations",),
+            )
+        if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
+            raise ConfigError(
+                "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth",
+                field="layer_dilations",
+                value=_show(self.layer_dilations),
+                fix="give both stacks the same depth, or use dilation",
+                related=("n_decoder_layers", "n_layers"),
+            )
+
+    def _validate_explicit_dilations(self) -> None:
+        """Dilations given per head or per layer that are all 1 are pattern 'local' (one spelling per model)."""
+        if self.head_dilations is None and self.layer_dilations is None:
+            return
+        name = "head_dilations" if self.head_dilations is not None else "layer_dilations"
+        rows = [row for row in getattr(self, name) if row is not None]
+        if all(d == 1 for row in rows for d in (row if isinstance(row, tuple) else (row,))):
+            raise ConfigError(
+                f"every dilation of {name} is 1, which is pattern 'local': use pattern 'local', or give a "
+                "dilation >= 2",
+                field=name,
+                value=_show(getattr(self, name)),
+                fix="use pattern 'local', or give a dilation >= 2",
+                related=("pattern", "layer_patterns"),
+            )
 
     def _dilations_spelt_by(self) -> str:
         """The key that gives the dilated heads' dilations, the most specific first."""
@@ -751,68 +844,24 @@ class ModelConfig:
                 return name
         return "dilation"
 
-    def _validate_dilation_lists(self, dilated_layers: list[bool]) -> None:
-        """head_dilations and layer_dilations: their shapes, and null at the layers that are not dilated."""
-        H = self.n_heads
-        if self.head_dilations is not None:
-            for name in ("dilated_heads", "layer_dilations"):
-                if getattr(self, name) is not None:
-                    raise ConfigError(
-                        f"head_dilations gives every head's dilation; remove {name}",
-                        field=name,
-                        value=_show(getattr(self, name)),
-                        fix=f"remove {name}",
-                        related=("head_dilations",),
-                    )
-            if self.dilation > 1:
-                raise ConfigError(
-                    "head_dilations gives every head's dilation; remove dilation",
-                    field="dilation",
-                    value=self.dilation,
-                    fix="remove dilation",
-                    related=("head_dilations",),
-                )
-            hd = self.head_dilations
-            if self.nested_head_dilations:
-                if len(hd) != self.n_layers or (
-                    self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers
-                ):
-                    raise ConfigError(
-                        f"head_dilations has {len(hd)} lists but the stack has {self.n_layers} layers (and both stacks "
-                        "of an encoder_decoder need that depth); give one list per layer or one list for all",
-                        field="head_dilations",
-                        value=_show(hd),
-                        fix=f"give {self.n_layers} lists, one per layer, or one list for all",
-                        related=("n_layers", "n_decoder_layers"),
-                    )
-                each_head = lambda row, i: _ints("head_dilations", row, H, " (one dilation per head)", at=i)  # noqa: E731
-                _per_layer("head_dilations", hd, dilated_layers, "", each_head)
-            else:
-                _ints("head_dilations", hd, H, " (one dilation per head)")
-        if self.layer_dilations is not None:
-            _per_layer(
-                "layer_dilations",
-                self.layer_dilations,
-                dilated_layers,
-                " (one dilation per layer)",
-                lambda d, i: _positive_int("layer_dilations", d, at=i),
-            )
-            if self.dilation > 1:
-                raise ConfigError(
-                    "layer_dilations gives each layer's dilation; remove dilation",
-                    field="dilation",
-                    value=self.dilation,
-                    fix="remove dilation",
-                    related=("layer_dilations",),
-                )
-            if self.arch == "encoder_decoder" and self.decoder_layers != self.n_layers:
-                raise ConfigError(
-                    "layer_dilations applies to both stacks of arch='encoder_decoder', which need the same depth",
-                    field="layer_dilations",
-                    value=_show(self.layer_dilations),
-                    fix="give both stacks the same depth, or use dilation",
-                    related=("n_decoder_layers", "n_layers"),
-                )
+    def _validate_bottom_layer(self) -> None:
+        """Longformer keeps the lower layers undilated: with every head of the bottom layer dilated, token t would
+        not see t - 1 after one layer (and a stack dilated everywhere would never see it)."""
+        stacks = {self.n_layers} | ({self.decoder_layers} if self.arch == "encoder_decoder" else set())
+        if all(min(self.attention_layers(n)[0].dilations) == 1 for n in stacks):
+            return
+        spelt_by = self._dilations_spelt_by()
+        raise ConfigError(
+            "every head of the bottom layer is dilated, so a token does not see its neighbour t-1 after "
+            "one layer (and a stack dilated everywhere splits into independent sub-models over residue "
+            "classes); keep some heads of the bottom layer undilated as Longformer does: dilated_heads < "
+            "n_heads, a dilation_schedule that starts at 1, or a 1 in the first layer's head_dilations "
+            "or layer_dilations",
+            field=spelt_by,
+            value=_show(getattr(self, spelt_by)),
+            fix="keep some heads of the bottom layer undilated",
+            related=tuple(k for k in ("dilation", "dilated_heads", "dilation_schedule") if k != spelt_by),
+        )
 
     def _validate_global_tokens(self, patterns_registry) -> None:
         g = self.global_tokens

@@ -310,6 +310,21 @@ def _tile_mask(B: int, T: int, b: int, K: int, back: int, window: int, causal: b
     return _unstarve(allowed)[:, None], rel  # queries past the end stay finite
 
 
+def _key_tiles(t, b: int, back: int, ahead: int):
+    """(B, H, T, D) keys or values -> (B * N, H, K, D): each tile's neighbourhood (``back`` tiles before it, its own,
+    ``ahead`` after), an overlapping view of one padded head-major copy (rows of N * b positions, zeros between)."""
+    B, H, T, E = t.shape
+    R = -(-T // b) * b  # padded row length
+    L = back * b + B * R + ahead * b
+    buf = t.new_empty(H, L, E)
+    rows = buf[:, back * b : back * b + B * R].view(H, B, R, E)
+    rows[:, :, :T] = t.transpose(0, 1)
+    rows[:, :, T:] = 0  # padding only: masked keys must still be finite
+    buf[:, : back * b] = 0
+    buf[:, back * b + B * R :] = 0
+    return _Neighbourhoods.apply(buf, (back + 1 + ahead) * b, b)
+
+
 def local_attention(
     q,
     k,
@@ -359,20 +374,8 @@ def local_attention(
             columns=columns,
         )
     R = N * b  # padded row length
-    L = back * b + B * R + ahead * b
-
-    def tiles(t):  # (B, H, T, D) -> (B * N, H, K, D), a view of one padded copy
-        E = t.shape[-1]
-        buf = t.new_empty(H, L, E)
-        rows = buf[:, back * b : back * b + B * R].view(H, B, R, E)
-        rows[:, :, :T] = t.transpose(0, 1)
-        rows[:, :, T:] = 0  # padding only: masked keys must still be finite
-        buf[:, : back * b] = 0
-        buf[:, back * b + B * R :] = 0
-        return _Neighbourhoods.apply(buf, K, b)
-
     qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
-    kt, vt = tiles(k), tiles(v)
+    kt, vt = _key_tiles(k, b, back, ahead), _key_tiles(v, b, back, ahead)
 
     allowed, rel = _tile_mask(B, T, b, K, back, window, causal, key_padding, q.device)
     b_ = bias(rel).to(q.dtype) if bias is not None else None  # (H, b, K)

@@ -5,6 +5,7 @@ study loader, every ``ablate`` command before it trains) imports neither Lightni
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -96,20 +97,12 @@ class TrainingConfig:
         return out
 
     def _validate(self) -> None:
-        def number(name, lo=None, hi=None, none=False, integer=False, lo_open=False):
-            v = getattr(self, name)
-            if v is None and none:
-                return
-            kinds = (int,) if integer else (int, float)
-            if isinstance(v, bool) or not isinstance(v, kinds):
-                kind = "an integer" if integer else "a number"
-                raise ConfigError(f"{name}={v!r} must be {kind}", field=name, value=v, fix=f"give {kind}")
-            if lo is not None and (v <= lo if lo_open else v < lo):
-                bound = f"{'>' if lo_open else '>='} {lo}"
-                raise ConfigError(f"{name}={v!r} must be {bound}", field=name, value=v, fix=f"give a value {bound}")
-            if hi is not None and v > hi:
-                raise ConfigError(f"{name}={v!r} must be <= {hi}", field=name, value=v, fix=f"give a value <= {hi}")
+        self._validate_numbers()
+        self._validate_choices()
+        self._validate_flags()
 
+    def _validate_numbers(self) -> None:
+        number = functools.partial(_number, self)
         number("max_steps", 1, integer=True)
         number("max_time", 0, none=True, lo_open=True)
         number("batch_size", 1, integer=True)
@@ -131,6 +124,9 @@ class TrainingConfig:
         number("sampling_min", 0, 1)
         number("diverge_factor", 1, none=True, lo_open=True)
         number("diverge_after", 0, integer=True)
+
+    def _validate_choices(self) -> None:
+        """betas, the schedules and the sampling, and the settings each of them needs."""
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
             raise ConfigError(
                 f"betas={list(self.betas)!r} must be two numbers in [0, 1)",
@@ -167,6 +163,8 @@ class TrainingConfig:
                 fix="set sampling_k >= 1, or another sampling_schedule",
                 related=("sampling_schedule", "sampling"),
             )
+
+    def _validate_flags(self) -> None:
         if not isinstance(self.precision, str) or not self.precision:
             raise ConfigError(
                 f"precision={self.precision!r} must be a Lightning precision such as '32-true'",
@@ -182,6 +180,22 @@ class TrainingConfig:
                     value=getattr(self, name),
                     fix="write true or false",
                 )
+
+
+def _number(cfg: TrainingConfig, name: str, lo=None, hi=None, none=False, integer=False, lo_open=False) -> None:
+    """``cfg.name`` is a number (an integer if ``integer``; null if ``none``) in [lo, hi], or (lo, hi] if ``lo_open``."""
+    v = getattr(cfg, name)
+    if v is None and none:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(v, bool) or not isinstance(v, kinds):
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{name}={v!r} must be {kind}", field=name, value=v, fix=f"give {kind}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        bound = f"{'>' if lo_open else '>='} {lo}"
+        raise ConfigError(f"{name}={v!r} must be {bound}", field=name, value=v, fix=f"give a value {bound}")
+    if hi is not None and v > hi:
+        raise ConfigError(f"{name}={v!r} must be <= {hi}", field=name, value=v, fix=f"give a value <= {hi}")
 
 
 def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:

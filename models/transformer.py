@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from models.attention import KVCache, MultiHeadAttention
+from models.beams import Beams
 from models.blocks import DecoderLayer, EncoderLayer
 from models.config import ModelConfig
 from models.registry import NORMS, POSITIONS
@@ -472,93 +473,42 @@ class Transformer(nn.Module):
         length_penalty: float = 0.0,
     ) -> torch.Tensor:
         """Beam search with the key/value cache; the best sequence per input (B, <= max_new_tokens), padded
-        after its end of sequence.
-
-        The scheme of fairseq and Hugging Face: K live hypotheses and a pool of the K best finished ones.
-        A hypothesis of n generated tokens (its end of sequence included) with summed log-probability s
-        scores s / n**length_penalty, in the pool and in the final choice alike. Each step ranks the 2K
-        best extensions of the live hypotheses (never by the padding token; live hypotheses of one
-        step have one length, so their ranking does not depend on the penalty); an extension by
-        ``eos_id`` among the first K joins the pool, and the first K others stay live. Hypotheses still
-        live after ``max_new_tokens`` join the pool with n = max_new_tokens.
-
-        Stopping rule: an input is finished when its pool holds K hypotheses and no live hypothesis can
-        beat the worst of them: its best reachable score is s / N**length_penalty when the penalty is
-        positive (s only decreases, the divisor grows up to N = max_new_tokens) and s / (n + 1)**penalty
-        otherwise; the search stops when every input is finished (checked every ``check_every`` steps).
-        The bound is exact, so stopping never changes the result. Beam size 1 is greedy decoding.
+        after its end of sequence. The hypotheses, their length-penalised scores and the exact rule that finishes
+        an input are ``models.beams.Beams``; the search stops when every input is finished (checked every
+        ``check_every`` steps), which never changes the result. Beam size 1 is greedy decoding.
         """
         self._autoregressive("beam_search")
-        K, N, lp = beam_size, max_new_tokens, float(length_penalty)
+        K, N = beam_size, max_new_tokens
         if K < 1:
             raise ValueError(f"beam_size={K} must be at least 1")
         if N < 1:
             raise ValueError(f"max_new_tokens={N} must be at least 1")
         logits, cache, col, memory, ids = self._start(prompt, prompt_padding, source, source_padding, bos_id, N)
-        B, V = logits.shape
-        dev = logits.device
-        pad = self.cfg.pad_id
+        B, dev = logits.shape[0], logits.device
         expand = torch.arange(B, device=dev).repeat_interleave(K)
         self._reorder(cache, expand)  # the self-attention caches; memory and cross-attention stay per source
         if ids is not None:
             ids = ids.repeat_interleave(K)  # the beams of an input share their positions
         dtype = torch.promote_types(logits.dtype, torch.float32)  # scores in float32 at least
         logp = torch.log_softmax(logits.to(dtype), -1).index_select(0, expand)  # (B*K, V)
-        live = torch.full((B, K), NEG_INF, dtype=dtype, device=dev)
-        live[:, 0] = 0.0  # the beams of an input start identical: only one is alive
-        seqs = torch.full((B, K, N), pad, dtype=torch.long, device=dev)
-        pool = torch.full((B, K), NEG_INF, dtype=dtype, device=dev)  # normalised scores, best first
-        pool_seqs = torch.full((B, K, N), pad, dtype=torch.long, device=dev)
-        rank = torch.arange(2 * K, device=dev)
+        beams = Beams.start(B, K, N, dtype, dev, pad=self.cfg.pad_id, eos_id=eos_id, length_penalty=length_penalty)
         rows = torch.arange(B, device=dev)[:, None]
-
-        def join(pool, pool_seqs, scores, cand_seqs):
-            best, which = torch.cat([pool, scores], 1).topk(K, dim=1)
-            return best, torch.cat([pool_seqs, cand_seqs], 1).gather(1, which[..., None].expand(-1, -1, N))
-
-        reached_end = False
         for t in range(N):
-            n = t + 1  # generated tokens of the candidates, end of sequence included
-            cand = live[..., None] + logp.view(B, K, V)
-            cand[..., pad] = NEG_INF
-            top, flat = cand.view(B, K * V).topk(2 * K, dim=1)  # best first
-            beam, tok = flat // V, flat % V
-            new = seqs.gather(1, beam[..., None].expand(-1, -1, N))
-            new[..., t] = tok
-            if eos_id is not None:
-                is_eos = tok == eos_id
-                fin = torch.where(is_eos & (rank < K), top / n**lp, torch.full_like(top, NEG_INF))
-                pool, pool_seqs = join(pool, pool_seqs, fin, new)
-                pick = (rank + 2 * K * is_eos).argsort(1)[:, :K]  # the first K that do not end here
-            else:
-                pick = rank[:K].expand(B, K)
-            live = top.gather(1, pick)
-            seqs = new.gather(1, pick[..., None].expand(-1, -1, N))
-            last = tok.gather(1, pick)
-            if n == N:
-                reached_end = True
+            parent, last = beams.extend(logp, t)
+            if t + 1 == N:
+                beams.finish()
                 break
-            if eos_id is not None and n % self.check_every == 0 and bool(self._beams_done(live, pool, n, N, lp).all()):
+            if eos_id is not None and (t + 1) % self.check_every == 0 and bool(beams.done(t + 1).all()):
                 break
-            self._reorder(cache, (rows * K + beam.gather(1, pick)).view(-1))
+            self._reorder(cache, (rows * K + parent).view(-1))
             logits = self.step(
                 last.view(-1, 1), cache, col, memory, source_padding, position_ids=None if ids is None else ids[:, None]
             )[:, -1]
             logp = torch.log_softmax(logits.to(dtype), -1)
             col += 1
             ids = None if ids is None else ids + 1
-        if reached_end:
-            pool, pool_seqs = join(pool, pool_seqs, live / N**lp, seqs)
-        best = pool_seqs[torch.arange(B, device=dev), pool.argmax(1)]  # (B, N)
+        best = beams.best()
         return self._trim(best, eos_id) if eos_id is not None else best[:, : t + 1]
-
-    @staticmethod
-    def _beams_done(live, pool, n: int, N: int, lp: float) -> torch.Tensor:
-        """(B,) True where no live hypothesis (n tokens so far) can still beat the worst of a full pool."""
-        best = live.max(1).values
-        bound = best / N**lp if lp > 0 else best / (n + 1) ** lp
-        worst = pool[:, -1]
-        return ((worst > NEG_INF) & (bound <= worst)) | (best == NEG_INF)
 
     @torch.no_grad()
     def generate(
