@@ -189,7 +189,7 @@ class ModelConfig:
 
     arch: str = "decoder"
     vocab_size: int = 256
-    # encoder_decoder: target vocabulary; None shares the source vocabulary (and its embedding table).
+    # encoder_decoder: target vocabulary; None (or vocab_size) shares the source vocabulary and its embedding table.
     tgt_vocab_size: int | None = None
     # encoder: number of output classes; classifier pools ``mean`` / ``first`` token, or tags each ``token``.
     n_classes: int | None = None

@@ -45,10 +45,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         C = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, C)
-        if cfg.arch == "encoder_decoder" and cfg.tgt_vocab_size is not None:
-            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, C)
+        # One table for source and target (Vaswani et al. share it) unless the target vocabulary differs:
+        # tgt_vocab_size equal to vocab_size means what leaving it out means, the same model (one cell id).
+        if cfg.target_vocab != cfg.vocab_size:
+            self.tgt_embed = nn.Embedding(cfg.target_vocab, C)
         else:
-            self.tgt_embed = self.embed  # one table for source and target (Vaswani et al. share it)
+            self.tgt_embed = self.embed
         self.positions = POSITIONS[cfg.positions](cfg)
         self.emb_dropout = nn.Dropout(cfg.emb_dropout)
         self.emb_scale = math.sqrt(C) if cfg.scale_embeddings else 1.0

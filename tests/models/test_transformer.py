@@ -332,6 +332,25 @@ def test_classifier_heads_and_shapes():
     assert ed(x, torch.randint(1, 9, (2, 5))).shape == (2, 5, 9)
 
 
+def test_a_target_vocabulary_equal_to_the_source_one_builds_the_shared_table():
+    """tgt_vocab_size equal to vocab_size means what leaving it out means (ModelConfig.implied), and the two have
+    one cell id: they must be one model, the shared table, not a second table trained under the same id."""
+    from ablations.spec.configs import canonical
+
+    built = {}
+    for name, kw in (("left out", {}), ("equal", {"tgt_vocab_size": 17})):
+        torch.manual_seed(0)
+        built[name] = tiny("encoder_decoder", **kw)
+    left_out, equal = built["left out"], built["equal"]
+    assert equal.tgt_embed is equal.embed and equal.head.weight is equal.embed.weight
+    assert canonical(left_out.cfg) == canonical(equal.cfg)
+    assert equal.num_parameters() == left_out.num_parameters()
+    mine, theirs = equal.state_dict(), left_out.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    src, tgt = torch.randint(1, 17, (2, 6)), torch.randint(1, 17, (2, 5))
+    torch.testing.assert_close(equal(src, tgt), left_out(src, tgt), rtol=0, atol=0)
+
+
 def test_weight_tying_and_embedding_scale():
     tied = tiny("decoder")
     assert tied.head.weight is tied.embed.weight
