@@ -35,6 +35,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     and_,
     case,
     create_engine,
@@ -62,6 +63,20 @@ CLAIMS = Table(
     Column("lease_until", Float, nullable=False),  # seconds since the epoch, by the store's clock
     Column("state", String(16), nullable=False),  # open | claimed | done
     Column("run_id", String(64), nullable=True),
+)
+
+
+# a study's registration and its amendments (ablations.register): one row per version, inserted atomically, so two
+# submissions registering one new study at once end with one registration
+REGISTRATIONS = Table(
+    "ablate_registrations",
+    metadata,
+    Column("study", String(250), primary_key=True),
+    Column("store", String(250), primary_key=True),  # the MLflow experiment (id@creation time): each store its own
+    Column("version", Integer, primary_key=True),  # 0: the registration; 1, 2, ...: amendments
+    Column("hash", String(64), nullable=False),
+    Column("created", Float, nullable=False),  # the store's clock
+    Column("record", Text, nullable=False),  # JSON: the declaration, the reason, the cells finished by then, ...
 )
 
 
@@ -160,6 +175,34 @@ class Claim:
     cell_id: str
     code: str
     token: int
+
+
+class Registry:
+    """The registrations of studies in the claims store at ``url`` (``ablations.register``)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.engine = url, engine(url)
+
+    def entries(self, study: str, store: str) -> list[dict]:
+        """The versions recorded for a study in a store, oldest first: version, hash, created, record."""
+        query = select(REGISTRATIONS).where(REGISTRATIONS.c.study == study, REGISTRATIONS.c.store == store)
+        with self.engine.begin() as conn:
+            rows = conn.execute(query.order_by(REGISTRATIONS.c.version)).all()
+        return [dict(r._mapping) for r in rows]
+
+    def add(self, study: str, store: str, version: int, hash: str, record: str) -> float | None:
+        """Record a version if none has that number yet; its time by the store's clock, or None when another
+        submission recorded that version first (the caller reads it back and decides again)."""
+        from sqlalchemy.exc import IntegrityError
+
+        values = dict(study=study, store=store, version=version, hash=hash, record=record)
+        try:
+            with self.engine.begin() as conn:
+                now = conn.execute(select(_now(self.engine))).scalar_one()
+                conn.execute(REGISTRATIONS.insert().values(**values, created=now))
+        except IntegrityError:
+            return None
+        return float(now)
 
 
 class Claims:

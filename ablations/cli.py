@@ -83,6 +83,10 @@ def _sweep(args: argparse.Namespace) -> int:
         return refused
     from ablations import sweep
 
+    if args.amend is not None:  # the command's reason stands for the file's
+        import dataclasses
+
+        study = dataclasses.replace(study, amend=args.amend)
     if args.dry_run:
         from ablations.sweep.preview import dry_run
 
@@ -345,6 +349,12 @@ def _add_sweep(sub) -> None:
         "--reuse-any-code",
         action="store_true",
         help="count results trained by other code (another code fingerprint) as done (default: train them again)",
+    )
+    p.add_argument(
+        "--amend",
+        metavar="WHY",
+        default=None,
+        help="the study differs from its registered declaration on purpose: why (recorded, shown in every report)",
     )
 
 

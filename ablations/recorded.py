@@ -11,6 +11,7 @@ from typing import Any
 from ablations import records
 from ablations.spec import Study
 from ablations.spec.analysis import Analysis, from_design
+from ablations.spec.declaration import digest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,10 +32,12 @@ class RecordedDesign:
     tuning: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the study file (the report's next steps are commands on it)
     budget: dict[str, float] = field(default_factory=dict)
+    registration: int | None = None  # the version of the study's registration this submission ran under
 
     @classmethod
-    def of(cls, study: Study, code: str | None) -> RecordedDesign:
-        """What a submission of ``study`` records; ``code``: the fingerprint of the code whose results count."""
+    def of(cls, study: Study, code: str | None, registration: int | None = None) -> RecordedDesign:
+        """What a submission of ``study`` records; ``code``: the fingerprint of the code whose results count;
+        ``registration``: the version of the study's registration it runs under."""
         return cls(
             kind=study.design,
             axes=list(study.axes),
@@ -50,6 +53,7 @@ class RecordedDesign:
             tuning=study.tuning.as_dict() if study.tuning else {},
             source=study.source,
             budget=study.budget.as_dict(),
+            registration=registration,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -69,6 +73,7 @@ class RecordedDesign:
             "tuning": self.tuning,
             "source": self.source,
             "budget": self.budget,
+            "registration": self.registration,
         }
 
     @classmethod
@@ -90,6 +95,7 @@ class RecordedDesign:
             tuning=dict(data.get("tuning") or {}),
             source=data.get("source", ""),
             budget=dict(data.get("budget") or {}),
+            registration=data.get("registration"),
         )
 
     @classmethod
@@ -151,9 +157,64 @@ class CellRun:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    """A study's registration (version 0) or an amendment (1, 2, ...): the declaration that decides its verdicts,
+    recorded before the cells it governs (``ablations.register``; ``ablations.spec.declaration``)."""
+
+    version: int
+    hash: str
+    declaration: dict[str, Any]
+    created: float  # seconds since the epoch, by the claims store's clock
+    reason: str = ""  # an amendment's
+    diff: str = ""  # from the version before
+    changed: list[str] = field(default_factory=list)  # the declaration's keys that changed
+    finished: dict[str, int] = field(default_factory=dict)  # variant -> its cells with a result when it was made
+    code: str = ""  # the code fingerprint of the submission that made it
+    git_commit: str = ""  # the study file's commit, where it had one
+
+    @property
+    def verified(self) -> bool:
+        """Whether the declaration still has the hash recorded with it (else it was edited: not trusted)."""
+        return digest(self.declaration) == self.hash
+
+    @property
+    def after_results(self) -> bool:
+        return any(n > 0 for n in self.finished.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Registration:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+def registrations(uri: str, study: str) -> list[Registration]:
+    """A study's registration and amendments as its tracking store holds them, oldest first."""
+    import json
+    import tempfile
+
+    c = records.client(uri)
+    exp = c.get_experiment_by_name(study)
+    if exp is None:
+        return []
+    out = []
+    for run in records.search_all(uri, [exp.experiment_id], records.kind_filter(records.KIND_REGISTRATION)):
+        with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:
+            path = c.download_artifacts(run.info.run_id, records.REGISTRATION_ARTIFACT, tmp)
+            with open(path) as f:
+                out.append(Registration.from_json(json.load(f)))
+    by_version: dict[int, Registration] = {}
+    for r in out:  # two submissions that mirrored one version at once: the same record twice
+        by_version.setdefault(r.version, r)
+    return [by_version[v] for v in sorted(by_version)]
+
+
 def submission_number(run) -> int:
     """A parent run's submission number (0 where none was recorded)."""
     return int(run.data.tags.get(records.TAG_SUBMISSION, 0))
 
 
-__all__ = ["CellRun", "RecordedDesign", "submission_number"]
+__all__ = ["CellRun", "RecordedDesign", "Registration", "registrations", "submission_number"]

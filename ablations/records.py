@@ -28,6 +28,7 @@ from typing import Any
 TAG_KIND = "kind"
 KIND_STUDY, KIND_CELL = "study", "cell"  # a submission of a study; one attempt of one cell
 KIND_SEARCH, KIND_TRIAL = "search", "trial"  # a search process; one Optuna trial
+KIND_REGISTRATION = "registration"  # a study's registration or one of its amendments (ablations.register)
 
 # --- tags ------------------------------------------------------------------------------------------------
 TAG_STUDY, TAG_VARIANT, TAG_SEED, TAG_CELL_ID = "study", "variant", "seed", "cell_id"
@@ -49,6 +50,7 @@ TAG_DRIVER_HOST, TAG_DRIVER_PID, TAG_CLAIMS_OWNER = "driver_host", "driver_pid",
 # what writing to MLflow cost a run, and what it could not write
 TAG_LOGGING_SECONDS, TAG_TRACKING_SECONDS = "logging_seconds", "tracking_seconds"
 TAG_METRICS_LOST, TAG_LOGGING_ERRORS = "metrics_lost", "logging_errors"
+TAG_VERSION, TAG_DECLARATION_HASH = "version", "declaration_hash"  # a registration's, and what a submission ran
 TAG_OUTCOME = "outcome"  # a cell's run: "counted" (what its study's latest submission counts), or "superseded"
 OUTCOME_COUNTED, OUTCOME_SUPERSEDED = "counted", "superseded"
 AXIS_PREFIX = "axis."  # a cell's row in a report: axis.<dotted key>, the value of a design axis (from design.json)
@@ -57,6 +59,7 @@ TUNED_SETTING = "tuned:"  # the prefix of a tuned value in a variant's settings 
 
 # --- artifacts of a study's parent run -------------------------------------------------------------------
 DESIGN_ARTIFACT = "design.json"  # kind, axes, variants [{name, settings}], seeds, metric, direction, cells
+REGISTRATION_ARTIFACT = "registration.json"  # a registration run's: the declaration, its hash, time, reason, ...
 
 # --- states ------------------------------------------------------------------------------------------------
 STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"

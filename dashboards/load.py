@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.recorded import CellRun, RecordedDesign, submission_number
+from ablations.recorded import CellRun, RecordedDesign, Registration, registrations, submission_number
 from ablations.records import (
     AXIS_PREFIX,
     DESIGN_ARTIFACT,
@@ -60,6 +60,7 @@ class StudyRuns:
     design: RecordedDesign  # what the latest submission recorded of the study
     cells: Any  # pandas.DataFrame, one row per cell
     parents: list[Any] = field(default_factory=list)  # submission runs, oldest first
+    registrations: list[Registration] = field(default_factory=list)  # its registration and amendments, oldest first
     histories: dict[str, dict[str, list]] = field(default_factory=dict, repr=False)  # metric -> run -> points
 
     def history(self, key: str, run_ids: list[str]) -> dict[str, list[tuple[int, float, float]]]:
@@ -154,7 +155,7 @@ def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyR
         # a cell's settings are recorded once, in the design (axes added after a cell ran are at the base's value)
         row.update({AXIS_PREFIX + k: v for k, v in design.axis_values(row["variant"]).items()})
     cells = pd.DataFrame(rows)
-    return StudyRuns(study, uri, exp.experiment_id, design, cells, parents)
+    return StudyRuns(study, uri, exp.experiment_id, design, cells, parents, registrations=registrations(uri, study))
 
 
 def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, Any]:

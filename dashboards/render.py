@@ -83,7 +83,7 @@ def unshared(c: stats.Contrast) -> bool:
 def p_text(c: stats.Contrast | None) -> str:
     if c is None:
         return ""
-    if not c.in_family:
+    if not c.in_family and not c.exploratory:
         return "–"
     if not c.testable:
         return "1 (untestable)"
@@ -91,6 +91,13 @@ def p_text(c: stats.Contrast | None) -> str:
     if math.isfinite(c.p_tost_holm):  # the evidence an "equivalent" rests on, beside the difference test's
         text += f"; TOST {number_text(c.p_tost_holm, 3)}"
     return text
+
+
+def verdict_text(c: stats.Contrast | None) -> str:
+    """The verdict, marked where the contrast is exploratory (outside the confirmatory family)."""
+    if c is None:
+        return ""
+    return f"exploratory: {c.verdict}" if c.exploratory else c.verdict
 
 
 def mde_text(c: stats.Contrast | None) -> str:
@@ -136,7 +143,7 @@ def cells_text(t: Table, r: VariantRow) -> list[str]:
         _pm(r),
         diff_text(c) + (f" {r.marks}" if r.marks else ""),
         p_text(c),
-        "" if c is None else c.verdict,
+        verdict_text(c),
         mde_text(c),
         *needs,
         str(r.outcomes.diverged),
@@ -259,7 +266,7 @@ def contrasts_rows(t: Table, contrasts: list[stats.Contrast]) -> tuple[list[str]
                 ci.split(" ", 1)[1] if " " in ci else "–",
                 c.method,
                 p_text(c),
-                c.verdict,
+                verdict_text(c),
                 mde_text(c),
                 str(c.n),
             ]
@@ -268,9 +275,35 @@ def contrasts_rows(t: Table, contrasts: list[stats.Contrast]) -> tuple[list[str]
 
 
 def lead(t: Table) -> list[str]:
-    """The verdicts first (``dashboards/verdicts.py``): each contrast's verdict in words, why, the next step."""
+    """The verdicts first (``dashboards/verdicts.py``): each contrast's verdict in words, why, the next step; then
+    the registration they were judged under."""
     lines = verdicts.lead_lines(t)
-    return ["Verdicts:", *lines, ""] if lines else []
+    registered = registration_lines(t)
+    return (["Verdicts:", *lines, ""] if lines else []) + ([*registered, ""] if registered else [])
+
+
+def registration_lines(t: Table) -> list[str]:
+    """When the study's declaration was registered, and every amendment with its reason (``ablations.register``)."""
+    if not t.registrations:
+        return []
+    first, out = t.registrations[0], []
+    seen = sum(first.finished.values())
+    when = "after results existed: " + f"{seen} cell(s) had finished" if seen else "before any result"
+    commit = f", study file at commit {first.git_commit[:12]}" if first.git_commit else ""
+    out.append(f"Registered {_when(first.created)}, {when} (declaration {first.hash}{commit}).")
+    for r in t.registrations[1:]:
+        seen = sum(r.finished.values())
+        out.append(f"Amendment {r.version}, {_when(r.created)}: {r.reason} (changed {', '.join(r.changed)}; "
+                   f"{seen} cell(s) had results by then).")  # fmt: skip
+    if not all(r.verified for r in t.registrations):
+        out.append("WARNING: a registration record no longer has its hash: it was edited, and is not trusted.")
+    return out
+
+
+def _when(seconds: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def to_terminal(t: Table) -> str:
@@ -317,7 +350,10 @@ def markdown_lead(t: Table) -> list[str]:
     for r in verdicts.readings(t):
         out.append(f"- **{r.sentence}**")
         out += [f"  - {word}: {text}" for word, text in (("why", r.why), ("next", r.next_step)) if text]
-    return ["**Verdicts**", "", *out, ""] if out else []
+    registered = [f"- {line}" for line in registration_lines(t)]
+    return (["**Verdicts**", "", *out, ""] if out else []) + (
+        ["**Registration**", "", *registered, ""] if registered else []
+    )
 
 
 def _tex(s: str) -> str:
@@ -373,6 +409,7 @@ def to_latex(t: Table) -> str:
         r"\end{tabular}",
         r"\caption{"
         + _tex(f"{t.study}. Verdicts: " + " ".join(r.sentence + "." for r in verdicts.readings(t)) + " ")
+        + _tex(" ".join(registration_lines(t)) + " ")
         + _tex(" ".join(legend(t)))
         + "".join(r" \textbf{Warning:} " + _tex(w) + "." for w in t.warnings)
         + "".join(r" \textit{Note:} " + _tex(n) + "." for n in t.notes)  # as every other rendering has them
@@ -438,7 +475,10 @@ def html_lead(t: Table) -> str:
             if text
         )
         items.append(f"<li><b>{html.escape(r.sentence)}</b>{more}</li>")
-    return f'<div class="verdicts"><h3>Verdicts</h3><ul>{"".join(items)}</ul></div>' if items else ""
+    registered = "".join(f"<li>{html.escape(line)}</li>" for line in registration_lines(t))
+    return (f'<div class="verdicts"><h3>Verdicts</h3><ul>{"".join(items)}</ul></div>' if items else "") + (
+        f'<div class="registration"><h3>Registration</h3><ul>{registered}</ul></div>' if registered else ""
+    )
 
 
 RENDERERS = {"terminal": to_terminal, "markdown": to_markdown, "latex": to_latex, "csv": to_csv, "html": to_html}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ablations import records
 from ablations.secrets import redact_url
-from dashboards import stats
+from dashboards import export, stats
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
 from dashboards.render import (
@@ -33,6 +33,7 @@ from dashboards.render import (
     to_latex,
     to_markdown,
     to_terminal,
+    verdict_text,
 )
 from dashboards.table import Table, build
 
@@ -85,7 +86,7 @@ def _effect_cells(t: Table, c: stats.Contrast) -> list[str]:
     lo, hi = c.ci_t
     ci = "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
     factor, _, levels = c.label.partition(": ")
-    return [factor, levels, signed_text(c.estimate), ci, p_text(c), c.verdict, mde_text(c), str(c.n), c.note]
+    return [factor, levels, signed_text(c.estimate), ci, p_text(c), verdict_text(c), mde_text(c), str(c.n), c.note]
 
 
 EFFECT_HEAD = ["factor", "levels", "effect", "CI", "p (Holm)", "verdict", "detectable Δ", "seeds", "note"]
@@ -302,6 +303,7 @@ def make_report(
     files["csv"].write_text(to_csv(table))
     files["json"].write_text(json.dumps(table.as_records(), indent=1, default=str))
     files["contrasts"].write_text(records_csv(table.contrast_records()))
+    files.update(export.write(table, out_dir))  # every seed's value, and what it was analysed under
     if table.effects:
         files["effects"] = out_dir / "effects.md"
         files["effects"].write_text(effects_markdown(table))

@@ -23,6 +23,7 @@ from ablations.records import AXIS_PREFIX
 from ablations.spec.analysis import Analysis
 from ablations.spec.metrics import better, majority_metric
 from dashboards import caveats, stats, testable
+from dashboards.exploratory import exploratory
 from dashboards.load import MODEL_PARAMS, NONFINITE, OTHER_CODE, PARAMS_PREFIX, StudyRuns
 
 COSTS = [
@@ -75,6 +76,9 @@ class Table:
     caveats: list[caveats.Caveat] = field(default_factory=list)  # warnings for a reader (dashboards/caveats.py)
     ranking: caveats.Best = field(default_factory=lambda: caveats.Best(None, None))  # who is bold, or why none
     source: str = ""  # the study file (its next steps are commands on it)
+    registrations: list = field(default_factory=list)  # its registration and amendments (ablations.recorded)
+    seeds: list[dict[str, Any]] = field(default_factory=list)  # every cell's value and outcome (``seed_records``)
+    levels: dict[str, list[str]] = field(default_factory=dict)  # a grid's axes and their levels, in order
 
     @property
     def warnings(self) -> list[str]:
@@ -94,10 +98,15 @@ class Table:
         return [c for c in self.contrasts if c.in_family]
 
     @property
+    def exploratory(self) -> list[stats.Contrast]:
+        """Declared contrasts added or changed after results of their cells existed: tested apart from the family."""
+        return [c for c in self.contrasts if c.exploratory]
+
+    @property
     def extra(self) -> list[stats.Contrast]:
         """Declared pair contrasts that are not a row's (a row's is variant vs baseline)."""
         rows = {id(r.contrast) for r in self.rows if r.contrast is not None}
-        return [c for c in self.contrasts if c.kind == "pair" and c.in_family and id(c) not in rows]
+        return [c for c in self.contrasts if c.kind == "pair" and (c.in_family or c.exploratory) and id(c) not in rows]
 
     @property
     def effects(self) -> list[stats.Contrast]:
@@ -172,6 +181,7 @@ def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
         "min_p": c.min_p,
         "p_holm": c.p_holm,
         "in_family": c.in_family if not none else "",
+        "exploratory": c.exploratory,
         "verdict": c.verdict,
         "margin": c.margin,
         "p_tost": c.p_tost,
@@ -292,11 +302,36 @@ def build(
     for r in rows:
         r.best = r.variant == ranking.variant
     found = _caveats(runs, frame.cells, rows, contrasts, metric, analysis, notes, curves)
-    notes += _row_notes(rows, frame.cells, metric) + _contrast_notes(contrasts)
+    notes += _row_notes(rows, frame.cells, metric) + _contrast_notes(contrasts) + _registration_notes(runs, contrasts)
     source = runs.design.source or f"ablations/studies/{runs.name}.yaml"
     return Table(
-        runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source
-    )
+        runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source,
+        runs.registrations, seed_records(frame, metric), _grid(runs, frame)[2] if _grid(runs, frame)[1] else {},
+    )  # fmt: skip
+
+
+def seed_records(frame: _Frame, metric: str) -> list[dict[str, Any]]:
+    """One record per cell: its variant, seed and cell id, its outcome and why, the metric as its run logged it,
+    and the value it entered the comparisons with (``rule_value``: its own, one imputed for a failure under the
+    rule, or none: left out)."""
+    out = []
+    for row in frame.cells.to_dict("records"):
+        v, s = row["variant"], row["seed"]
+        logged = _float(row.get(metric))
+        out.append(
+            {
+                "variant": v,
+                "seed": s,
+                "cell_id": row["cell_id"],
+                "outcome": row["_outcome"],
+                "detail": row.get("detail", ""),
+                "value": logged if math.isfinite(logged) else None,
+                "rule_value": frame.values.get(v, {}).get(s),
+                "imputed": s in frame.imputed.get(v, set()),
+                **{k: row[k] for k in row if k.startswith(AXIS_PREFIX)},  # the cell's levels of the design's axes
+            }
+        )
+    return out
 
 
 def _decision_metric(runs: StudyRuns, metric: str | None) -> tuple[str, str, list[str]]:
@@ -390,7 +425,8 @@ def _contrasts(
     the family where declared, or by default), before Holm's correction."""
     axes, is_grid, levels = _grid(runs, frame)
     family = analysis.family(frame.variants, baseline, axes, is_grid)
-    size = family.size({a: len(v) for a, v in levels.items()})
+    explore = _explored(runs, frame, family, levels)  # outside the confirmatory family: not counted in its size
+    size = max(1, family.size({a: len(v) for a, v in levels.items()}) - len(explore))
     common = dict(
         test=analysis.test,
         confidence=analysis.confidence,
@@ -421,7 +457,20 @@ def _contrasts(
         contrasts += stats.factorial_effects(
             df, axes, "_value", declared_main=family.main, declared_interactions=family.interactions, **common
         )
-    return contrasts
+    return [
+        dataclasses.replace(c, in_family=False, exploratory=explore[c.label])
+        if c.in_family and c.label in explore
+        else c
+        for c in contrasts
+    ]
+
+
+def _explored(runs: StudyRuns, frame: _Frame, family, levels: dict[str, list[str]]) -> dict[str, str]:
+    """The family's contrasts added or changed after results of their cells existed (``dashboards.exploratory``)."""
+    involved = {f"{a} vs {b}": (a, b) for a, b in family.pairs}
+    for label in stats.effect_labels(levels, family.main, family.interactions):
+        involved[label] = tuple(frame.variants)  # an effect compares every variant's cells
+    return exploratory(runs.registrations, involved)
 
 
 EMPTY = stats.Successes(0, 0, stats.NAN2)
@@ -490,6 +539,21 @@ def _row_notes(rows: list[VariantRow], cells: Any, metric: str) -> list[str]:
             notes.append(f"{r.variant}: one successful seed only, no interval")
         if r.best and r.failed_any:
             notes.append(f"{r.variant} is best {FAILED_MARK} although {o.failures} of {o.cells} seeds failed")
+    return notes
+
+
+def _registration_notes(runs: StudyRuns, contrasts: list[stats.Contrast]) -> list[str]:
+    notes = []
+    if not runs.registrations:
+        notes.append(
+            "not registered: no declaration of this study was recorded before its results (its submissions predate "
+            "registration); its next submission registers it, after these results"
+        )
+    if any(c.exploratory for c in contrasts):
+        notes.append(
+            "exploratory contrasts were added or changed after results of their cells existed: tested and shown, "
+            "Holm-corrected among themselves, outside the confirmatory family"
+        )
     return notes
 
 

@@ -35,8 +35,14 @@ class Reading:
 
 
 def readings(t: Table) -> list[Reading]:
-    """A reading per contrast of the table's family, in its order."""
-    return [reading(t, c) for c in t.family]
+    """A reading per contrast of the table's family, in its order, then the exploratory ones (added or changed
+    after results: marked so)."""
+    out = [reading(t, c) for c in t.family]
+    for c in t.exploratory:
+        r = reading(t, c)
+        why = "; ".join(x for x in (f"exploratory: {c.exploratory}", r.why) if x)
+        out.append(Reading(r.label, r.verdict, f"exploratory: {r.sentence}", why, r.next_step))
+    return out
 
 
 def reading(t: Table, c: stats.Contrast) -> Reading:
@@ -50,7 +56,7 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
     if c.verdict.startswith("different") or c.verdict.startswith("equivalent"):
         return Reading(c.label, c.verdict, decided_sentence(t, c))
     why, seeds = unresolved_why(t, c)
-    step = f"{command(t)} --seeds {seeds}" if seeds else ""
+    step = f'{command(t)} --seeds {seeds} --amend "{seeds} seeds: {why_more(c)}"' if seeds else ""
     if not step and not math.isfinite(t.margin):
         step = f"declare analysis.margins.{t.metric} to test equivalence"
     return Reading(c.label, c.verdict, unresolved_sentence(t, c), why, step)
@@ -58,6 +64,11 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
 
 def command(t: Table) -> str:
     return f"ablate sweep {t.source}"
+
+
+def why_more(c: stats.Contrast) -> str:
+    """The reason an amendment that adds seeds gives (seeds changed after results are an amendment)."""
+    return f"{c.n} could not resolve {c.label}"
 
 
 def seed_count(c: stats.Contrast) -> str:

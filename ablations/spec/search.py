@@ -436,7 +436,7 @@ def _check_end(spec: SearchSpec, file: SearchFile, origin: Origin, given: list, 
         run = resolve_run({**spec.run_data(params), "name": spec.name}, Origin(None))
     except SpecError as err:  # blamed on the parameter that causes it (its key, or "n_heads=1000" named)
         end = "low" if pick == 0 else "high"
-        cause = [k for k in params if k == err.key or f"{k.rsplit('.', 1)[-1]}=" in err.message]
+        cause = [k for k in params if k == err.key or k in err.involves]
         message = f"{err.message} (with the space at its {end} end: {params})"
         if cause:  # the key the model named, when it is not the parameter's own
             named = f"{err.key}: " if err.key and err.key != cause[0] else ""

@@ -104,6 +104,7 @@ class StudyFile(Strict):
     analysis: dict[str, Any] | None = None  # how the results are compared (ablations/spec/analysis.py)
     vary_data: bool = False  # true: each seed also regenerates the task's data (task.data_seed = seed)
     reuse_results: Literal["same_code", "any_code"] = "same_code"  # any_code: results of other code count as done
+    amend: str | None = None  # why this submission's declaration differs from the registered one (ablations.register)
 
     @field_validator("name")
     @classmethod
@@ -199,6 +200,7 @@ class Study:
     reuse_any_code: bool = False  # results trained by other code (another code fingerprint) count as done
     tuning: Tuning | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
     metrics: list[str] = field(default_factory=list)  # the summary metrics every variant's runs log
+    amend: str | None = None  # the file's reason for an amendment of its registered declaration
 
     @property
     def variants(self) -> list[str]:
@@ -272,6 +274,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         vary_data=file.vary_data,
         reuse_any_code=file.reuse_results == "any_code",
         metrics=in_order(metrics or ()),
+        amend=file.amend,
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from ablations import claims as cl
 from ablations import records, tracking
 from ablations.claims import Claim, Claims
+from ablations.register import register
 from ablations.secrets import Credentials
 from ablations.shell import close_ray, cluster_address, open_ray, refuse_unreachable
 from ablations.spec import Cell, Study
@@ -149,20 +150,25 @@ def run_study(
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint
     claims = Claims(cl.claims_url(uri, claims_url))
+    fits = lambda: check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # noqa: E731
+    registered = None
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
-        check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before the searches
+        fits()  # before the searches, and before anything is recorded
+        registered = register(study, uri, claims.url, out=out)
         from ablations.search.tuned import tune_study
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
     p = plan(study, uri, code)
+    if p.todo:
+        fits()  # before anything is recorded
+    registration, recorded = registered or register(study, uri, claims.url, out=out)  # before any cell runs
     _mark_stale(study, p, claims, uri, out)
-    if not p.todo:
+    if not p.todo and not recorded:  # (a new registration or amendment is recorded by a submission, with its design)
         counts, rows = summarize(study, uri, code)
         out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
-    check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # before anything is recorded
     run = _Submission(study, uri, code, claims, out)
-    run.open(p, fingerprint, reuse_any_code)
+    run.open(p, fingerprint, reuse_any_code, registration.version)
     return run.train(p.todo, address, num_cpus, max_concurrent)
 
 
@@ -193,10 +199,11 @@ class _Submission:
         self.held: dict[str, Claim] = {}
         self.conn = None
 
-    def open(self, p: Plan, fingerprint: str, reuse_any_code: bool) -> None:
+    def open(self, p: Plan, fingerprint: str, reuse_any_code: bool, registration: int) -> None:
         """The parent run, the claim that says it is alive, and what every trial is given."""
         study = self.study
-        self.parent, self.alive = open_submission(study, self.uri, p, self.claims, fingerprint, self.code)
+        opened = open_submission(study, self.uri, p, self.claims, fingerprint, self.code, registration)
+        self.parent, self.alive = opened
         self.keeper = Keeper(self.claims, [self.alive] if self.alive else [], self.out)
         self.keeper.start()
         self.ctx = TrialContext(

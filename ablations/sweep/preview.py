@@ -22,8 +22,15 @@ def dry_run(
     out: Callable[[str], None] = print,
 ) -> list[str]:
     """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search)."""
+    from ablations.register import status
+
     uri = tracking.resolve_uri(tracking_uri, create=False)
     problems: list[str] = []
+    said = status(study, uri, study.amend)
+    if said.startswith("refused: "):  # the sweep would stop here
+        problems.append(said.removeprefix("refused: "))
+    else:
+        out(said)
     for line in warning_lines(study):  # variants that compare one model family under two names
         out(line)
     if study.tune:  # the searches come first, and the cells' ids hold the values they choose

@@ -117,15 +117,15 @@ class Submission:
         records.end_run(self.uri, self.run_id, status)
 
 
-def design_record(study: Study, code: str | None = None) -> dict:
+def design_record(study: Study, code: str | None = None, registration: int | None = None) -> dict:
     """What a report needs to know about the design (logged as design.json; ``ablations.recorded``); ``code``: the
     fingerprint of the code whose results count (None: any code's, ``reuse_results: any_code``), so the report
     takes the cells' results as this submission did."""
-    return RecordedDesign.of(study, code).to_json()
+    return RecordedDesign.of(study, code, registration).to_json()
 
 
 def open_submission(
-    study: Study, uri: str, p: Plan, claims: Claims, fingerprint: str, code: str | None
+    study: Study, uri: str, p: Plan, claims: Claims, fingerprint: str, code: str | None, registration: int | None
 ) -> tuple[Submission, Claim]:
     """The parent run of this submission and the claim that says it is alive. Parent runs left RUNNING by
     submissions whose lease expired are marked KILLED; live ones are left alone."""
@@ -173,7 +173,7 @@ def open_submission(
         copy = Path(tmp) / "study.yaml"
         copy.write_text(Path(study.source).read_text())
         c.log_artifact(run.info.run_id, str(copy))
-    c.log_dict(run.info.run_id, design_record(study, code), records.DESIGN_ARTIFACT)
+    c.log_dict(run.info.run_id, design_record(study, code, registration), records.DESIGN_ARTIFACT)
     if study.description:
         c.set_tag(run.info.run_id, records.TAG_NOTE, study.description)
     mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)

@@ -45,6 +45,9 @@ class Contrast:
     seeds_needed: int | None = None  # for the analysis' detect difference
     p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
     in_family: bool = True
+    exploratory: str = (
+        ""  # why it is outside the confirmatory family although declared (added or changed after results)
+    )
     p_holm: float = NAN
     p_tost_holm: float = NAN
     p_rate_holm: float = NAN
@@ -162,7 +165,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
     """The verdict words, from the corrected tests only."""
-    if not c.in_family:
+    if not c.in_family and not c.exploratory:
         return "not in the family"
     if not c.testable:
         return "untestable"
@@ -183,13 +186,21 @@ def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
 
 def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize") -> list[Contrast]:
     """Holm over the contrasts in the family: the difference tests; apart, the equivalence tests of those with a
-    margin and the success-rate tests of the pairs. The verdict of each. Contrasts outside the family keep nan."""
-    fam = [i for i, c in enumerate(contrasts) if c.in_family]
-    p_holm = dict(zip(fam, holm([contrasts[i].p for i in fam])))
-    with_margin = [i for i in fam if math.isfinite(contrasts[i].margin)]
-    p_tost = dict(zip(with_margin, holm([contrasts[i].p_tost for i in with_margin])))
-    with_rate = [i for i in fam if math.isfinite(contrasts[i].p_rate)]
-    p_rate = dict(zip(with_rate, holm([contrasts[i].p_rate for i in with_rate])))
+    margin and the success-rate tests of the pairs. The exploratory contrasts (added or changed after results) are
+    corrected the same way among themselves, outside the confirmatory family. The verdict of each. Contrasts in
+    neither keep nan."""
+    p_holm: dict[int, float] = {}
+    p_tost: dict[int, float] = {}
+    p_rate: dict[int, float] = {}
+    for group in (
+        [i for i, c in enumerate(contrasts) if c.in_family],
+        [i for i, c in enumerate(contrasts) if c.exploratory],
+    ):
+        p_holm.update(zip(group, holm([contrasts[i].p for i in group])))
+        with_margin = [i for i in group if math.isfinite(contrasts[i].margin)]
+        p_tost.update(zip(with_margin, holm([contrasts[i].p_tost for i in with_margin])))
+        with_rate = [i for i in group if math.isfinite(contrasts[i].p_rate)]
+        p_rate.update(zip(with_rate, holm([contrasts[i].p_rate for i in with_rate])))
     out = []
     for i, c in enumerate(contrasts):
         c = dataclasses.replace(

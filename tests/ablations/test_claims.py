@@ -197,7 +197,7 @@ def test_each_store_beside_one_claims_db_numbers_its_submissions_from_1(tmp_path
     for name in ("a.db", "a.db", "b.db"):  # two submissions to store a, then the first to store b
         store = f"sqlite:///{tmp_path / name}"
         claims = Claims(claims_url(store))
-        parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint, fingerprint)
+        parent, _ = open_submission(study, store, plan(study, store, fingerprint), claims, fingerprint, fingerprint, 0)
         assert MlflowClient(store).get_run(parent.run_id).data.tags["submission"] == str(parent.submission)
         numbers.append(parent.submission)
     assert claims.url == f"sqlite:///{tmp_path / 'claims.db'}"  # one claims store for both

@@ -489,7 +489,8 @@ def test_the_table_leads_with_each_verdict_why_and_the_next_step(store):
     # 2/2^n <= 0.05/3 first at n = 7 (independent: the exact test's floor)
     assert min(n for n in range(2, 12) if 2 / 2**n <= 0.05 / 3) == 7
     assert "next: ablate sweep ablations/studies/g2.yaml --seeds" in lead
-    seeds = [int(x.split("--seeds ")[1]) for x in lead.splitlines() if "--seeds" in x]
+    seeds = [int(x.split("--seeds ")[1].split()[0]) for x in lead.splitlines() if "--seeds" in x]
+    assert all("--amend" in x for x in lead.splitlines() if "--seeds" in x)  # seeds after results: an amendment
     assert seeds and min(seeds) >= 7
     main = table.family[0]
     assert main.ci_t[0] > 0 and "‡" in to_markdown(table)  # the t interval excludes 0, the exact test cannot say

@@ -6,6 +6,7 @@ Every Ray here is started by the test, on loopback and free ports, and stopped b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -129,8 +130,15 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
 
     # one more seed: only its two cells are trained, in a second submission (one that takes any code's results:
     # its claims are under the key "any", and its trials' results pass the fence under that key)
-    bigger = load_study(path, seeds=[0, 1, 2])
+    with pytest.raises(ValueError, match="differs from its registered declaration .* in seeds"):
+        run_study(load_study(path, seeds=[0, 1, 2]), tracking_uri=store, num_cpus=2, out=lines.append)
+    bigger = dataclasses.replace(load_study(path, seeds=[0, 1, 2]), amend="a third seed")  # an amendment says why
     run_study(bigger, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append, reuse_any_code=True)
+    from ablations.recorded import registrations
+
+    amendment = registrations(store, "s")[-1]  # recorded with what had been seen: two results per variant
+    assert (amendment.version, amendment.reason, amendment.changed) == (1, "a third seed", ["seeds"])
+    assert amendment.finished == {cell.variant: 2 for cell in study.cells} and amendment.after_results
     runs = runs_of(store, "s")
     assert len(runs) == 6 and first_ids < {r.info.run_id for r in runs}
     assert Counter(r.data.tags["submission"] for r in runs) == {"1": 4, "2": 2}

@@ -1,0 +1,176 @@
+"""Recompute every p-value and interval of an ablation table from its per-seed export alone, with numpy and scipy.
+
+    python docs/results/recompute.py FOLDER
+
+FOLDER holds what ``ablate report`` writes beside each table: ``seeds.csv`` (every cell's value and outcome),
+``declaration.json`` (the metric, the analysis, the family) and ``contrasts.csv`` (the table's numbers). Each
+contrast is computed again from the seeds (paired differences, or a factorial effect within each seed; the exact
+sign-flip test or the t-test; Holm over the family, and over the exploratory contrasts apart; the two one-sided
+tests against a margin) and compared with the table. Exit 0 when every number agrees, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+EXACT_MAX_N, MC_RESAMPLES = 16, 99_999  # as the report runs the sign-flip test (dashboards/stats)
+CHECKED = ("diff", "diff_low", "diff_high", "p", "p_holm", "p_tost", "p_tost_holm")
+
+
+def read(folder: Path) -> tuple[dict, dict, list[dict]]:
+    """(variant -> seed -> value, the declaration, the table's contrasts)."""
+    values: dict[str, dict] = {}
+    with open(folder / "seeds.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["rule_value"] != "":
+                seed = int(row["seed"]) if row["seed"].lstrip("-").isdigit() else row["seed"]
+                values.setdefault(row["variant"], {})[seed] = float(row["rule_value"])
+    declared = json.loads((folder / "declaration.json").read_text())
+    with open(folder / "contrasts.csv", newline="") as f:
+        contrasts = list(csv.DictReader(f))
+    return values, declared, contrasts
+
+
+def spread(x: np.ndarray) -> bool:
+    return len(x) > 1 and float(np.ptp(x)) > 1e-12 * max(1.0, float(np.max(np.abs(x))))
+
+
+def sign_flip(d: np.ndarray, alternative: str = "two-sided", level: float = 0.05) -> float:
+    """The paired sign-flip test of mean(d) = 0: every 2^n flip up to 16 seeds, Monte Carlo (seeded) beyond."""
+    n = len(d)
+    if n == 1:  # its two flips, (x, -x)
+        x = d[0]
+        if x == 0 or alternative == "two-sided":
+            return 1.0
+        return 1.0 if (alternative == "greater" and x < 0) or (alternative == "less" and x > 0) else 0.5
+    resamples = max(MC_RESAMPLES, 2**n) if n <= EXACT_MAX_N else max(MC_RESAMPLES, math.ceil(10 / level))
+    res = stats.permutation_test(
+        (d,), lambda x, axis=-1: np.mean(x, axis=axis), permutation_type="samples", vectorized=True,
+        n_resamples=resamples, batch=max(1, min(resamples, 4_000_000 // n)), alternative=alternative, axis=-1, rng=0,
+    )  # fmt: skip
+    return float(min(res.pvalue, 1.0))
+
+
+def tests(d: np.ndarray, test: str, margin: float, level: float) -> tuple[float, float]:
+    """(two-sided p, the two one-sided tests' p against ±margin, nan without one)."""
+    if len(d) == 0:
+        return 1.0, (1.0 if math.isfinite(margin) else math.nan)
+    t = test == "t" and len(d) >= 2 and spread(d)
+    p = float(stats.ttest_1samp(d, 0.0).pvalue) if t else sign_flip(d, level=level)
+    if not math.isfinite(margin):
+        return p, math.nan
+    if t:
+        low = stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+        high = stats.ttest_1samp(d, margin, alternative="less").pvalue
+        return p, float(max(low, high))
+    return p, max(sign_flip(d + margin, "greater", level), sign_flip(d - margin, "less", level))
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, by their definition."""
+    order, m, out, running = sorted(range(len(p)), key=lambda i: p[i]), len(p), [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def effects(values: dict, declared: dict) -> dict[str, dict]:
+    """label -> seed -> a factorial effect within that seed (main effects, two-way interactions)."""
+    levels, variants = declared["levels"], declared["variants"]
+    axes = list(levels)
+    key = {v: tuple(declared["settings"][v][a] for a in axes) for v in variants if v in declared["settings"]}
+    cells = {key[v]: values[v] for v in key if values.get(v)}
+    out = {}
+    for i, f in enumerate(axes):
+        for level in levels[f][1:]:
+            pairs = [(k, k[:i] + (levels[f][0],) + k[i + 1 :]) for k in cells if k[i] == level]
+            weights = [({k: 1.0, r: -1.0}) for k, r in pairs if r in cells]
+            out[f"{f}: {level} vs {levels[f][0]}"] = per_seed(cells, weights)
+    for i, j in itertools.combinations(range(len(axes)), 2):
+        ri, rj = levels[axes[i]][0], levels[axes[j]][0]
+        for a, b in itertools.product(levels[axes[i]][1:], levels[axes[j]][1:]):
+            weights = []
+            for k in (k for k in cells if (k[i], k[j]) == (a, b)):
+                ws = {at(k, i, j, x, y): w for x, y, w in ((a, b, 1.0), (ri, b, -1.0), (a, rj, -1.0), (ri, rj, 1.0))}
+                if all(c in cells for c in ws):
+                    weights.append(ws)
+            out[f"{axes[i]} x {axes[j]}: {a} x {b} vs {ri} x {rj}"] = per_seed(cells, weights)
+    return out
+
+
+def at(key: tuple, i: int, j: int, x: str, y: str) -> tuple:
+    """The cell of ``key`` with axis i at x and axis j at y."""
+    return tuple(x if n == i else y if n == j else v for n, v in enumerate(key))
+
+
+def per_seed(cells: dict, weights: list[dict]) -> dict:
+    """The mean over the other axes' combinations of each weighted sum, in the seeds that have every cell."""
+    if not weights:
+        return {}
+    used = {c for w in weights for c in w}
+    seeds = set.intersection(*(set(cells[c]) for c in used))
+    return {s: sum(sum(wt * cells[c][s] for c, wt in w.items()) for w in weights) / len(weights) for s in seeds}
+
+
+def recompute(values: dict, declared: dict, table: list[dict]) -> dict[str, dict]:
+    """label -> the contrast's numbers, computed again."""
+    analysis, metric = declared["analysis"], declared["metric"]
+    margin = analysis["margins"].get(metric, math.nan)
+    level = analysis["alpha"] / max(1, len(declared["family"]))
+    by_seed = effects(values, declared) if declared["levels"] else {}
+    out = {}
+    for row in table:
+        if row["kind"] == "pair":
+            a, b = values.get(row["a"], {}), values.get(row["b"], {})
+            d_by = {s: a[s] - b[s] for s in set(a) & set(b)}
+        else:
+            d_by = by_seed.get(row["label"], {})
+        d = np.array([d_by[s] for s in sorted(d_by, key=lambda s: (str(type(s)), s))])
+        p, p_tost = tests(d, analysis["test"], margin, level)
+        lo = hi = math.nan
+        if len(d) >= 2 and spread(d):
+            lo, hi = stats.t.interval(1 - analysis["alpha"], len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+        out[row["label"]] = {
+            "diff": d.mean() if len(d) else math.nan,
+            "diff_low": lo,
+            "diff_high": hi,
+            "p": p,
+            "p_tost": p_tost,
+        }
+    for group in (declared["family"], list(declared["exploratory"])):
+        for key, name in (("p", "p_holm"), ("p_tost", "p_tost_holm")):
+            members = [label for label in group if label in out and math.isfinite(out[label][key])]
+            for label, adjusted in zip(members, holm([out[label][key] for label in members])):
+                out[label][name] = adjusted
+    return out
+
+
+def same(x: str, y: float) -> bool:
+    a = float(x) if x not in ("", None) else math.nan
+    return (math.isnan(a) and math.isnan(y)) or math.isclose(a, y, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def main(folder: str) -> int:
+    values, declared, table = read(Path(folder))
+    again = recompute(values, declared, table)
+    wrong = [
+        f"{row['label']}: {key} {row[key]} in the table, {again[row['label']].get(key, math.nan)!r} recomputed"
+        for row in table
+        for key in CHECKED
+        if key in row and not same(row[key], again[row["label"]].get(key, math.nan))
+    ]
+    print("\n".join(wrong) if wrong else f"all {len(table)} contrasts reproduced ({len(CHECKED)} numbers each)")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "."))
