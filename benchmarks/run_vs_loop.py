@@ -10,8 +10,10 @@ hyper-parameters and schedule, gradient clipping, the same precision (autocast f
 
 Both are timed over the same window of steps (after warm-up: compilation, allocator, first MLflow writes),
 from the end of one step to the end of another, waiting for the device at both ends; the tokens are the
-non-padding tokens of the window's batches. Reported: tokens/s of both, their ratio, and the fixed cost per
-step ((time of ours - time of the loop) / steps).
+non-padding tokens of the window's batches. The two alternate, the order swapped every repeat (ours first, then
+the loop first), so that drift of the machine falls on both. Reported: tokens/s of both (medians), the ratio as
+the median of the per-repeat ratios with their range (min, max), and the fixed cost per step ((time of ours -
+time of the loop) / steps).
 
     python benchmarks/run_vs_loop.py [--size tiny|cpu|gpu] [--steps 100] [--repeats 3] [--threads 1]
         [--precision 32-true] [--compile] [--fused-adamw]
@@ -31,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +47,16 @@ SIZES = {
 LOG_EVERY = 10
 
 
-def run_config(size: str, steps: int, warm: int, threads: int | None, precision: str, compile: bool, fused: bool):
+def run_config(
+    size: str,
+    steps: int,
+    warm: int,
+    threads: int | None,
+    precision: str,
+    compile: bool,
+    fused: bool,
+    task: dict | None = None,
+):
     from ablations.spec import resolve_run
 
     s = SIZES[size]
@@ -52,7 +64,7 @@ def run_config(size: str, steps: int, warm: int, threads: int | None, precision:
         {
             "name": f"run-vs-loop-{size}",
             "seed": 0,
-            "task": {"name": "text", "source": "pydoc", "block_size": s["block_size"]},
+            "task": {"name": "text", "source": "pydoc", "block_size": s["block_size"], **(task or {})},
             "model": {"arch": "decoder", "max_len": s["block_size"], **s["model"]},
             "training": {
                 "max_steps": warm + steps + 1,
@@ -180,46 +192,86 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float]:
 
 
 def measure(
-    size: str, steps: int, repeats: int, threads: int | None, precision: str, compile: bool, fused: bool
+    size: str,
+    steps: int,
+    repeats: int,
+    threads: int | None,
+    precision: str,
+    compile: bool,
+    fused: bool,
+    *,
+    warm: int | None = None,
+    task: dict | None = None,
+    time_left: Callable[[], float] | None = None,
+    on_repeat: Callable[[dict], None] | None = None,
+    uri: str | None = None,
 ) -> dict:
-    import torch
-
-    warm = 2 * LOG_EVERY if not compile else 5 * LOG_EVERY
+    """``repeats`` alternating repeats of both sides (fewer when ``time_left()``, seconds, cannot hold one more:
+    then ``cut`` says so); ``on_repeat`` receives the figures so far after each repeat (a run stopped later keeps
+    them); ``warm``: steps before the window (default: 2 logging intervals, 5 when compiled); ``task``: settings
+    of the text task over the size's (``max_chars`` for a smaller corpus); ``uri``: the MLflow store (default: a
+    new SQLite store in a temporary folder, whose tables take seconds to create)."""
+    if warm is None:
+        warm = 2 * LOG_EVERY if not compile else 5 * LOG_EVERY
+    warm = max(LOG_EVERY, warm // LOG_EVERY * LOG_EVERY)  # both ends of the window are logged steps
     steps = max(LOG_EVERY, steps // LOG_EVERY * LOG_EVERY)
     first, last = warm, warm + steps
-    run = run_config(size, steps, warm, threads, precision, compile, fused)
+    run = run_config(size, steps, warm, threads, precision, compile, fused, task)
     tokens = window_tokens(run, first, last)
-    rows: dict[str, list[float]] = {"ours_s": [], "loop_s": [], "ours_cpu_s": [], "loop_cpu_s": []}
-    reported = []
+    rows: dict[str, list[float]] = {"ours_s": [], "loop_s": [], "ours_cpu_s": [], "loop_cpu_s": [], "repeat_s": []}
+    reported: list = []
+    metrics: dict = {}
+    cut = ""
     with tempfile.TemporaryDirectory(prefix="run-vs-loop-") as tmp:
-        uri = f"sqlite:///{tmp}/mlflow.db"
-        for _ in range(repeats):
-            (wall, cpu), metrics = ours(run, first, last, uri)
-            rows["ours_s"].append(wall)
-            rows["ours_cpu_s"].append(cpu)
-            reported.append(metrics.get("cost/tokens_per_s"))
-            wall, cpu = plain_loop(run, first, last)
-            rows["loop_s"].append(wall)
-            rows["loop_cpu_s"].append(cpu)
+        uri = uri or f"sqlite:///{tmp}/mlflow.db"
+        for i in range(repeats):
+            if i and time_left is not None and time_left() < max(rows["repeat_s"]) * 1.1:
+                cut = f"{i} of {repeats} repeats: the time limit could not hold another"
+                break
+            started = time.perf_counter()
+            for side in ("ours", "loop") if i % 2 == 0 else ("loop", "ours"):  # the order swaps every repeat
+                if side == "ours":
+                    (wall, cpu), metrics = ours(run, first, last, uri)
+                    reported.append(metrics.get("cost/tokens_per_s"))
+                else:
+                    wall, cpu = plain_loop(run, first, last)
+                rows[f"{side}_s"].append(wall)
+                rows[f"{side}_cpu_s"].append(cpu)
+            rows["repeat_s"].append(time.perf_counter() - started)
+            if on_repeat is not None:
+                on_repeat(summary(run, size, tokens, steps, rows, reported, metrics, cut="running"))
+    return summary(run, size, tokens, steps, rows, reported, metrics, cut)
+
+
+def summary(run, size: str, tokens: int, steps: int, rows: dict, reported: list, metrics: dict, cut: str) -> dict:
+    """The figures of the repeats in ``rows``: medians of both sides, and the ratio as the median of the per-repeat
+    ratios (loop time / our time: above 1, ours is faster) with their range."""
+    import torch
+
+    t = run.training
     a, b = statistics.median(rows["ours_s"]), statistics.median(rows["loop_s"])
     ac, bc = statistics.median(rows["ours_cpu_s"]), statistics.median(rows["loop_cpu_s"])
+    ratios = [lo / us for lo, us in zip(rows["loop_s"], rows["ours_s"])]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
     return {
         "size": size,
         "model": SIZES[size],
         "params": sum(p.numel() for p in __import__("models").Transformer(run.model).parameters()),
-        "precision": precision,
-        "compile": compile,
-        "fused_adamw": fused,
+        "precision": t.precision,
+        "compile": t.compile,
+        "fused_adamw": t.fused_adamw,
         "device": device,
         "threads": torch.get_num_threads(),
         "window_steps": steps,
         "window_tokens": tokens,
-        "repeats": repeats,
+        "repeats": len(ratios),
+        "cut": cut,
         "seconds": rows,
         "ours_tokens_per_s": tokens / a,
         "loop_tokens_per_s": tokens / b,
-        "ratio": b / a,
+        "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
         "fixed_cost_per_step_ms": 1000 * (a - b) / steps,
         "cpu_ratio": bc / ac,  # CPU seconds of the process: what the host spent, whatever else ran beside
         "cpu_fixed_cost_per_step_ms": 1000 * (ac - bc) / steps,
@@ -239,7 +291,8 @@ def markdown(r: dict, command: str) -> str:
             f"{r['model']['batch_size']} x {r['model']['block_size']} bytes of the pydoc corpus; precision "
             f"{r['precision']}, compile {r['compile']}, fused AdamW {r['fused_adamw']}.  ",
             f"Window: {r['window_steps']} steps ({r['window_tokens']:,} tokens) after warm-up; median of "
-            f"{r['repeats']} alternating repeats.",
+            f"{r['repeats']} alternating repeats (the order swapped every repeat); the ratio's range over them: "
+            f"{r['ratio_range'][0]:.3f}x to {r['ratio_range'][1]:.3f}x.",
             "",
             "| path | tokens/s | ratio |",
             "|---|---:|---:|",

@@ -349,6 +349,19 @@ def _flex(device: torch.device) -> Callable:
     return _compiled[kind]
 
 
+def compiled(device: torch.device | str) -> Callable:
+    """The process's compiled ``flex_attention`` for a device's type, the one every windowed layer calls. Another
+    caller (a benchmark's anchor) that compiles its own holds kernels of its own and counts against torch's limit
+    of compilations per function: sharing this one shares both, as a trial worker training variants in turn does."""
+    return _flex(torch.device(device))
+
+
+def alibi_score_mod(bias: Callable, device: torch.device, dtype: torch.dtype) -> Callable:
+    """The score_mod of a bias linear in the distance (ALiBi's ``bias``, ``linear_slopes``): it loads two slopes per
+    head, (H,) each, and no table (``_linear_bias_mod``)."""
+    return _linear_bias_mod(*(s.to(device, dtype) for s in linear_slopes(bias)()))
+
+
 def window_attention(
     q,
     k,
@@ -372,7 +385,7 @@ def window_attention(
     score_mod = None
     if bias is not None:  # linear in the distance (``usable`` sends no other bias here)
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        score_mod = _linear_bias_mod(*(s.to(q.device, dtype) for s in linear_slopes(bias)()))
+        score_mod = alibi_score_mod(bias, q.device, dtype)
     if current_mode() == "eager":  # a test mode: torch's warning that it materialises the scores is expected
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

@@ -1,11 +1,16 @@
-"""benchmarks/gpu.py without a GPU: it refuses to run and says why, and its report (every section, the device
-named) replaces the GPU section of benchmarks/README.md in place, keeping everything around it."""
+"""benchmarks/gpu.py without a GPU: its smoke run measures every section on the CPU at tiny sizes through the GPU
+sections' code paths, checking each of ours against the anchor that computes the same thing; a section is stopped at
+its time limit with what it measured kept, and a run resumes the sections still missing; the full run refuses to
+start without CUDA and says why; its report (every section, the device named) replaces the GPU section of
+benchmarks/README.md in place, keeping everything around it."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,3 +117,96 @@ def test_without_cuda_it_refuses_with_the_reason():
         [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick"], capture_output=True, text=True
     )
     assert out.returncode == 2 and "needs a CUDA device" in out.stderr
+
+
+def test_the_smoke_run_measures_every_section_on_the_cpu_through_the_gpu_code_paths(tmp_path, store):
+    """`--smoke` at tiny sizes, compiled through torch.compile's graph capture (``aot_eager``: the recompilations and
+    torch's limit on them, without generating kernels): every section ends done, ours give the outputs of the
+    FlexAttention anchors written independently with ``create_block_mask``, `ablate run` and the plain loop alternate
+    (compiled, fused AdamW and bf16-mixed with clipping: the combination Lightning refused on the first H100), and
+    the committed README is left alone."""
+    readme = (ROOT / "benchmarks" / "README.md").read_bytes()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--compiler", "aot_eager"]
+    out = subprocess.run(
+        [*cmd, "--out", str(tmp_path), "--tracking-uri", store], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = json.loads((tmp_path / "smoke" / "gpu.json").read_text())
+    gpu = gpu_module()
+    assert {name: m["status"] for name, m in r["sections"].items()} == dict.fromkeys(gpu.SECTIONS, "done")
+    rows = r["attention"]
+    assert [row["n"] for row in rows] == gpu.SMOKE_PLAN["attention"]["lengths"]
+    for row in rows:
+        assert set(row["max_diff"]) == {ours for ours, _ in gpu.PAIRS}
+        assert all(d <= 1e-4 for d in row["max_diff"].values()), row["max_diff"]
+        assert all(row[name]["ms"] > 0 for name in ("flash full causal", "ours local", "FlexAttention dilated"))
+    assert {"full", "local w64", "full compiled", "local w64 compiled"} <= set(r["decoder"])
+    assert {"ours", "nn.TransformerEncoder", "ours compiled", "nn.TransformerEncoder compiled"} <= set(r["encoder"])
+    (eager,) = r["run_vs_loop"]
+    assert eager["repeats"] == 2 and eager["ratio_range"][0] <= eager["ratio"] <= eager["ratio_range"][1]
+    assert eager["ratio"] == pytest.approx(sum(eager["ratios"]) / 2)  # the median of two
+    (compiled,) = r["run_vs_loop_compiled"]
+    assert compiled["compile"] and compiled["fused_adamw"] and compiled["precision"] == "bf16-mixed"
+    assert compiled["last_metrics"]["cost/steps"] == 21  # every step trained: the clip was not refused
+    assert "not shown on a CPU" in out.stdout and "two (4,) slopes and no table" in out.stdout
+    assert (ROOT / "benchmarks" / "README.md").read_bytes() == readme
+
+
+def test_a_section_past_its_time_limit_is_stopped_and_keeps_what_it_measured(tmp_path, monkeypatch):
+    """Stopped between measurements when its time is spent, or by the alarm inside one that holds it past its limit:
+    either way its figures so far are written at once, the next section runs, and it is reported as cut off."""
+    import torch
+
+    gpu = gpu_module()
+
+    def stepwise(ctx, plan):  # checks its time between measurements
+        rows = []
+        while True:
+            ctx.check()
+            rows.append(len(rows))
+            ctx.put(rows)
+            time.sleep(0.05)
+
+    def stuck(ctx, plan):  # one measurement that never ends: the alarm stops it
+        ctx.put({"first": 1.0})
+        time.sleep(60)
+
+    monkeypatch.setitem(gpu.RUNS, "decoder", stepwise)
+    monkeypatch.setitem(gpu.RUNS, "additive", stuck)
+    monkeypatch.setitem(gpu.RUNS, "encoder", lambda ctx, plan: ctx.put({"measured": True}))
+    r = {"device": "CPU", "torch": torch.__version__, "cuda": None, "date": "2026-11-27", "command": "test"}
+    saved = []
+    started = time.monotonic()
+    gpu.run_sections(
+        r,
+        ["decoder", "additive", "encoder"],
+        {"decoder": {}, "additive": {}, "encoder": {}},
+        {"decoder": 0.3, "additive": 0.3, "encoder": 5},
+        torch.device("cpu"),
+        lambda: saved.append(json.loads(json.dumps(r, default=str))),
+    )
+    assert time.monotonic() - started < 10
+    meta = r["sections"]
+    assert meta["decoder"]["status"] == meta["additive"]["status"] == "cut" and meta["encoder"]["status"] == "done"
+    assert len(r["decoder"]) >= 2 and r["additive"] == {"first": 1.0}
+    assert any(s.get("additive") == {"first": 1.0} and "encoder" not in s for s in saved)  # written before the next
+    r = result()
+    r["sections"] = {"encoder": {"status": "cut", "error": "cut off at its time limit of 75 s", "limit_s": 75}}
+    text = gpu.markdown(r)
+    assert "(MFU 43.0%).\n\n(cut off at its time limit of 75 s: the figures above are what it measured before.)" in text
+
+
+def test_a_resumed_run_measures_the_sections_not_done():
+    gpu = gpu_module()
+    r = result()  # written before sections carried their status: present is done
+    r["additive"] = {"error": "OutOfMemoryError: CUDA out of memory."}
+    assert gpu.sections_to_run(r, [], resume=True) == ["additive", "run_vs_loop_compiled"]
+    r["sections"] = {"attention": {"status": "cut"}, "decoder": {"status": "done"}, "encoder": {"status": "failed"}}
+    assert gpu.sections_to_run(r, [], resume=True)[:2] == ["attention", "additive"]
+    assert "decoder" not in gpu.sections_to_run(r, [], resume=True)
+    assert gpu.sections_to_run(r, [], resume=False) == list(gpu.SECTIONS)
+    assert gpu.sections_to_run(r, ["encoder"], resume=True) == ["encoder"]
+    assert gpu.sections_named(["decoder,encoder", "additive"]) == ["decoder", "encoder", "additive"]
+    with pytest.raises(SystemExit, match="unknown section"):
+        gpu.sections_named(["decoders"])
+    assert sum(gpu.LIMITS.values()) + 15 <= 8 * 60  # the whole run within 8 minutes, with its start
