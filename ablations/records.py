@@ -42,6 +42,7 @@ TAG_EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow's view of an experiment 
 TAG_CONFIG_HASH = "config_hash"  # the hash of what a run trains (a cell's equals its cell id)
 TAG_TASK, TAG_ARCH, TAG_WORKERS = "task", "arch", "workers"
 TAG_PID, TAG_HOST, TAG_CODE_DIR = "pid", "host", "code_dir"  # the process that trains, and the code it runs
+TAG_DEVICE = "device"  # what a run trains on: the GPU's name, or "cpu (<architecture>)"
 TAG_RAY_NODE, TAG_RAY_NODE_IP, TAG_RAY_TRAIN_RUN = "ray_node", "ray_node_ip", "ray_train_run"
 TAG_TRIAL, TAG_OPTUNA_STATE = "trial", "optuna_state"  # a search trial's number, and what Optuna was told
 TAG_STORAGE, TAG_SAMPLER, TAG_PRUNER = "storage", "sampler", "pruner"  # a search's parent run

@@ -30,7 +30,7 @@ from ablations import records, tracking
 from ablations.spec import RunConfig
 from ablations.spec.metrics import metric_split
 from ablations.tracking import Hook, RunResult, Tracking, experiment_name
-from models.lightning import LitTransformer, reset_peak_memory
+from models.lightning import LitTransformer, check_device, reset_peak_memory
 from models.tasks import TaskDataModule
 
 
@@ -212,12 +212,14 @@ def train(
         torch.set_num_threads(run.resources.threads)
     where = where or Tracking()
     t = run.training
+    device = training_device(trainer_options)
+    check_device(t, device)  # a setting this device cannot run is refused before anything starts
     L.seed_everything(run.seed, workers=True, verbose=False)
     data = TaskDataModule(run.task, t.batch_size, run.seed, t.eval_batch_size)
     data.setup()  # fails here, before anything is logged, when the data cannot be built
     uri = tracking.resolve_uri(where.uri)
     experiment = experiment_name(run, where)
-    run_logger = _run_logger(run, where, uri, experiment) if log else None
+    run_logger = _run_logger(run, where, uri, experiment, device) if log else None
     attempt = _Attempt(started=time.perf_counter())
     try:
         attempt.fit(run, data, run_logger, hooks, progress, trainer_options, prepare)
@@ -291,9 +293,26 @@ class _Attempt:
             self.summary = summarize(module, extra)
 
 
-def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str) -> tracking.RunLogger:
-    """The run's MLflow run, started with its params and configuration."""
+def training_device(trainer_options: dict[str, Any] | None) -> torch.device:
+    """The device Lightning's Trainer trains on: CUDA where its accelerator (``auto`` unless the options name one)
+    finds it, else the CPU."""
+    accelerator = (trainer_options or {}).get("accelerator", "auto")
+    cuda = (not isinstance(accelerator, str) or accelerator in ("auto", "gpu", "cuda")) and torch.cuda.is_available()
+    return torch.device("cuda" if cuda else "cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """What a run's ``device`` tag says: the GPU's name, or the CPU's architecture."""
+    import platform
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+
+
+def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str, device: torch.device) -> tracking.RunLogger:
+    """The run's MLflow run, started with its params and configuration, and the device it trains on (the params say
+    how it trains, bf16-mixed, compile and fused AdamW among them; the device says where)."""
     tags = {
+        records.TAG_DEVICE: device_name(device),
         records.TAG_SEED: str(run.seed),
         records.TAG_TASK: run.task.name,
         records.TAG_ARCH: run.model.arch,

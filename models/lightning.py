@@ -42,6 +42,39 @@ from models.training import (  # noqa: F401  (re-exported: models.lightning.Trai
 from models.transformer import Transformer
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile's CPU backend would build its kernels with (``CXX``, else g++; clang++ on
+    macOS), where it is found; None where it is not."""
+    import os
+    import shutil
+    import sys
+
+    return shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++"))
+
+
+def check_device(training: TrainingConfig, device: torch.device | str) -> None:
+    """Refuse, before anything trains, a training setting the device cannot run: compile on a CPU without a C++
+    compiler (its first step failed deep inside torch's compiler), bf16 on a GPU without bfloat16."""
+    device = torch.device(device)
+    if device.type == "cpu" and training.compile and cxx_compiler() is None:
+        raise ConfigError(
+            "training.compile=true on a CPU needs a C++ compiler: torch.compile builds the CPU's kernels in C++, "
+            "and none was found (CXX, else g++)",
+            field="training.compile",
+            value=True,
+            fix="install a C++ compiler (g++, or name one in CXX), or set training.compile: false",
+        )
+    bf16 = training.precision.startswith("bf16")
+    if device.type == "cuda" and bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise ConfigError(
+            f"training.precision={training.precision!r} needs a GPU with bfloat16 (compute capability 8.0 or "
+            f"later); {torch.cuda.get_device_name(device)} has none",
+            field="training.precision",
+            value=training.precision,
+            fix="use precision '16-mixed' on this GPU, or run on one with bfloat16",
+        )
+
+
 def reset_peak_memory() -> None:
     """Start the high-water mark again: a worker process reused for many runs must not report its old peaks
     (Linux: /proc/self/clear_refs resets VmHWM; CUDA: the allocator's peak)."""

@@ -16,6 +16,10 @@ SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
 SAMPLING = ("teacher_forcing", "scheduled")
 SAMPLING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")
 SPEED_OPTIONS = ("compile", "fused_adamw")  # fields that change how fast a run trains, not what it learns
+# Lightning's precisions (its older spellings "32", "16", "bf16" and "64" refused, with the full name to write)
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+FLOAT16_TINY = 2.0**-24  # the smallest float16 above zero: a smaller AdamW eps is 0 in float16
 # Fields left out of a configuration's dictionary at these defaults, so that a configuration written before they
 # existed keeps its dictionary, hence its config hash (its run's identity): the speed options, and how
 # sequences are decoded for exact match (beam width and length penalty, Britz et al. 2017 Table 7).
@@ -41,7 +45,7 @@ class TrainingConfig:
     grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
     label_smoothing: float = 0.0
     length_loss_weight: float = 0.1  # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
-    precision: str = "32-true"  # Lightning's precision (bf16-mixed, 16-mixed on GPUs)
+    precision: str = "32-true"  # Lightning's (PRECISIONS): bf16-mixed, 16-mixed (GPUs; a CPU runs them slowly)
     val_every: int = 100  # steps between validations
     val_batches: int | None = None  # cap on validation batches, None: the whole split
     decode_batches: int | None = 4  # validation batches decoded for exact match (seq2seq)
@@ -165,12 +169,25 @@ class TrainingConfig:
             )
 
     def _validate_flags(self) -> None:
-        if not isinstance(self.precision, str) or not self.precision:
+        if self.precision not in PRECISIONS:
+            valid = ", ".join(map(repr, PRECISIONS))
+            alias = _ALIASES.get(str(self.precision))
             raise ConfigError(
-                f"precision={self.precision!r} must be a Lightning precision such as '32-true'",
+                f"precision={self.precision!r} is not a valid choice; valid: {valid}",
                 field="precision",
                 value=self.precision,
-                fix="give a Lightning precision such as '32-true' or 'bf16-mixed'",
+                fix=f"write {alias!r}, Lightning's full name of it" if alias else f"use one of {valid}",
+            )
+        if self.precision == "16-true" and self.eps < FLOAT16_TINY and not self.fused_adamw:
+            raise ConfigError(
+                f"eps={self.eps:g} is 0 in float16, the dtype of the parameters and of AdamW's state under "
+                "precision='16-true': AdamW divides 0 by 0 for every parameter with no gradient yet, and the first "
+                "step makes the model non-finite",
+                field="eps",
+                value=self.eps,
+                fix="set eps to 1e-7 or more, or use precision '16-mixed' (float32 parameters), or set fused_adamw: "
+                "true (it computes in float32)",
+                related=("precision", "fused_adamw"),
             )
         for name in ("deterministic", *SPEED_OPTIONS):
             if not isinstance(getattr(self, name), bool):

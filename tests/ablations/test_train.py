@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -11,6 +12,7 @@ from mlflow import MlflowClient
 from ablations.spec import resolve_run
 from ablations.train import Tracking, train
 from tests.conftest import mlflow_server
+from tests.models.devices import cuda
 
 SMALL = {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64}
 FAST = {"lr": 3e-3, "warmup_steps": 30, "val_every": 100, "batch_size": 32}
@@ -25,6 +27,12 @@ def run_config(task: dict, steps: int, model: dict | None = None, **training):
             "resources": {"threads": 1},
         }
     )
+
+
+def _arch() -> str:
+    import platform
+
+    return platform.machine()
 
 
 def only_run(uri: str, experiment: str):
@@ -108,6 +116,9 @@ def assert_run_recorded(uri: str, experiment: str, run, result) -> None:
     assert rec.data.params["training.eval_batch_size"] == str(run.training.batch_size)
     tags = rec.data.tags
     assert tags["status_detail"] == "finished" and tags["seed"] == "0" and tags["task"] == "copy"
+    import torch
+
+    assert tags["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({_arch()})")
     assert tags["config_hash"] == run.config_hash()
     assert len(tags["git_sha"]) == 40 and tags["code_version"].startswith(tags["git_sha"][:12])
     # per-step metrics: training every log_every steps, validation every val_every steps
@@ -360,3 +371,98 @@ def test_ctrl_c_and_sigterm_stop_a_run_as_killed(tmp_path, store, sig, detail):
     assert proc.returncode == 130, out
     run = MlflowClient(store).get_run(runs[0].info.run_id)
     assert run.info.status == "KILLED" and run.data.tags["status_detail"] == f"killed: {detail}"
+
+
+# --- how a run trains: precision, compile and fused AdamW, recorded, refused where the device cannot run them ------
+
+
+def speed_run(precision: str, compile: bool, fused: bool, steps: int = 4):
+    return run_config(
+        {"name": "copy", "train_size": 64, "max_len": 5},
+        steps,
+        {"n_layers": 1},
+        batch_size=8,
+        val_every=100,
+        val_batches=1,
+        decode_batches=1,
+        precision=precision,
+        compile=compile,
+        fused_adamw=fused,
+    )
+
+
+def assert_trained_and_recorded(store: str, experiment: str, run, result, device: str) -> None:
+    c, rec = only_run(store, experiment)
+    assert result.status == "finished" and rec.data.tags["device"] == device
+    t = run.training
+    params = rec.data.params
+    assert (params["training.precision"], params["training.compile"], params["training.fused_adamw"]) == (
+        t.precision,
+        str(t.compile),
+        str(t.fused_adamw),
+    )
+    assert rec.data.metrics["cost/steps"] == t.max_steps
+    assert all(math.isfinite(rec.data.metrics[k]) for k in ("final/val_loss", "test/loss"))
+
+
+def test_a_run_in_bf16_with_fused_adamw_on_a_cpu_is_recorded_with_its_settings_and_device(store):
+    """bf16 autocast and fused AdamW run on a CPU (torch 2.13; compile too, in benchmarks/gpu.py's smoke run through
+    `ablate run`'s code path): the params say how the run trained, the ``device`` tag where."""
+    run = speed_run("bf16-mixed", False, True)
+    result = train(run, Tracking(store, "bf16-cpu"))
+    assert_trained_and_recorded(store, "bf16-cpu", run, result, f"cpu ({_arch()})")
+
+
+def test_settings_a_device_or_a_dtype_cannot_run_are_refused_naming_the_key_and_the_fix(store, tmp_path, monkeypatch):
+    """Before anything starts: a precision Lightning does not know (its old spellings named by their full names),
+    an AdamW eps that float16 rounds to 0 under precision 16-true (torch's own AdamW then gives NaN on the first
+    step: the reference below), and compile on a CPU where torch.compile finds no C++ compiler."""
+    import torch
+
+    from models.config import ConfigError
+    from models.lightning import check_device
+    from models.training import FLOAT16_TINY, TrainingConfig
+
+    with pytest.raises(ConfigError, match="precision='bf16' is not a valid choice") as info:
+        TrainingConfig(precision="bf16")
+    assert info.value.field == "precision" and "'bf16-mixed'" in info.value.fix
+    with pytest.raises(ConfigError, match="eps=1e-09 is 0 in float16") as info:
+        TrainingConfig(precision="16-true")
+    assert info.value.field == "eps" and "1e-7" in info.value.fix and "fused_adamw" in info.value.related
+    TrainingConfig(precision="16-true", eps=1e-7)
+    TrainingConfig(precision="16-true", fused_adamw=True)  # the fused kernel computes in float32
+    assert float(torch.tensor(1e-9, dtype=torch.float16)) == 0 < float(torch.tensor(FLOAT16_TINY, dtype=torch.float16))
+    for eps, finite in ((1e-9, False), (1e-7, True)):  # the reference: torch's AdamW on float16 parameters
+        p = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+        p.grad = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float16)
+        torch.optim.AdamW([p], eps=eps, foreach=True).step()
+        assert bool(p.isfinite().all()) is finite
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(ConfigError, match="compile=true on a CPU needs a C..? compiler") as info:
+        check_device(TrainingConfig(compile=True), "cpu")
+    assert info.value.field == "training.compile" and "training.compile: false" in info.value.fix
+    check_device(TrainingConfig(compile=False), "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="needs a C"):
+            train(speed_run("32-true", True, False), Tracking(store, "refused"))
+        assert MlflowClient(store).get_experiment_by_name("refused") is None  # nothing started
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_cuda_every_combination_of_precision_compile_and_fused_adamw_trains_and_is_recorded(
+    store, precision, compile, fused
+):
+    """On CUDA each combination trains through `ablate run`'s code path and is recorded; its validation loss is that
+    of the same precision without compile and fused AdamW (other kernels, the same training), within rounding."""
+    import torch
+
+    reference = train(speed_run(precision, False, False), Tracking(store, "reference"))
+    run = speed_run(precision, compile, fused)
+    result = train(run, Tracking(store, "combination"))
+    assert_trained_and_recorded(store, "combination", run, result, torch.cuda.get_device_name())
+    tolerance = 1e-3 if precision == "32-true" else 3e-2
+    assert result.metrics["final/val_loss"] == pytest.approx(reference.metrics["final/val_loss"], rel=tolerance)
