@@ -74,6 +74,13 @@ def _worker(config: dict) -> None:
     )
 
 
+def backend(resources: Resources) -> str:
+    """torch.distributed's backend for the workers: NCCL when each has a GPU of its own, gloo on CPUs and when
+    workers share GPUs (``resources.share_gpus``: NCCL refuses two ranks on one device, and Ray Train, left to
+    choose, picks NCCL whenever GPUs are asked for)."""
+    return "nccl" if resources.gpus and resources.per_worker_gpus >= 1 else "gloo"
+
+
 def run_data_parallel(
     job: ParallelJob, *, name: str, storage_path: str, callbacks: list[Any] | None = None
 ) -> RunResult:
@@ -85,7 +92,7 @@ def run_data_parallel(
 
     from ray.train import RunConfig as TrainRunConfig
     from ray.train import ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     key = f"{name}-{uuid.uuid4().hex[:8]}"
     job = dataclasses.replace(
@@ -101,6 +108,7 @@ def run_data_parallel(
         _worker,
         train_loop_config={"job": job},
         scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpus), resources_per_worker=per_worker),
+        torch_config=TorchConfig(backend=backend(r)),
         run_config=TrainRunConfig(name=key, storage_path=storage_path, callbacks=callbacks or []),
     )
     try:

@@ -71,6 +71,24 @@ def trial_slots(r: Resources, limit: int | None = None, nodes: list[dict] | None
     return min(slots, limit) if limit else slots
 
 
+def _check_workers(r: Resources, nodes: list[dict]) -> None:
+    """A data-parallel trial starts when all its workers are placed at once (across nodes): refuse one that needs
+    more workers than the whole cluster holds, which would wait for ever."""
+    if r.workers <= 1:
+        return
+    held = sum(node_slots(n["Resources"], r) for n in nodes)
+    if held < r.workers:
+        each = f"{r.per_worker_cpus:g} CPU" + (f", {r.per_worker_gpus:g} GPU" if r.gpus else "")
+        per_node = "; ".join(
+            f"{n['Resources'].get('CPU', 0):g} CPU, {n['Resources'].get('GPU', 0):g} GPU: {node_slots(n['Resources'], r)}"
+            for n in nodes
+        )
+        raise DoesNotFit(
+            f"a trial's {r.workers} data-parallel workers each need {each} ({r.describe()}), but the cluster holds "
+            f"{held} such worker(s) at once (per node: {per_node}); lower resources.workers to {held} or add nodes"
+        )
+
+
 def check_placement(r: Resources, stores: dict[str, str], nodes: list[dict] | None = None) -> None:
     """Refuse, with the numbers, what could never run or would split across machines. ``stores``: what the
     trials write to, by name ("the MLflow store": URI, ...), checked when the cluster spans several machines.
@@ -90,6 +108,7 @@ def check_placement(r: Resources, stores: dict[str, str], nodes: list[dict] | No
             + "; ".join(f"{n['Resources'].get('CPU', 0):g} CPU, {n['Resources'].get('GPU', 0):g} GPU" for n in nodes)
             + "): lower resources.cpus or resources.gpus"
         )
+    _check_workers(r, nodes)
     hosts = {n.get("NodeManagerHostname") for n in nodes}
     if hosts <= {socket.gethostname()}:
         return  # every node is this machine: local files are shared

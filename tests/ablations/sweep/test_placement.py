@@ -85,3 +85,27 @@ def test_data_parallel_ranks_never_share_a_gpu_unless_asked(tmp_path):
     )
     with pytest.raises(SpecError, match=r"s.yaml:4: resources.gpus: .*ranks would share a GPU"):
         load_study(path)
+
+
+def test_a_data_parallel_trial_is_refused_when_the_cluster_cannot_place_all_its_workers_at_once():
+    """Its workers start together, on any nodes: four workers of one GPU each on two nodes of one GPU would wait for
+    ever. The refusal names what each worker needs and what each node holds."""
+    two_gpus = [node(8, 1), node(8, 1, host="other")]
+    with pytest.raises(DoesNotFit) as info:
+        check_placement(Resources(cpus=8, gpus=4, workers=4), {}, nodes=two_gpus)
+    said = str(info.value)
+    assert "4 data-parallel workers each need 2 CPU, 1 GPU" in said and "holds 2 such worker(s)" in said
+    assert "per node: 8 CPU, 1 GPU: 1; 8 CPU, 1 GPU: 1" in said and "lower resources.workers to 2" in said
+    check_placement(Resources(cpus=4, gpus=2, workers=2), {}, nodes=two_gpus)  # one worker on each node
+    with pytest.raises(DoesNotFit, match=r"3 data-parallel workers each need 2 CPU .*holds 2 such"):
+        check_placement(Resources(cpus=6, workers=3), {}, nodes=[node(4)])
+
+
+def test_workers_communicate_through_nccl_on_gpus_of_their_own_and_gloo_otherwise():
+    """Ray Train, left to choose, takes NCCL whenever GPUs are asked for, and NCCL refuses two ranks on one GPU."""
+    from ablations.parallel import backend
+
+    assert backend(Resources(cpus=2, gpus=2, workers=2)) == "nccl"
+    assert backend(Resources(cpus=4, gpus=4, workers=2)) == "nccl"
+    assert backend(Resources(cpus=2, workers=2)) == "gloo"
+    assert backend(Resources(cpus=2, gpus=1, workers=2, share_gpus=True)) == "gloo"
