@@ -262,6 +262,22 @@ def test_only_a_bias_linear_in_the_distance_goes_to_flex_attention():
     torch.testing.assert_close(alibi.bias(dist), linear)  # the slopes are the bias
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_alibi_reaches_flex_attention_as_two_slopes_per_head_and_no_table(causal):
+    """The score_mod adds ALiBi's bias (models.positions.ALiBi.bias, the reference) from two (H,) slopes and reads no
+    other tensor: the table of distances it once gathered from made the H100's kernel for bf16 and heads of 64 need
+    240 KB of shared memory, more than the 227 KB there (no CPU shows that; this shows the table is gone)."""
+    alibi = ALiBi(8, causal)
+    mod = flex.alibi_score_mod(alibi.bias, torch.device("cpu"), torch.float32)
+    loads = [c.cell_contents for c in mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    assert sorted(t.shape for t in loads) == [(8,), (8,)]
+    q, k = torch.arange(40).view(-1, 1), torch.arange(40).view(1, -1)
+    expected = alibi.bias(q - k)  # (H, 40, 40)
+    for h in range(8):
+        got = mod(torch.zeros(()), 0, torch.tensor(h), q, k)
+        torch.testing.assert_close(got, expected[h])
+
+
 def test_the_compiled_flex_attention_may_compile_every_variant_a_process_meets(monkeypatch):
     """torch runs a function uncompiled once it has been compiled recompile_limit times (8 by default): for
     FlexAttention that is the dense (T, T) path, seen on an H100 when a benchmark's variants passed 8. Taking the
