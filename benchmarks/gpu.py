@@ -69,15 +69,16 @@ DILATIONS = (1,) * (H // 2) + (2,) * (H // 2)  # the dilated contenders: half th
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 
 # Seconds each section may take on an H100 (465 in all, with about 15 s to start: within 8 minutes). Planned from
-# the first H100 run (2026-11-26): compiling a FlexAttention variant took seconds, a step of the 85M LM about 50 ms,
-# and a run of `ablate run`'s code path a few seconds beside its steps (MLflow, the dataset's lineage, the corpus).
+# the first H100 run (2026-11-26) and the smoke runs: compiling a FlexAttention variant took seconds; a step of the
+# 85M LM about 50 ms; a run of `ablate run`'s code path about 4 s beside its steps (the corpus, MLflow, Lightning),
+# the plain loop 2 s; the first compiled step of the 85M LM tens of seconds, which later instances reuse.
 LIMITS = {
-    "attention": 140,
-    "decoder": 55,
-    "additive": 25,
-    "encoder": 75,
-    "run_vs_loop": 70,
-    "run_vs_loop_compiled": 100,
+    "attention": 120,
+    "decoder": 50,
+    "additive": 20,
+    "encoder": 70,
+    "run_vs_loop": 80,
+    "run_vs_loop_compiled": 125,
 }
 SECTIONS = tuple(LIMITS)
 
@@ -103,8 +104,15 @@ GPU_PLAN: dict[str, dict[str, Any]] = {
     },
     "additive": {"n": 4096, "d_model": 512, "heads": 8, "head_dim": 64, "repeats": 10, "warmup": 3},
     "encoder": {"T": 2048, "batch": 16, "d_model": 1024, "layers": 8, "heads": 16, "repeats": 10, "warmup": 3},
-    "run_vs_loop": {"size": "gpu", "steps": 30, "repeats": 5, "precision": "bf16-mixed", "compile": False},
-    "run_vs_loop_compiled": {"size": "gpu", "steps": 30, "repeats": 5, "precision": "bf16-mixed", "compile": True},
+    "run_vs_loop": {"size": "gpu", "steps": 30, "repeats": 5, "warm": 10, "precision": "bf16-mixed", "compile": False},
+    "run_vs_loop_compiled": {
+        "size": "gpu",
+        "steps": 30,
+        "repeats": 5,
+        "warm": 20,  # step 0 compiles; the rest settle the allocator and autotuning
+        "precision": "bf16-mixed",
+        "compile": True,
+    },
 }
 QUICK_PLAN = {  # a short check on a GPU (not the measurement): results/quick/
     **GPU_PLAN,
@@ -120,7 +128,7 @@ SMOKE_PLAN: dict[str, dict[str, Any]] = {  # tiny sizes, the same code paths: re
         "heads": 4,
         "head_dim": 16,
         "window": 64,
-        "lengths": [256, 320],  # two lengths (a new shape), the second with a ragged last block
+        "lengths": [320],  # a ragged last block (each new length is a compilation per variant on a CPU)
         "dtype": "float32",
         "repeats": 1,
         "warmup": 1,
@@ -157,7 +165,7 @@ SMOKE_PLAN: dict[str, dict[str, Any]] = {  # tiny sizes, the same code paths: re
     },
 }
 SMOKE_CUDA = {  # a smoke run on a GPU: the attention kernels at the measured head size and dtype (shared memory)
-    "attention": {**SMOKE_PLAN["attention"], "heads": H, "head_dim": D, "dtype": "bfloat16"},
+    "attention": {**SMOKE_PLAN["attention"], "heads": H, "head_dim": D, "dtype": "bfloat16", "lengths": [256, 320]},
 }
 SMOKE_LIMIT = 180.0
 
@@ -646,12 +654,16 @@ def markdown(r: dict) -> str:
         if name not in r and not m:
             lines.append(f"**{TITLES[name]}**: not run.")
             continue
-        if old_error or (name not in r and m.get("error")):
+        if old_error or (name not in r and m.get("status") == "failed"):
             lines.append(f"**{TITLES[name]}**: failed: `{(r[name] if old_error else m)['error']}`.")
             continue
+        if name not in r:
+            lines.append(f"**{TITLES[name]}**: {m.get('error') or m.get('status')}, before it measured anything.")
+            continue
         lines += _RENDER[name](r[name])
-        if m.get("status") in ("failed", "cut"):
-            lines += ["", f"({m['error']}: the figures above are what it measured before.)"]
+        if m.get("status") in ("failed", "cut", "running"):  # running: the process was stopped from outside
+            why = m.get("error") or "the run was stopped while this section ran"
+            lines += ["", f"({why}: the figures above are what it measured before.)"]
         if m.get("device") and m["device"] != r["device"]:
             lines += ["", f"(This section: {m['device']}, torch {m.get('torch')}, {m.get('date')}.)"]
     timed = [
