@@ -106,6 +106,7 @@ def _sweep(args: argparse.Namespace) -> int:
             num_cpus=args.cpus,
             claims_url=args.claims,
             reuse_any_code=args.reuse_any_code,
+            next_cells=_decider(study, args.tracking_uri),
         )
     except ValueError as err:
         return error(str(err))
@@ -121,6 +122,18 @@ def _sweep(args: argparse.Namespace) -> int:
     flag = "" if args.tracking_uri is None else " --tracking-uri " + args.tracking_uri
     print(f"report: ablate report {study.name}{flag}   browse: {browse_hint(result.tracking_uri, study.name)}")
     return EXIT_OK if result.complete else EXIT_FAILED
+
+
+def _decider(study, tracking_uri: str | None):
+    """A seed plan's looks, decided by the comparing side (dashboards/sequential.py), for the sweep to ask which
+    cells come next; None without a plan."""
+    if study.plan is None:
+        return None
+    from ablations import tracking
+    from dashboards.sequential import wanted
+
+    uri = tracking.resolve_uri(tracking_uri)
+    return lambda: wanted(uri, study.name, study.variants, study.plan, study.analysis)
 
 
 def _pilot(study, tracking_uri: str | None) -> str | None:

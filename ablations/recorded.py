@@ -33,6 +33,7 @@ class RecordedDesign:
     source: str = ""  # the study file (the report's next steps are commands on it)
     budget: dict[str, float] = field(default_factory=dict)
     registration: int | None = None  # the version of the study's registration this submission ran under
+    plan: dict[str, Any] | None = None  # a seed plan's first, batch, max, spending (ablations/spec/seedplan.py)
 
     @classmethod
     def of(cls, study: Study, code: str | None, registration: int | None = None) -> RecordedDesign:
@@ -54,6 +55,7 @@ class RecordedDesign:
             source=study.source,
             budget=study.budget.as_dict(),
             registration=registration,
+            plan=study.plan.as_dict() if study.plan else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -74,6 +76,7 @@ class RecordedDesign:
             "source": self.source,
             "budget": self.budget,
             "registration": self.registration,
+            "plan": self.plan,
         }
 
     @classmethod
@@ -96,6 +99,7 @@ class RecordedDesign:
             source=data.get("source", ""),
             budget=dict(data.get("budget") or {}),
             registration=data.get("registration"),
+            plan=data.get("plan"),
         )
 
     @classmethod

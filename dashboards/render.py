@@ -16,6 +16,13 @@ from dashboards.table import COSTS, FAILED_MARK, Table, VariantRow
 # --- formatting ------------------------------------------------------------------------------------------
 
 
+PATH_HEAD = ["look", "contrast", "seeds", "Δ", "t CI", "sequential p (Holm)", "alpha spent", "state"]
+SEQUENTIAL_P = (
+    "a seed plan's family: the closed Holm test over each contrast's group-sequential exact sign-flip test, the p "
+    "shown the smallest of alpha x (0.01, 0.02, 0.05, ... 20) down to which it rejects; see the seed plan note"
+)
+
+
 def number_text(x: float, digits: int = 4) -> str:
     if x is None or not math.isfinite(x):
         return "–"
@@ -207,6 +214,7 @@ def legend(t: Table) -> list[str]:
         "was imputed for a failure under the rule; where every seed of a side was imputed, no interval is shown "
         "(its spread would be the other side's alone).",
         f"p: {test}, two-sided, Holm-corrected over the family of {family_text(t)}"
+        + (f" ({SEQUENTIAL_P})" if any("group-sequential" in c.method for c in t.family) else "")
         + (f"; {smallest_p_text(t)}" if smallest_p_text(t) else "")
         + "; after Δ, where the verdict is different: * ≤ 0.05, ** ≤ 0.01, *** ≤ 0.001"
         + (
@@ -340,6 +348,8 @@ def to_markdown(t: Table) -> str:
     out = _md_table(header(t), body, t.value_column)
     if t.extra:
         out += ["", "Declared contrasts:", "", *_md_table(*contrasts_rows(t, t.extra), 1)]
+    if t.path:
+        out += ["", "Seed plan, look by look:", "", *_md_table(PATH_HEAD, t.path, 1)]
     warned = [f"- **warning**: {w}" for w in t.warnings]
     body = out + [""] + warned + [f"- {x}" for x in legend(t)] + [f"- note: {n}" for n in t.notes]
     return "\n".join(markdown_lead(t) + body) + "\n"

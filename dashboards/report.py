@@ -18,10 +18,11 @@ from pathlib import Path
 
 from ablations import records
 from ablations.secrets import redact_url
-from dashboards import export, stats
+from dashboards import export, sequential, stats
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
 from dashboards.render import (
+    PATH_HEAD,
     html_lead,
     mde_text,
     number_text,
@@ -35,7 +36,7 @@ from dashboards.render import (
     to_terminal,
     verdict_text,
 )
-from dashboards.table import Table, build
+from dashboards.table import Table
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -146,6 +147,21 @@ def pairing_html(t: Table) -> str:
     )
 
 
+def plan_html(t: Table) -> str:
+    """A seed plan's path: each contrast at each look (``dashboards.sequential``)."""
+    rows = t.path
+    if not rows:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in PATH_HEAD)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    legend = (
+        "Each look tests the declared family on the seeds the plan had given each variant: each contrast by the "
+        "group-sequential exact sign-flip test over the looks it has had (alpha spent by the spending function), "
+        "the family by the closed Holm test at the study's alpha; a contrast decided at a look gets no more seeds."
+    )
+    return f"<h2>Seed plan</h2><p class='legend'>{legend}</p><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def seeds_html(t: Table) -> str:
     """How many seeds a stated difference needs, per declared contrast (analysis.detect)."""
     if not t.detect:
@@ -244,6 +260,7 @@ generated {stamp} from {html.escape(redact_url(runs.uri))}.</p>
 <h2>Ablation table</h2>
 {to_html(table, links, lead=False)}
 {effects_html(table)}
+{plan_html(table)}
 {pairing_html(table)}
 {seeds_html(table)}
 {analysis_html(table)}
@@ -278,7 +295,7 @@ def make_report(
 ) -> Report:
     """Build the table and the report, write them to ``out_dir`` and log them to the latest parent run."""
     runs = load_study(uri, study, submission=submission)
-    table = build(runs, metric, baseline=baseline)
+    table = sequential.table(runs, metric=metric, baseline=baseline)
     parent = runs.latest_parent
     description = parent.data.tags.get(records.TAG_NOTE, "") if parent is not None else ""
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)

@@ -79,6 +79,7 @@ class Table:
     registrations: list = field(default_factory=list)  # its registration and amendments (ablations.recorded)
     seeds: list[dict[str, Any]] = field(default_factory=list)  # every cell's value and outcome (``seed_records``)
     levels: dict[str, list[str]] = field(default_factory=dict)  # a grid's axes and their levels, in order
+    path: list[list[str]] = field(default_factory=list)  # a seed plan's looks (dashboards.render.PATH_HEAD)
 
     @property
     def warnings(self) -> list[str]:

@@ -57,6 +57,8 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
         return Reading(c.label, c.verdict, decided_sentence(t, c))
     why, seeds = unresolved_why(t, c)
     step = f'{command(t)} --seeds {seeds} --amend "{seeds} seeds: {why_more(c)}"' if seeds else ""
+    if seeds and c.look:  # a seed plan: its maximum is what an amendment raises
+        step = f'raise seeds.max to {seeds} in {t.source}, then {command(t)} --amend "max {seeds}: {why_more(c)}"'
     if not step and not math.isfinite(t.margin):
         step = f"declare analysis.margins.{t.metric} to test equivalence"
     return Reading(c.label, c.verdict, unresolved_sentence(t, c), why, step)
@@ -96,13 +98,13 @@ def decided_sentence(t: Table, c: stats.Contrast) -> str:
         parts += [seed_count(c), f"Holm p {stats_p(c.p_holm)}"]
     if "equivalent" in c.verdict:
         parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}")
-    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in parts if p)})"
+    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, c.look] if p)})"
 
 
 def unresolved_sentence(t: Table, c: stats.Contrast) -> str:
     a = t.analysis
     parts = [f"Δ {c.estimate:+.3g}", interval_text(c, a.confidence, a.test), f"Holm p {stats_p(c.p_holm)}"]
-    return f"{c.label}: not resolved on {t.metric} ({'; '.join(parts)})"
+    return f"{c.label}: not resolved on {t.metric} ({'; '.join(p for p in [*parts, c.look] if p)})"
 
 
 def stats_p(p: float) -> str:

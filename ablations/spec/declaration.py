@@ -36,7 +36,7 @@ def declaration(study: Study) -> dict[str, Any]:
         "axes": list(study.axes),
         "variants": variants,
         "runs": runs,
-        "seeds": study.seeds,
+        "seeds": study.plan.as_dict() if study.plan else study.seeds,
         "budget": study.budget.as_dict(),
         "vary_data": study.vary_data,
         "analysis": study.analysis.model_dump(mode="json", exclude_defaults=True),

@@ -36,7 +36,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.spec.analysis import Analysis, AnalysisError, check_analysis, parse_analysis
 from ablations.spec.common import (
@@ -51,6 +51,7 @@ from ablations.spec.common import (
     validate,
 )
 from ablations.spec.errors import SpecError, found
+from ablations.spec.family import smallest_exact_n
 from ablations.spec.metrics import better, direction_problem, in_order, logged_metrics, variant_metrics
 from ablations.spec.run import (
     RunConfig,
@@ -62,6 +63,7 @@ from ablations.spec.run import (
     structure_errors,
 )
 from ablations.spec.search import SearchSpec, load_search
+from ablations.spec.seedplan import SeedPlan
 from ablations.spec.variants import DESIGNS, FIX, Design, base_errors, expand, matches, variant_error
 
 
@@ -90,7 +92,7 @@ class StudyFile(Strict):
     description: str = ""
     base: str | dict[str, Any]
     design: Design
-    seeds: Any = Field(1, validate_default=True)  # a count (3) or a list of seeds ([0, 1, 2])
+    seeds: Any = Field(1, validate_default=True)  # a count (3), a list ([0, 1, 2]) or a plan ({first, batch, max})
     metric: str = "final/val_loss"
     direction: Literal["minimize", "maximize"] | None = None  # None: the metric's own (ablations.spec.metrics.better)
     constraints: list[Constraint] = Field(default_factory=list)
@@ -114,13 +116,27 @@ class StudyFile(Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v):
+        if isinstance(v, dict):  # a seed plan (ablations/spec/seedplan.py)
+            try:
+                return SeedPlan.model_validate(v)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                msg = first["msg"].removeprefix("Value error, ")
+                keys = ", ".join(SeedPlan.model_fields)
+                raise ValueError(f"a seed plan's {where or 'keys'}: {msg} (a plan holds {keys})") from None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 10_000:  # list(range(v)) would not fit in memory
+            raise ValueError(f"{v} seeds are more than a study runs: give at most 10,000")
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
             return list(range(v))
         if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v):
             if len(set(v)) != len(v):
                 raise ValueError(f"{v} repeats a seed")
             return list(v)
-        raise ValueError(f"{v!r} must be a count (3) or a list of non-negative integers ([0, 1, 2])")
+        raise ValueError(
+            f"{v!r} must be a count (3), a list of non-negative integers ([0, 1, 2]) or a seed plan "
+            "({first: 8, batch: 2, max: 16})"
+        )
 
     @field_validator("metric")
     @classmethod
@@ -201,6 +217,7 @@ class Study:
     tuning: Tuning | None = None  # a tuned study: the tuning seed, each chosen value's place in its range
     metrics: list[str] = field(default_factory=list)  # the summary metrics every variant's runs log
     amend: str | None = None  # the file's reason for an amendment of its registered declaration
+    plan: SeedPlan | None = None  # seeds added in batches where a contrast is open (ablations/spec/seedplan.py)
 
     @property
     def variants(self) -> list[str]:
@@ -238,7 +255,8 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
     parsed = _read(path)
     file, origin = parsed.file, parsed.origin
     axes, variants = expand(file.design)
-    seed_list = seeds if seeds is not None else file.seeds
+    plan = file.seeds if isinstance(file.seeds, SeedPlan) and seeds is None else None
+    seed_list = seeds if seeds is not None else list(range(plan.max)) if plan else file.seeds
     total = len(variants) * len(seed_list)
     if total > file.max_cells:
         raise origin.error(
@@ -275,6 +293,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
         reuse_any_code=file.reuse_results == "any_code",
         metrics=in_order(metrics or ()),
         amend=file.amend,
+        plan=plan,
     )
 
 
@@ -415,11 +434,52 @@ def _second_pass(parsed: _Parsed, cells: _Cells, labels: list[str], axes: list[s
     try:
         levels = {a: list(dict.fromkeys(str(c.settings[a]) for c in cells.cells if a in c.settings)) for a in axes}
         analysis = _checked_analysis(parsed, labels, axes, metrics, levels)
+        if isinstance(file.seeds, SeedPlan):
+            _check_plan(parsed, file.seeds, labels, axes, levels)
     except SpecError as err:
         problems += err.every()
     if problems:
         raise _with_fix_last(problems, origin)
     return tune, analysis, metrics, direction
+
+
+def _check_plan(parsed: _Parsed, plan: SeedPlan, variants: list[str], axes: list[str], levels: dict) -> None:
+    """A seed plan decides the contrasts the study declares, by the group-sequential exact test, and its first look
+    must be able to decide one: the exact test's smallest p at ``first`` seeds (2/2^n) at most the alpha spent by
+    the first look at Holm's first step (alpha / family)."""
+    analysis, origin = parsed.analysis, parsed.origin
+    if analysis.contrasts is None:
+        raise origin.error(
+            ("seeds",), "a seed plan decides the contrasts the study declares: declare analysis.contrasts (pairs, "
+            "main_effects or interactions), the questions the seeds are added to answer",
+        )  # fmt: skip
+    if analysis.test == "t":
+        raise origin.error(
+            ("analysis", "test"), "a seed plan's looks use the group-sequential exact sign-flip test; the t-test has "
+            "no exact sequential form here: remove test: t, or declare a seed count instead of a plan",
+        )  # fmt: skip
+    family = analysis.family(variants, variants[0], axes, parsed.file.design.kind == "grid")
+    size = family.size({a: len(v) for a, v in levels.items()})
+    step = plan.spend(plan.first / plan.max, analysis.alpha / size)
+    if plan.first >= smallest_exact_n(step):
+        return
+    fits = [
+        f
+        for f in range(plan.first, plan.max + 1)
+        if f >= smallest_exact_n(plan.spend(f / plan.max, analysis.alpha / size))
+    ]
+    fix = (
+        f"use first: {fits[0]} or more"
+        if fits
+        else f"raise max (even {plan.max} seeds at once cannot), or declare fewer contrasts"
+    )
+    raise origin.error(
+        ("seeds", "first"),
+        f"{plan.first} seeds at the first look cannot decide anything: by then the plan has spent alpha {step:.3g} at "
+        f"Holm's first step (alpha {analysis.alpha:g} over a family of {size}, {plan.spending} spending at "
+        f"{plan.first} of {plan.max} seeds), which the exact test reaches only from {smallest_exact_n(step)} seeds "
+        f"(its smallest p, 2/2^n); {fix}",
+    )
 
 
 def _with_fix_last(problems: list[SpecError], origin: Origin) -> SpecError:

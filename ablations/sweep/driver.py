@@ -15,6 +15,7 @@ result, not a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -133,11 +134,14 @@ def run_study(
     num_cpus: int | None = None,
     claims_url: str | None = None,
     reuse_any_code: bool = False,
+    next_cells: Callable[[], tuple[set[tuple[str, int]], bool]] | None = None,
     out: Callable[[str], None] = print,
 ) -> StudyResult:
     """Run the cells of a study that MLflow does not hold yet (trained by this code, unless ``reuse_any_code``);
     return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
-    study may run at once, each training what it claims and waiting for the rest."""
+    study may run at once, each training what it claims and waiting for the rest. A study with a seed plan trains
+    in batches: ``next_cells()`` says which (variant, seed) the plan needs now and whether it has ended (the CLI
+    gives it: the decisions are the comparing side's, dashboards/sequential.py)."""
     from ablations.cluster import check_fits
 
     address = cluster_address(address)
@@ -158,18 +162,28 @@ def run_study(
         from ablations.search.tuned import tune_study
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
-    p = plan(study, uri, code)
+    if study.plan is not None and next_cells is None:
+        raise ValueError(f"{study.source}: a seed plan is decided look by look: submit it with `ablate sweep`")
+    p = _planned(study, plan(study, uri, code), next_cells)
     if p.todo:
         fits()  # before anything is recorded
     registration, recorded = registered or register(study, uri, claims.url, out=out)  # before any cell runs
     _mark_stale(study, p, claims, uri, out)
     if not p.todo and not recorded:  # (a new registration or amendment is recorded by a submission, with its design)
-        counts, rows = summarize(study, uri, code)
+        counts, rows = summarize(_Submission(study, uri, code, claims, out, next_cells).scope(), uri, code)
         out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
-    run = _Submission(study, uri, code, claims, out)
+    run = _Submission(study, uri, code, claims, out, next_cells)
     run.open(p, fingerprint, reuse_any_code, registration.version)
     return run.train(p.todo, address, num_cpus, max_concurrent)
+
+
+def _planned(study: Study, p: Plan, next_cells) -> Plan:
+    """A seed plan's cells to train now: those of the look it has reached (all of them without a plan)."""
+    if next_cells is None:
+        return p
+    wanted, _ = next_cells()
+    return Plan([c for c in p.todo if (c.variant, c.seed) in wanted], p.done, p.stale)
 
 
 def _warn(study: Study, out: Callable[[str], None]) -> None:
@@ -193,8 +207,11 @@ class _Submission:
     """One submission of a study: its parent run and liveness claim, the cells it claims and trains in rounds
     (waiting for the cells other submissions hold), and its end, recorded whatever stopped it."""
 
-    def __init__(self, study: Study, uri: str, code: str | None, claims: Claims, out: Callable[[str], None]):
+    def __init__(
+        self, study: Study, uri: str, code: str | None, claims: Claims, out: Callable[[str], None], next_cells=None
+    ):
         self.study, self.uri, self.code, self.claims, self.out = study, uri, code, claims, out
+        self.next_cells = next_cells  # a seed plan's: the cells of the next look (None: every cell at once)
         self.key = code or cl.ANY_CODE  # what its cells' claims are keyed by (ablations.claims)
         self.held: dict[str, Claim] = {}
         self.conn = None
@@ -240,6 +257,8 @@ class _Submission:
                 pending = _still_pending(self.study, self.uri, self.code, pending, tried, self.claims, key, self.out)
                 if pending and not mine:
                     time.sleep(POLL_S)
+                if not pending:  # a seed plan's next look: the batch its open contrasts need
+                    pending = [c for c in self._next_batch() if c.cell_id not in tried]
             status = records.STATUS_FINISHED
         except KeyboardInterrupt:
             status = records.STATUS_KILLED
@@ -249,6 +268,25 @@ class _Submission:
         return StudyResult(
             study=self.study.name, parent_run_id=self.parent.run_id, counts=counts, rows=rows, tracking_uri=self.uri
         )
+
+    def _next_batch(self) -> list[Cell]:
+        """The cells a seed plan needs now that are not done (none without a plan, or once it has ended)."""
+        if self.next_cells is None:
+            return []
+        wanted, ended = self.next_cells()
+        todo = [c for c in plan(self.study, self.uri, self.code).todo if (c.variant, c.seed) in wanted]
+        if todo:
+            self.out(f"seed plan: the next look needs {len(todo)} more cell(s)")
+        elif ended:
+            self.out("seed plan: every declared contrast is decided, or the plan is at its maximum")
+        return todo
+
+    def scope(self) -> Study:
+        """The cells the summary counts: a seed plan's trained or wanted ones, not every seed up to its maximum."""
+        if self.next_cells is None:
+            return self.study
+        wanted, _ = self.next_cells()
+        return dataclasses.replace(self.study, cells=[c for c in self.study.cells if (c.variant, c.seed) in wanted])
 
     def _claim(self, cell: Cell) -> bool:
         claim = self.claims.claim(self.study.name, cell.cell_id, self.key)
@@ -275,7 +313,7 @@ class _Submission:
 
     def _end(self, status: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
         """Ray first, then the claims, the runs this submission left RUNNING, and the parent run's summary."""
-        study, uri = self.study, self.uri
+        study, uri = self.scope(), self.uri
         self.keeper.stop()
         close_ray(self.conn, self.out)
         for claim in self.held.values():

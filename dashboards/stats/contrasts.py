@@ -45,9 +45,8 @@ class Contrast:
     seeds_needed: int | None = None  # for the analysis' detect difference
     p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
     in_family: bool = True
-    exploratory: str = (
-        ""  # why it is outside the confirmatory family although declared (added or changed after results)
-    )
+    exploratory: str = ""  # why it is outside the confirmatory family: added or changed after results
+    look: str = ""  # a seed plan's: the look that decided it ("decided at look 2 of 4 (10 seeds, alpha 0.0055)")
     p_holm: float = NAN
     p_tost_holm: float = NAN
     p_rate_holm: float = NAN

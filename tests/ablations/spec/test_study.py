@@ -808,3 +808,43 @@ def test_a_margin_its_seeds_cannot_show_is_named_before_the_runs(tmp_path):
     assert tost_p(np.full(5, 0.001), margin=1.0) > 0.025 >= tost_p(np.full(6, 0.001), margin=1.0)  # both branches
     plain = unresolvable_warning(load_study(write(tmp_path, design=design, seeds=5)))
     assert "equivalent" not in (plain or "")
+
+
+# --- seed plans (issue 49) ---------------------------------------------------------------------------
+
+
+PAIR = {"contrasts": {"pairs": [["norm=post", "norm=pre"]]}}
+
+
+def test_a_seed_plan_declares_its_looks_and_trains_up_to_its_maximum(tmp_path):
+    study = load_study(write(tmp_path, seeds={"first": 7, "batch": 2, "max": 12}, analysis=PAIR))
+    assert study.plan.looks() == [7, 9, 11, 12]  # the last batch is what is left up to max
+    assert sorted({c.seed for c in study.cells}) == list(range(12))  # cells exist up to max; the plan picks
+    spent = study.plan.cumulative(0.05)
+    assert spent[-1] == 0.05 and all(a < b for a, b in zip(spent, spent[1:]))
+
+
+@pytest.mark.parametrize(
+    ("seeds", "analysis", "where", "says"),
+    [
+        ({"first": 8, "batch": 2, "max": 12}, None, "seeds", "declare analysis.contrasts"),
+        (
+            {"first": 4, "batch": 2, "max": 12},
+            PAIR,
+            "seeds.first",
+            "from 7 seeds (its smallest p, 2/2^n); use first: 7",
+        ),
+        ({"first": 8, "batch": 2, "max": 6}, PAIR, "seeds", "max=6 is below first=8"),
+        ({"first": 8, "batch": 5, "max": 10}, PAIR, "seeds", "batch=5 is more than max - first = 2"),
+        ({"first": 8, "batch": 2, "max": 12}, {**PAIR, "test": "t"}, "analysis.test", "no exact sequential form"),
+        ({"first": 8, "batch": 0, "max": 12}, PAIR, "seeds", "batch"),
+        ({"first": 8, "max": 12}, PAIR, "seeds", "batch"),
+    ],
+)
+def test_a_seed_plan_that_cannot_work_is_refused_with_its_numbers(tmp_path, seeds, analysis, where, says):
+    """A plan without declared contrasts, a first batch below the exact test's smallest useful sample at the
+    first look (0.05 spent as Pocock by 4 of 12 seeds: 0.0226, reached from 2/2^7; 6 of 12 spend 0.0310 < 2/2^6),
+    a maximum below the first
+    batch, a batch that never fits, the t-test: refused before anything runs."""
+    err = refused(tmp_path, seeds=seeds, analysis=analysis)
+    assert where in str(err) and says in str(err), str(err)

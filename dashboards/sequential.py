@@ -1,0 +1,389 @@
+"""Decisive studies: a seed plan's looks, replayed from the store (ablations/spec/seedplan.py).
+
+At look k every variant has the seeds the plan gave it so far (``first``, then ``batch`` more for each look at which
+one of its contrasts was open). Each declared contrast is tested by the group-sequential exact sign-flip test over
+the looks it has had (``stats.sequential``: whether its per-seed differences crossed the boundaries that spend a
+level over the looks), and the closed Holm test over the family decides at the study's alpha; equivalence is the two
+one-sided tests in the same sequential form. A contrast is decided when it comes out different or equivalent
+(or the miniature cannot test it); the others stay open, and their variants get the next batch. Replaying the
+looks from what the store holds gives the same decisions every time, so a submission killed between batches
+resumes at the same look, and a decision is never re-opened (the registration records the plan; changing it is
+an amendment).
+
+The sweep asks ``wanted`` which cells to train next (``ablations.cli`` composes the two); the report shows the path
+(``path_rows``) and each contrast's verdict at the look that decided it (``table``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ablations.spec.analysis import Analysis
+from ablations.spec.seedplan import SeedPlan, spend
+from dashboards import stats
+from dashboards.load import StudyRuns, load_study
+from dashboards.stats import sequential as gs
+from dashboards.table import Table, build
+
+DECIDED = ("different", "equivalent", "not testable here")
+QUICK_BOOT = 199  # the looks' BCa intervals are not what decides: fewer resamples
+
+
+@dataclass
+class Look:
+    """One look of a plan: the seeds each variant had, the alpha it tested at, the family's contrasts then, and
+    which of them it left open."""
+
+    index: int
+    seeds: dict[str, int]
+    alpha: float
+    contrasts: list[stats.Contrast]
+    open: list[str] = field(default_factory=list)  # labels
+    sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per contrast: its paired seeds at its looks
+
+    def open_variants(self, variants: list[str]) -> set[str]:
+        out: set[str] = set()
+        for c in self.contrasts:
+            if c.label in self.open:
+                out |= {c.a, c.b} if c.kind == "pair" else set(variants)
+        return out
+
+
+def plan_of(runs: StudyRuns) -> SeedPlan | None:
+    return SeedPlan.model_validate(runs.design.plan) if runs.design.plan else None
+
+
+def path(runs: StudyRuns, plan: SeedPlan, analysis: Analysis | None = None) -> tuple[list[Look], dict[str, int]]:
+    """The looks the store's results allow, in order, and the seeds each variant needs for the next one (equal to
+    the last look's when the plan has ended)."""
+    analysis = analysis or runs.design.analysis
+    variants = list(runs.variants)
+    upto = dict.fromkeys(variants, plan.first)
+    looks, spent = plan.looks(), plan.cumulative(analysis.alpha)
+    done: list[Look] = []
+    for k in range(len(looks)):
+        if not _complete(runs, upto):
+            break
+        look = _judge(runs, [*(x.seeds for x in done), upto], plan, analysis, done[-1] if done else None)
+        look.alpha = spent[k]
+        done.append(look)
+        if not look.open or k == len(looks) - 1:
+            break
+        upto = {v: (looks[k + 1] if v in look.open_variants(variants) else n) for v, n in upto.items()}
+    return done, upto
+
+
+def ended(plan: SeedPlan, looks: list[Look]) -> bool:
+    """No contrast open, or the last look taken."""
+    return bool(looks) and (not looks[-1].open or len(looks) == len(plan.looks()))
+
+
+def wanted(
+    uri: str, study: str, variants: list[str], plan: SeedPlan, analysis: Analysis
+) -> tuple[set[tuple[str, int]], bool]:
+    """What the sweep trains next: (variant, seed) of every cell the plan needs now, and whether the plan has ended.
+    Before any result: every variant's first batch."""
+    try:
+        runs = load_study(uri, study)
+    except LookupError:  # no cell yet
+        return {(v, s) for v in variants for s in range(plan.first)}, False
+    looks, upto = path(runs, plan, analysis)
+    upto = {**dict.fromkeys(variants, plan.first), **upto}
+    return {(v, s) for v, n in upto.items() for s in range(n)}, ended(plan, looks)
+
+
+def _complete(runs: StudyRuns, upto: dict[str, int]) -> bool:
+    """Every cell the look needs has an outcome (not running, not trained only by other code)."""
+    cells = runs.cells
+    for v, n in upto.items():
+        states = dict(zip(cells.loc[cells["variant"] == v, "seed"], cells.loc[cells["variant"] == v, "state"]))
+        if any(states.get(s) in (None, "running", "killed", "other code") for s in range(n)):
+            return False
+    return True
+
+
+def _judge(
+    runs: StudyRuns, history: list[dict[str, int]], plan: SeedPlan, analysis: Analysis, before: Look | None
+) -> Look:
+    """The family at a look: each contrast on the seeds the plan gave its variants, tested over the looks it has
+    had; a contrast decided at an earlier look as that look saw it (its seeds frozen); the closed test at alpha."""
+    upto = history[-1]
+    cells = runs.cells
+    keep = [s < upto.get(v, 0) for v, s in zip(cells["variant"], cells["seed"])]
+    seen = dataclasses.replace(runs, cells=cells[keep].reset_index(drop=True))
+    table = build(seen, analysis=analysis, curves=False, n_boot=QUICK_BOOT)
+    frozen = {c.label: c for c in before.contrasts if c.label not in before.open} if before else {}
+    sizes = {label: before.sizes[label] for label in frozen} if before else {}
+    family = []
+    for c in table.family:
+        c = frozen.get(c.label) or _in_seed_order(c)
+        sizes.setdefault(c.label, _sizes(c, history, list(runs.variants)))
+        family.append(c)
+    family = _decided(family, sizes, plan, analysis.alpha, table.direction)
+    still = [c.label for c in family if c.label not in frozen and not c.verdict.startswith(DECIDED)]
+    return Look(len(history) - 1, dict(upto), analysis.alpha, family, still, sizes)
+
+
+def _in_seed_order(c: stats.Contrast) -> stats.Contrast:
+    order = sorted(range(len(c.seeds)), key=lambda i: c.seeds[i])
+    return dataclasses.replace(
+        c, seeds=tuple(c.seeds[i] for i in order), differences=tuple(c.differences[i] for i in order)
+    )
+
+
+def _sizes(c: stats.Contrast, history: list[dict[str, int]], variants: list[str]) -> tuple[int, ...]:
+    """The contrast's paired seeds at each look it has had (the seeds its variants had then; repeats dropped)."""
+    involved = [c.a, c.b] if c.kind == "pair" else variants
+    if not c.testable:
+        return ()
+    return tuple(sorted({sum(s < min(upto.get(v, 0) for v in involved) for s in c.seeds) for upto in history} - {0}))
+
+
+GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4, 10, 20)  # multiples of alpha at which the shown p is sought
+
+
+def _decided(
+    family: list[stats.Contrast], sizes: dict[str, tuple], plan: SeedPlan, alpha: float, direction: str
+) -> list[stats.Contrast]:
+    """The family's verdicts by the closed test over the contrasts' group-sequential tests, at alpha and, for the
+    p shown (p_holm, p_tost_holm), at the GRID's multiples of alpha: the smallest level down to which it rejects."""
+    levels = sorted({min(1.0, alpha * g) for g in GRID})
+    at = levels.index(alpha)
+    p = _closed_p(family, sizes, plan, levels, at, 0)
+    margins = [c for c in family if math.isfinite(c.margin)]
+    p_tost = dict(zip([c.label for c in margins], _closed_p(margins, sizes, plan, levels, at, 1)))
+    out = []
+    for c, p_c in zip(family, p):
+        c = dataclasses.replace(c, p_holm=p_c, p_tost_holm=p_tost.get(c.label, math.nan), method=_method(c, plan))
+        out.append(dataclasses.replace(c, verdict=stats.verdict(c, alpha, direction)))
+    return out
+
+
+def _method(c: stats.Contrast, plan: SeedPlan) -> str:
+    return c.method if "group-sequential" in c.method else f"{c.method}; group-sequential ({plan.spending})"
+
+
+def _closed_p(
+    family: list[stats.Contrast], sizes: dict[str, tuple], plan: SeedPlan, levels: list[float], at: int, side: int
+) -> list[float]:
+    """Per contrast, the smallest of ``levels`` from which up to levels[at] (alpha) the closed test rejects it, or
+    the first level above alpha at which it does (1 if none): at most alpha exactly when rejected at alpha.
+    ``side`` 0: the test of a difference; 1: the two one-sided tests of equivalence within the margin."""
+    m = len(family)
+    if not m:
+        return []
+    crossing = np.stack([_crossings(c, sizes[c.label], plan, tuple(levels), m, side) for c in family], axis=2)
+    rejected = [gs.closed(list(crossing[k][:, None, :]))[0] for k in range(len(levels))]  # per level: (m,)
+    out = []
+    for i in range(m):
+        if rejected[at][i]:
+            k = at
+            while k > 0 and rejected[k - 1][i]:
+                k -= 1
+            out.append(levels[k])
+        else:
+            out.append(next((levels[k] for k in range(at + 1, len(levels)) if rejected[k][i]), 1.0))
+    return out
+
+
+def _crossings(c: stats.Contrast, sizes: tuple, plan: SeedPlan, levels: tuple, m: int, side: int) -> np.ndarray:
+    """(levels x m): whether the contrast crossed at level / s (s = 1..m, the closed test's intersections)."""
+    if not sizes or not c.testable:
+        return np.zeros((len(levels), m), dtype=bool)
+    d = tuple(float(x) for x in c.differences)
+    return _crossed(d, sizes, plan.max, plan.spending, levels, m, side, c.margin if side else 0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _crossed(
+    d: tuple, sizes: tuple, n_max: int, spending: str, levels: tuple, m: int, side: int, margin: float
+) -> np.ndarray:
+    """Cached: the sweep asks for the path after every round, and the looks before the last do not change."""
+    t = [n / n_max for n in sizes]
+    cumulative = [[spend(spending, x, level / s) for x in t] for level in levels for s in range(1, m + 1)]
+    x = np.asarray(d)[None, : sizes[-1]]
+    if not side:
+        return gs.crossed(x, sizes, cumulative, 0)[:, 0].reshape(len(levels), m)
+    both = gs.crossed(x + margin, sizes, cumulative, 1) & gs.crossed(x - margin, sizes, cumulative, -1)
+    return both[:, 0].reshape(len(levels), m)
+
+
+def table(runs: StudyRuns, **options) -> Table:
+    """The ablation table; for a study with a seed plan, each contrast of its family as the look that decided it
+    saw it (its verdict, estimate, interval and p at that look's alpha), or as the last look saw it, open."""
+    full = build(runs, **options)
+    plan = plan_of(runs)
+    if plan is None:
+        return full
+    looks, _ = path(runs, plan)
+    if not looks:
+        full.notes.append("seed plan: no look yet (the first batch has not finished)")
+        return full
+    whole = {c.label: c for c in full.contrasts}
+    final = {c.label: _final(c, looks, plan, whole.get(c.label)) for c in looks[-1].contrasts}
+    full.contrasts = [final.get(c.label, c) if c.in_family else c for c in full.contrasts]
+    for r in full.rows:
+        if r.contrast is not None and r.contrast.label in final:
+            r.contrast = final[r.contrast.label]
+    full.notes.append(_path_note(plan, looks, full.analysis.alpha))
+    full.path = path_rows(looks)
+    return full
+
+
+def decided_at(label: str, looks: list[Look]) -> Look | None:
+    """The first look that left the contrast decided (None: open at every look)."""
+    return next((look for look in looks if label not in look.open), None)
+
+
+def _final(c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Contrast | None) -> stats.Contrast:
+    look = decided_at(c.label, looks)
+    if look is None:
+        seen = next(x for x in looks[-1].contrasts if x.label == c.label)
+        where = "open at the maximum" if len(looks) == len(plan.looks()) else "open"
+        at = f"{where}, look {len(looks)} of {len(plan.looks())} ({_seeds(looks[-1])})"
+        if full is not None and math.isfinite(full.mde):
+            at += f"; at these seeds the family's test detects |Δ| >= {full.mde:.3g}"
+        return dataclasses.replace(seen, verdict="not resolved", look=at)
+    seen = next(x for x in look.contrasts if x.label == c.label)
+    at = f"decided at look {look.index + 1} of {len(plan.looks())} ({_seeds(look)}, alpha spent {look.alpha:.3g})"
+    return dataclasses.replace(seen, look=at)
+
+
+def _seeds(look: Look) -> str:
+    counts = sorted(set(look.seeds.values()))
+    return f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds"
+
+
+def saved(plan: SeedPlan, looks: list[Look]) -> tuple[int, int]:
+    """Seeds trained over every variant, and what the fixed design at ``max`` seeds per variant trains."""
+    return sum(looks[-1].seeds.values()), plan.max * len(looks[-1].seeds)
+
+
+def _path_note(plan: SeedPlan, looks: list[Look], alpha: float) -> str:
+    spent = ", ".join(f"{a:.3g} by {n} seeds" for n, a in zip(plan.looks(), plan.cumulative(alpha)))
+    trained, fixed = saved(plan, looks)
+    return (
+        f"seed plan ({plan.spending} spending of alpha {alpha:g}: {spent}): each contrast is tested by the "
+        f"group-sequential exact sign-flip test over its looks, the family by the closed Holm test, so stopping "
+        f"early keeps the family-wise error at {alpha:g}; its p and verdict are those of the look that decided it. "
+        f"{trained} seeds trained of the {fixed} a fixed design at {plan.max} seeds per variant trains "
+        f"({1 - trained / fixed:.0%} saved)"
+    )
+
+
+def path_rows(looks: list[Look]) -> list[list[str]]:
+    """The path, contrast by contrast and look by look: seeds, estimate, interval, the closed Holm test's p,
+    and whether it stayed open."""
+    rows = []
+    for look in looks:
+        for c in look.contrasts:
+            lo, hi = c.ci_t
+            ci = "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
+            state = "open" if c.label in look.open else c.verdict
+            rows.append([str(look.index + 1), c.label, str(c.n), f"{c.estimate:+.3g}", ci, f"{c.p_holm:.3g}",
+                         f"{look.alpha:.3g}", state])  # fmt: skip
+    return rows
+
+
+# --- simulation: what a plan costs and keeps ------------------------------------------------------------------
+
+
+@dataclass
+class Simulated:
+    """What a plan did over simulated studies: per contrast, how often it came out different (its power; under no
+    difference, a false rejection) and the mean seeds it used; how often any true null was rejected."""
+
+    power: list[float]
+    seeds: list[float]
+    family_error: float
+    draws: int
+
+
+def simulate(
+    plan: SeedPlan,
+    alpha: float,
+    effects: list[float],
+    *,
+    margin: float | None = None,
+    draws: int = 2_000,
+    seed: int = 0,
+) -> Simulated:
+    """``draws`` studies of len(effects) contrasts whose per-seed paired differences are normal with mean
+    ``effects`` (in standard deviations of a difference; 0: no difference), decided as ``path`` decides: at each
+    look, the closed Holm test over the family's group-sequential exact tests (and, with ``margin``, their two one-sided tests of
+    equivalence), a decided contrast's seeds frozen."""
+    rng = np.random.default_rng(seed)
+    m, looks = len(effects), plan.looks()
+    d = rng.standard_normal((draws, m, looks[-1])) + np.asarray(effects)[None, :, None]
+    last = np.zeros((draws, m), dtype=int)  # the index of the last look each contrast had
+    open_ = np.ones((draws, m), dtype=bool)
+    rejected = np.zeros((draws, m), dtype=bool)
+    for k in range(len(looks)):
+        last = np.where(open_, k, last)
+        rows = open_.any(axis=1)
+        now, decided = _decide(d[rows], last[rows], plan, alpha, margin)
+        now, decided = now & open_[rows], decided & open_[rows]
+        rejected[rows] |= now
+        open_[rows] &= ~decided
+    n_at = np.asarray(looks)[last]
+    truth = np.asarray(effects) == 0
+    return Simulated(
+        power=[float(x) for x in rejected.mean(axis=0)],
+        seeds=[float(x) for x in n_at.mean(axis=0)],
+        family_error=float((rejected & truth[None, :]).any(axis=1).mean()),
+        draws=draws,
+    )
+
+
+def _decide(
+    x: np.ndarray, at: np.ndarray, plan: SeedPlan, alpha: float, margin: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One look over simulated studies: which contrasts the closed test finds different, and which are decided
+    (different or, with a margin, equivalent)."""
+    levels = [alpha / s for s in range(1, x.shape[1] + 1)]  # the closed test's intersections
+    now = gs.closed(_crossing(x, at, plan, levels, 0))
+    if margin is None:
+        return now, now
+    tost = _crossing(x + margin, at, plan, levels, 1) & _crossing(x - margin, at, plan, levels, -1)
+    return now, now | gs.closed(tost)
+
+
+def _crossing(d: np.ndarray, last: np.ndarray, plan: SeedPlan, levels: list[float], side: int) -> np.ndarray:
+    """(levels x draws x contrasts): whether each contrast crossed a boundary at each level over the looks it had."""
+    looks, out = plan.looks(), np.zeros((len(levels), *last.shape), dtype=bool)
+    for j in range(last.shape[1]):
+        for k in np.unique(last[:, j]):
+            rows, sizes = last[:, j] == k, looks[: k + 1]
+            cumulative = [[plan.spend(n / plan.max, level) for n in sizes] for level in levels]
+            out[:, rows, j] = gs.crossed(d[rows, j], sizes, cumulative, side)
+    return out
+
+
+def fixed_seeds(alpha: float, m: int, effect: float, power: float) -> int:
+    """The seeds a fixed design needs for ``power`` against ``effect`` at Holm's first step alpha / m (the exact
+    test's own power, ``stats.power_of``)."""
+    n = stats.smallest_exact_n(alpha / m)
+    while stats.power_of(effect, n, alpha / m) < power and n < 64:
+        n += 1
+    return n
+
+
+__all__ = [
+    "Look",
+    "Simulated",
+    "decided_at",
+    "ended",
+    "fixed_seeds",
+    "path",
+    "path_rows",
+    "plan_of",
+    "saved",
+    "simulate",
+    "table",
+    "wanted",
+]
