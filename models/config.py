@@ -32,6 +32,7 @@ SCHEDULES = ("fixed", "increasing", "decreasing")
 # nat_iterations passes at evaluation)
 DECODINGS = ("autoregressive", "nat", "mask_predict")
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "dilation", "chunk_elements", "nat_iterations")
+COUNTS = {"n_layers": 256, "n_decoder_layers": 256, "n_heads": 256}  # twice the largest models' (PaLM: 118 layers)
 OPTIONAL_SIZES = ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window", "dilated_heads")
 # Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
 # keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
@@ -411,6 +412,15 @@ class ModelConfig:
             _positive_int(name, getattr(self, name))
         for name in OPTIONAL_SIZES:
             _positive_int(name, getattr(self, name), allow_none=True)
+        for name, most in COUNTS.items():  # checks walk every layer and head: n_layers=10**8 would hang them
+            value = getattr(self, name)
+            if value is not None and value > most:
+                raise ConfigError(
+                    f"{name}={value} is more than a model here can have (at most {most:,})",
+                    field=name,
+                    value=value,
+                    fix=f"give at most {most:,}",
+                )
         for name in ("dropout", "attn_dropout", "emb_dropout"):
             _probability(name, getattr(self, name))
 

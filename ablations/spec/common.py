@@ -14,7 +14,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ablations.spec.errors import NOT_TEXT, SpecError, dotted, found, suggest, unknown_key_message, yaml_word
+from ablations.spec.errors import (
+    MAX_FOUND,
+    NOT_TEXT,
+    SpecError,
+    dotted,
+    found,
+    more,
+    suggest,
+    unknown_key_message,
+    yaml_word,
+)
 from ablations.spec.yamlfile import Document
 
 NAME = re.compile(r"[\w.\-]+")
@@ -142,7 +152,9 @@ def validate(model: type[BaseModel], data: Any, origin: Origin, valid: Iterable[
         return model.model_validate(data)
     except ValidationError as err:
         valid = list(valid)
-        raise found([_spec_error(e, origin, valid, path) for e in err.errors(include_url=False)]) from None
+        errors = err.errors(include_url=False)
+        said = [_spec_error(e, origin, valid, path) for e in errors[:MAX_FOUND]]
+        raise found(said + ([more(origin.source)] if len(errors) > MAX_FOUND else [])) from None
 
 
 def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: tuple) -> SpecError:
@@ -263,6 +275,9 @@ def check_axes(origin: Origin, keys: Iterable[tuple[tuple, Any]], valid: list[st
     """Every (path, key) must name a dotted key of the base's run; else one SpecError for all that do not."""
     errors = []
     for path, key in keys:
+        if len(errors) >= MAX_FOUND:
+            errors.append(more(origin.source))
+            break
         if isinstance(key, str) and key in valid:
             continue
         if not isinstance(key, str):

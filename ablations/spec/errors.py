@@ -28,6 +28,8 @@ class SpecError(ValueError):
         *,
         involves: Sequence[str] = (),
     ) -> None:
+        key = None if key is None else shorten(one_line(key), 200)  # a key or --set option may hold a newline
+        source, message = None if source is None else one_line(source), shorten(one_line(message), 1000)
         self.source, self.key, self.message, self.line = source, key, message, line
         self.involves = tuple(involves)
         self.also: tuple[SpecError, ...] = ()  # the other mistakes found in the same pass (``every``)
@@ -40,19 +42,48 @@ class SpecError(ValueError):
         return [self, *self.also]
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and other unprintable characters escaped (``a\\nb``), so that an error is one
+    line whatever the file's keys or a ``--set`` option hold."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shorten(text: str, most: int) -> str:
+    """``text`` cut in the middle to at most about ``most`` characters: a value of 20,000 items quoted in a message
+    keeps its start and the message's end (what to do), with how much was left out."""
+    if len(text) <= most:
+        return text
+    head, tail = most * 3 // 5, most // 3
+    return f"{text[:head]} ...({len(text) - head - tail:,} characters left out)... {text[-tail:]}"
+
+
 NOT_TEXT = "this key reads as "  # common.key_not_text: a key YAML read as a number, true/false, null or a date
+
+
+MAX_SHOWN = 20  # mistakes said at once; a file with 20,000 unknown keys is not fixed line by line
+MAX_FOUND = 25  # mistakes a check looks for before it stops (each costs a search for what was meant)
+MORE = "more mistakes follow; fix these first"
+
+
+def more(source: str | None) -> SpecError:
+    """The line that ends a list of mistakes cut short (``MAX_SHOWN``, ``MAX_FOUND``)."""
+    return SpecError(source, None, MORE)
 
 
 def found(errors: Sequence[SpecError]) -> SpecError:
     """The error to raise for mistakes found in one pass: the first in the file's order, carrying the others
     (repeats dropped; a key YAML did not read as text named once, by what it reads as; a second file's, a study's
-    base, after the first's; those without a line, ``--set``'s, last)."""
+    base, after the first's; those without a line, ``--set``'s, last; at most ``MAX_SHOWN``, then ``MORE``)."""
     files: dict[str | None, int] = {}
     for e in errors:
         files.setdefault(e.source, len(files))
     not_text = {(e.source, e.key) for e in errors if e.message.startswith(NOT_TEXT)}
     errors = [e for e in errors if e.message.startswith(NOT_TEXT) or (e.source, e.key) not in not_text]
     unique = sorted({str(e): e for e in errors}.values(), key=lambda e: (e.line is None, files[e.source], e.line or 0))
+    cut = [e for e in unique if e.message == MORE]
+    unique = [e for e in unique if e.message != MORE]
+    if cut or len(unique) > MAX_SHOWN:
+        unique = unique[:MAX_SHOWN] + [more(unique[0].source if unique else cut[0].source)]
     for e in unique:
         e.also = ()
     unique[0].also = tuple(unique[1:])
@@ -112,8 +143,13 @@ def suggest(key: str, valid: Iterable[str], *, section: str = "") -> str:
 
 def closest(word: str, options: list[str], cutoff: float) -> list[str]:
     """The closest options (the best, and any as close), at least ``cutoff`` similar."""
-    scored = sorted(((difflib.SequenceMatcher(None, word, o).ratio(), o) for o in dict.fromkeys(options)), reverse=True)
-    scored = [(r, o) for r, o in scored if r >= cutoff]
+    matcher = difflib.SequenceMatcher(None, word)
+    scored = []
+    for o in dict.fromkeys(options):
+        matcher.set_seq2(o)  # the quick ratios bound the ratio from above: most options end there
+        if matcher.real_quick_ratio() >= cutoff and matcher.quick_ratio() >= cutoff and matcher.ratio() >= cutoff:
+            scored.append((matcher.ratio(), o))
+    scored.sort(reverse=True)
     return [o for r, o in scored if r >= scored[0][0] - 0.02][:3] if scored else []
 
 

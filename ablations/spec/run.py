@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 from ablations.records import flatten
 from ablations.spec.common import Origin, Strict, check_name, key_not_text, validate
 from ablations.spec.configs import canonical, effective
-from ablations.spec.errors import SpecError, found, unknown_key_message
+from ablations.spec.errors import MAX_FOUND, SpecError, found, more, unknown_key_message
 from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
 from models.config import ConfigError, ModelConfig
 from models.training import TrainingConfig
@@ -51,7 +51,7 @@ class RunFile(Strict):
     """The sections of a run file (``model``, ``task`` and ``training`` are checked by ``resolve_run``)."""
 
     name: str | None = None
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # what torch, numpy and Lightning's seed_everything take
     model: dict[str, Any] = Field(default_factory=dict)
     task: dict[str, Any]
     training: dict[str, Any] = Field(default_factory=dict)
@@ -189,6 +189,8 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):  # JSON's already (bool is an int)
+        return value
     return json.loads(json.dumps(value, default=str))
 
 
@@ -225,11 +227,19 @@ def read_document(path: str | Path, keys: Sequence[str] = SECTIONS) -> Document:
 def load_base(origin: Origin, value: Any, folder: Path) -> tuple[dict[str, Any], Origin]:
     """The base run (a file relative to the study, or inline) and where its keys come from."""
     if isinstance(value, str):
-        path = (folder / value).resolve()
-        if not value.strip() or path.is_dir():
-            raise origin.error(("base",), f"{value!r} is not a run file: name one (base: ../runs/quickstart.yaml)")
-        if not path.exists():
-            raise origin.error(("base",), f"run file {value!r} not found (looked for {path})")
+        shown = value if len(value) <= 80 else value[:80] + "..."
+        try:
+            path = (folder / value).resolve()
+            is_dir, exists = path.is_dir(), path.exists()
+        except (OSError, ValueError) as err:  # a name too long, a NUL byte: text that is no path
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise origin.error(
+                ("base",), f"{shown!r} is not a run file ({why}): name one (base: ../runs/quickstart.yaml)"
+            ) from None
+        if not value.strip() or is_dir:
+            raise origin.error(("base",), f"{shown!r} is not a run file: name one (base: ../runs/quickstart.yaml)")
+        if not exists:
+            raise origin.error(("base",), f"run file {shown!r} not found (looked for {path})")
         doc = read_document(path)
         return dict(doc.data), Origin(str(path), doc)
     return dict(_mapping(origin, ("base",), value)), origin.under("base")
@@ -270,15 +280,20 @@ def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[Sp
 
     task = data.get("task")
     named = isinstance(task, dict) and isinstance(task.get("name"), str) and task["name"] in TASKS
-    return [
-        origin.error(
-            (section, key), unknown_key_message(key, valid, section) if isinstance(key, str) else key_not_text(key)
-        )
+    unknown = [
+        (section, key)
         for section in (("task",) if named else ()) + ("model", "training")
         if isinstance(data.get(section), dict)
         for key in data[section]
         if f"{section}.{key}" not in valid
     ]
+    said = [
+        origin.error(
+            (section, key), unknown_key_message(key, valid, section) if isinstance(key, str) else key_not_text(key)
+        )
+        for section, key in unknown[:MAX_FOUND]
+    ]
+    return said + ([more(origin.source)] if len(unknown) > MAX_FOUND else [])
 
 
 def _task_and_model(origin: Origin, file: RunFile):

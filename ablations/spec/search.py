@@ -49,7 +49,7 @@ from ablations.spec.common import (
     trial_overrides,
     validate,
 )
-from ablations.spec.errors import SpecError, found
+from ablations.spec.errors import MAX_FOUND, SpecError, found, more
 from ablations.spec.metrics import (
     better,
     direction_problem,
@@ -294,6 +294,9 @@ def _space(origin: Origin, body: dict[str, Any], valid: list[str] | None) -> lis
     except SpecError as err:
         errors += err.every()
     for key, spec in body.items():
+        if len(errors) >= MAX_FOUND:
+            errors.append(more(origin.source))
+            break
         if not isinstance(key, str):  # named once (check_axes, pydantic), not again as the parameter's key
             errors.append(origin.error(("space", key), key_not_text(key)))
             continue
@@ -330,7 +333,8 @@ def _val_every(base: dict[str, Any]) -> int:
     from models.training import TrainingConfig
 
     training = base.get("training") if isinstance(base.get("training"), dict) else {}
-    return int(training.get("val_every", TrainingConfig.val_every))
+    given = training.get("val_every")  # a value of the wrong type is the base's mistake, named when it is resolved
+    return given if isinstance(given, int) and not isinstance(given, bool) else TrainingConfig.val_every
 
 
 def _startup(given: int | None, sampler: str, n_trials: int | None) -> int:
@@ -357,7 +361,7 @@ def load_search(
         doc = read_document(path, ("name", "base", "space", "n_trials", "metric", "...")) if data is None else None
         origin, folder = Origin(str(path), doc), Path(path).parent
         data = doc.data if doc is not None else data
-    file, base, space = _structure(origin, dict(data or {}), folder, base)
+    file, base, space, base_origin = _structure(origin, dict(data or {}), folder, base)
     given = [(o.metric, o.direction) for o in file.objectives or ()] or [
         (file.metric or "final/val_loss", file.direction)
     ]
@@ -389,16 +393,17 @@ def load_search(
         diverged=file.diverged,
     )
     for pick in (0, -1):  # every parameter at its low end and at its high end must make a valid run
-        _check_end(spec, file, origin, given, pick)
+        _check_end(spec, file, origin, given, pick, base_origin)
     spec.warnings = refused_values(spec)
     return spec
 
 
 def _structure(origin: Origin, data: dict[str, Any], folder: Path, base: dict[str, Any] | None):
-    """(the file, its base, its space), every mistake of the file's structure at once: its keys, values, space
-    and base (the base file's after its own)."""
+    """(the file, its base, its space, where the base's keys are: None for a base given by the caller), every
+    mistake of the file's structure at once: its keys, values, space and base (the base file's after its own)."""
     errors: list[SpecError] = []
     base_errors: list[SpecError] = []
+    base_origin = None
     if base is None and "base" in data:
         try:
             base, base_origin = load_base(origin, data["base"], folder)
@@ -425,10 +430,20 @@ def _structure(origin: Origin, data: dict[str, Any], folder: Path, base: dict[st
         errors += err.every()
     if errors or base_errors:
         raise found(errors + base_errors)
-    return file, base, space
+    return file, base, space, base_origin
 
 
-def _check_end(spec: SearchSpec, file: SearchFile, origin: Origin, given: list, pick: int) -> None:
+def _holds(data: Any, path: tuple) -> bool:
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _check_end(
+    spec: SearchSpec, file: SearchFile, origin: Origin, given: list, pick: int, base_origin: Origin | None
+) -> None:
     """The space at its low (``pick`` 0) or high (-1) end makes a valid run (caught here, not in trial 17), which
     logs every objective and reports prune_on."""
     params = spec.assign(lambda p, pick=pick: p.end(pick))
@@ -441,6 +456,10 @@ def _check_end(spec: SearchSpec, file: SearchFile, origin: Origin, given: list, 
         if cause:  # the key the model named, when it is not the parameter's own
             named = f"{err.key}: " if err.key and err.key != cause[0] else ""
             raise origin.error(("space", cause[0]), f"{named}{message}") from None
+        path = tuple((err.key or "").split("."))
+        if base_origin is not None and _holds(spec.base, path):  # the base's own mistake, whatever the space sets
+            served = f" (base of {origin.source})" if base_origin.source != origin.source else ""
+            raise base_origin.error(path, err.message + served) from None
         raise origin.error(("space",), message, key=f"space ({err.key})") from None
     logged = logged_metrics(run)
     for i, (metric, direction) in enumerate(given):

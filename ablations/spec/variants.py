@@ -131,6 +131,8 @@ def variant_error(
     another key the refusal reads, ``SpecError.involves``: n_heads beside the base's d_model), else the base's line
     of the key; a mistake of the base itself is the base's, with no variant to skip."""
     key = err.key or ""
+    if key == "seed":  # every cell's seed is one of the study's seeds, whatever its base says
+        return origin.error(("seeds",), err.message)
     named = [k for k in err.involves if k in settings]
     if key and key not in settings and not named and str(err) in in_base and base_origin.doc is not None:
         message, shown = err.message, None  # as ``ablate run`` names it
