@@ -87,13 +87,19 @@ def _sweep(args: argparse.Namespace) -> int:
         import dataclasses
 
         study = dataclasses.replace(study, amend=args.amend)
+    if args.pilot is not None and not args.dry_run:
+        return error("--pilot SUBMISSION says what a dry run plans from: add --dry-run")
     if args.dry_run:
         from ablations.sweep.preview import dry_run
 
         problems = dry_run(
-            study, tracking_uri=args.tracking_uri, claims_url=args.claims, reuse_any_code=args.reuse_any_code
+            study,
+            tracking_uri=args.tracking_uri,
+            claims_url=args.claims,
+            reuse_any_code=args.reuse_any_code,
+            next_cells=_decider(study, args.tracking_uri, create=False),
         )
-        if pilot := _pilot(study, args.tracking_uri):
+        if pilot := _pilot(study, args.tracking_uri, args.pilot):
             print(pilot)
         return max([EXIT_OK] + [error(problem, EXIT_FAILED) for problem in problems])  # 1 where one would stop it
     try:
@@ -124,7 +130,7 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK if result.complete else EXIT_FAILED
 
 
-def _decider(study, tracking_uri: str | None):
+def _decider(study, tracking_uri: str | None, create: bool = True):
     """A seed plan's looks, decided by the comparing side (dashboards/sequential.py), for the sweep to ask which
     cells come next; None without a plan."""
     if study.plan is None:
@@ -132,19 +138,23 @@ def _decider(study, tracking_uri: str | None):
     from ablations import tracking
     from dashboards.sequential import wanted
 
-    uri = tracking.resolve_uri(tracking_uri)
+    uri = tracking.resolve_uri(tracking_uri, create=create)
     return lambda: wanted(uri, study.name, study.variants, study.plan, study.analysis)
 
 
-def _pilot(study, tracking_uri: str | None) -> str | None:
-    """An earlier submission as a pilot: how many seeds the declared difference needs (comparing, composed here)."""
+def _pilot(study, tracking_uri: str | None, submission: int | None = None) -> str | None:
+    """An earlier submission as a pilot: how many seeds the declared difference needs, or what a seed plan is
+    expected to train (comparing, composed here)."""
     from ablations import stores, tracking
-    from dashboards.plan import pilot_plan
+    from dashboards.plan import pilot_plan, sequential_plan
 
     uri = tracking.resolve_uri(tracking_uri, create=False)
-    if not stores.store_exists(uri):
+    exists = stores.store_exists(uri)
+    if study.plan is not None:
+        return sequential_plan(uri if exists else None, study, submission=submission)
+    if not exists:
         return None
-    return pilot_plan(uri, study.name, study.analysis, metric=study.metric)
+    return pilot_plan(uri, study.name, study.analysis, metric=study.metric, submission=submission)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -352,6 +362,13 @@ def _add_sweep(sub) -> None:
     _add_address_and_cpus(p)
     p.add_argument("--max-concurrent", type=_count, default=None, help="trials at once (default: the study's)")
     p.add_argument("--seeds", type=_seeds, help="override the study's seeds: a count (3) or a list (0,1,2)")
+    p.add_argument(
+        "--pilot",
+        type=_count,
+        metavar="SUBMISSION",
+        default=None,
+        help="with --dry-run: the earlier submission whose spread says the seeds needed (default: all of them)",
+    )
     p.add_argument(
         "--claims",
         default=None,

@@ -245,18 +245,16 @@ def _final(c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Con
     if look is None:
         seen = next(x for x in looks[-1].contrasts if x.label == c.label)
         where = "open at the maximum" if len(looks) == len(plan.looks()) else "open"
-        at = f"{where}, look {len(looks)} of {len(plan.looks())} ({_seeds(looks[-1])})"
+        at = f"{where}, look {len(looks)} of {len(plan.looks())} ({seen.n} seeds of at most {plan.max})"
         if full is not None and math.isfinite(full.mde):
             at += f"; at these seeds the family's test detects |Δ| >= {full.mde:.3g}"
         return dataclasses.replace(seen, verdict="not resolved", look=at)
     seen = next(x for x in look.contrasts if x.label == c.label)
-    at = f"decided at look {look.index + 1} of {len(plan.looks())} ({_seeds(look)}, alpha spent {look.alpha:.3g})"
+    at = (
+        f"decided at look {look.index + 1} of {len(plan.looks())} ({seen.n} seeds of at most {plan.max}, alpha spent "
+        f"{look.alpha:.3g})"
+    )
     return dataclasses.replace(seen, look=at)
-
-
-def _seeds(look: Look) -> str:
-    counts = sorted(set(look.seeds.values()))
-    return f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds"
 
 
 def saved(plan: SeedPlan, looks: list[Look]) -> tuple[int, int]:
@@ -302,6 +300,7 @@ class Simulated:
     seeds: list[float]
     family_error: float
     draws: int
+    n: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0)))  # draws x contrasts: seeds used
 
 
 def simulate(
@@ -337,6 +336,7 @@ def simulate(
         seeds=[float(x) for x in n_at.mean(axis=0)],
         family_error=float((rejected & truth[None, :]).any(axis=1).mean()),
         draws=draws,
+        n=n_at,
     )
 
 

@@ -3,6 +3,7 @@ variant's search holds. It starts no Ray and writes nothing: a store that is not
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ablations import stores, tracking
@@ -19,9 +20,11 @@ def dry_run(
     tracking_uri: str | None,
     claims_url: str | None,
     reuse_any_code: bool,
+    next_cells: Callable[[], tuple[set[tuple[str, int]], bool]] | None = None,
     out: Callable[[str], None] = print,
 ) -> list[str]:
-    """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search)."""
+    """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search).
+    A seed plan's ``next_cells`` (as ``run_study``'s) narrows the cells to those of the look it has reached."""
     from ablations.register import status
 
     uri = tracking.resolve_uri(tracking_uri, create=False)
@@ -42,11 +45,22 @@ def dry_run(
             return problems
         study = tuned
     if not stores.store_exists(uri):  # a dry run writes nothing, not even an empty store
-        describe_plan(study, Plan(todo=list(study.cells), done={}, stale=[]), out)
+        first = study if study.plan is None else _first_batch(study)
+        describe_plan(first, Plan(todo=list(first.cells), done={}, stale=[]), out)
         out(f"(no store yet at {redact_url(uri)}: every cell is to train)")
         return problems
     code = None if reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
-    describe_plan(study, plan(study, uri, code), out)
+    p = plan(study, uri, code)
+    if next_cells is not None:  # a seed plan: the look it has reached, not every seed up to its maximum
+        wanted, _ = next_cells()
+        p = Plan([c for c in p.todo if (c.variant, c.seed) in wanted], p.done, p.stale)
+        out(f"seed plan: the cells of the look it has reached ({len(wanted)} of {len(study.cells)} up to its maximum)")
+    describe_plan(study, p, out)
     for note in live_notes(study, uri, claims_url):
         out(f"note: {note}")
     return problems
+
+
+def _first_batch(study: Study) -> Study:
+    first = study.plan.first
+    return dataclasses.replace(study, cells=[c for c in study.cells if c.seed < first])

@@ -6,6 +6,7 @@ binomial intervals from scipy."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -123,3 +124,39 @@ def test_a_plan_reaches_the_fixed_designs_power_with_fewer_seeds():
     hits = round(sim.power[0] * sim.draws)
     assert binomtest(hits, sim.draws).proportion_ci(0.95).high >= fixed_power
     assert sim.seeds[0] < n_fixed
+
+
+def test_a_dry_run_plans_a_seed_plan_from_a_pilot_submission(store):
+    """The most a plan trains (seeds, trials, steps), and from the chosen pilot's paired spread and the declared
+    difference, the seeds each variant is expected to train: between the first batch and the maximum, more for a
+    contrast whose declared difference is small against its spread."""
+    from types import SimpleNamespace
+
+    from ablations.spec.analysis import parse_analysis
+    from ablations.spec.common import Budget
+    from dashboards.plan import sequential_plan
+    from tests.dashboards.test_report import fill
+
+    rng = np.random.default_rng(7)
+    base = {s: 0.5 + 0.05 * rng.standard_normal() for s in range(8)}
+    values = {
+        "base": base,
+        "tight": {s: v + 0.004 * rng.standard_normal() for s, v in base.items()},  # Δ 0.01 is 2.5 sd: decided soon
+        "loose": {s: v + 0.02 * rng.standard_normal() for s, v in base.items()},  # 0.5 sd: open to the maximum
+    }
+    fill(store, "planned", values, submission=1)
+    fill(store, "planned", {v: {s: x + 1.0 for s, x in by.items()} for v, by in values.items()}, submission=2)
+    analysis = parse_analysis({"detect": {"test/acc": 0.01}, "contrasts": {"pairs": "baseline"}})
+    study = SimpleNamespace(
+        name="planned", plan=SeedPlan(first=7, batch=2, max=12), variants=list(values), analysis=analysis,
+        metric="test/acc", budget=Budget(steps=200),
+    )  # fmt: skip
+    text = sequential_plan(store, study, submission=1, draws=400)
+    assert "looks at [7, 9, 11, 12] seeds per variant" in text
+    assert "at most: 12 seeds per variant, 36 trials (7,200 steps" in text
+    for label, v in (("tight vs base", "tight"), ("loose vs base", "base")):
+        sd = np.std([values[label.split()[0]][s] - base[s] for s in range(8)], ddof=1)
+        assert f"{label} {0.01 / sd:.2g} sd" in text
+    expected = {v: float(x) for v, x in re.findall(r"(\w+) (\d+\.\d)\b", text.split("power")[-1].split("): ")[1].split(" seeds")[0])}
+    assert 7 <= expected["tight"] < expected["loose"] <= 12 and expected["base"] == expected["loose"]
+    assert "no pilot (submission 5" in sequential_plan(store, study, submission=5, draws=100)
