@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from models import spelling
-from models.errors import ConfigError
+from models.errors import ConfigError, not_a_choice
 from models.registry import ALL as REGISTRIES
 from models.registry import PATTERNS
 from models.schedules import schedule
@@ -48,10 +48,7 @@ def _choice(field: str, value: Any, choices, at: int | None = None) -> None:
     if not isinstance(value, str) or value not in choices:
         valid = ", ".join(repr(c) for c in choices)
         raise ConfigError(
-            f"{_name(field, at)}={value!r} is not a valid choice; valid: {valid}",
-            field=field,
-            value=value,
-            fix=f"use one of {valid}",
+            not_a_choice(_name(field, at), value, choices), field=field, value=value, fix=f"use one of {valid}"
         )
 
 

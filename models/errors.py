@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+
+def not_a_choice(field: str, value: Any, choices: Iterable[str], *, what: str = "a valid choice") -> str:
+    """``positions='rotray' is not a valid choice; did you mean 'rotary'? valid: 'sinusoidal', ...``: the message of
+    a refused choice, with the closest choice when one is close (difflib)."""
+    choices = list(choices)
+    valid = ", ".join(repr(c) for c in choices)
+    hint = did_you_mean(value, choices)
+    return f"{field}={value!r} is not {what}{hint}{' ' if hint else '; '}valid: {valid}"
+
+
+def did_you_mean(value: Any, choices: Iterable[str]) -> str:
+    """``; did you mean 'rotary'?`` for a misspelt text among ``choices``, else ""."""
+    if not isinstance(value, str):
+        return ""
+    lowered = {str(c).lower(): c for c in choices}
+    close = difflib.get_close_matches(value.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean {lowered[close[0]]!r}?" if close else ""
 
 
 class ConfigError(ValueError):

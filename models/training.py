@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from models.config import ConfigError
+from models.errors import not_a_choice
 
 SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
 SAMPLING = ("teacher_forcing", "scheduled")
@@ -146,7 +147,7 @@ class TrainingConfig:
             if getattr(self, name) not in choices:
                 valid = ", ".join(map(repr, choices))
                 raise ConfigError(
-                    f"{name}={getattr(self, name)!r} is not a valid choice; valid: {valid}",
+                    not_a_choice(name, getattr(self, name), choices),
                     field=name,
                     value=getattr(self, name),
                     fix=f"use one of {valid}",
@@ -172,8 +173,11 @@ class TrainingConfig:
         if self.precision not in PRECISIONS:
             valid = ", ".join(map(repr, PRECISIONS))
             alias = _ALIASES.get(str(self.precision))
+            message = not_a_choice("precision", self.precision, PRECISIONS)
+            if alias:  # Lightning's short name: what it means, not the nearest spelling
+                message = f"precision={self.precision!r} is not a valid choice; did you mean {alias!r}? valid: {valid}"
             raise ConfigError(
-                f"precision={self.precision!r} is not a valid choice; valid: {valid}",
+                message,
                 field="precision",
                 value=self.precision,
                 fix=f"write {alias!r}, Lightning's full name of it" if alias else f"use one of {valid}",

@@ -8,6 +8,7 @@ Imports no ray, mlflow or optuna.
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from ablations.spec.errors import (
     MAX_FOUND,
     NOT_TEXT,
     SpecError,
+    closest,
     dotted,
     found,
     more,
@@ -26,6 +28,7 @@ from ablations.spec.errors import (
     yaml_word,
 )
 from ablations.spec.yamlfile import Document
+from models.errors import did_you_mean
 
 NAME = re.compile(r"[\w.\-]+")
 
@@ -101,10 +104,11 @@ class Origin:
 _KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type": "text"}
 
 
-def _message(e: dict[str, Any], valid: Iterable[str], section: str) -> str:
+def _message(e: dict[str, Any], valid: Iterable[str], section: str, fields: Sequence[str] = ()) -> str:
     kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return unknown_key_message(str(e["loc"][-1]), valid, section)
+    if kind == "extra_forbidden":  # ``fields``: the keys the mapping that holds it may have
+        here = [f"{section}.{f}" if section else f for f in fields if f != "key"]
+        return unknown_key_message(str(e["loc"][-1]), [*valid, *here], section)
     if kind == "missing":
         return "is required"
     if kind in _KINDS:
@@ -128,13 +132,8 @@ def _message(e: dict[str, Any], valid: Iterable[str], section: str) -> str:
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         choices = re.findall(r"'([^']*)'", expected)
-        hint = ""
-        if isinstance(value, str):
-            import difflib
-
-            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{value!r} is not a valid choice{hint}; valid: {', '.join(choices) or expected}"
+        hint = did_you_mean(value, choices)
+        return f"{value!r} is not a valid choice{hint}{' ' if hint else '; '}valid: {', '.join(choices) or expected}"
     if kind in ("too_short", "string_too_short"):
         return "must not be empty"
     if kind in ("value_error", "assertion_error"):
@@ -153,11 +152,37 @@ def validate(model: type[BaseModel], data: Any, origin: Origin, valid: Iterable[
     except ValidationError as err:
         valid = list(valid)
         errors = err.errors(include_url=False)
-        said = [_spec_error(e, origin, valid, path) for e in errors[:MAX_FOUND]]
+        said = [_spec_error(e, origin, valid, path, model) for e in errors[:MAX_FOUND]]
         raise found(said + ([more(origin.source)] if len(errors) > MAX_FOUND else [])) from None
 
 
-def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: tuple) -> SpecError:
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section model that holds the key at ``loc`` (``design.variants[0].x``: VariantItem), None if it is none."""
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list
+            continue
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model in a field's type: ``VariantItem`` in ``list[VariantItem] | None``."""
+    stack = [annotation]
+    while stack:
+        kind = stack.pop()
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+        stack += typing.get_args(kind)
+    return None
+
+
+def _spec_error(
+    e: dict[str, Any], origin: Origin, valid: Iterable[str], path: tuple, model: type[BaseModel] | None = None
+) -> SpecError:
     loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
     if e["type"] in ("value_error", "assertion_error") and isinstance(_error_path(e), tuple):
         loc = loc + _error_path(e)
@@ -167,7 +192,8 @@ def _spec_error(e: dict[str, Any], origin: Origin, valid: Iterable[str], path: t
         return origin.error((*path, *loc[:-1], e.get("input")), key_not_text(e.get("input")))
     full = (*path, *loc)
     section = ".".join(str(p) for p in full[:-1] if not isinstance(p, int)) if e["type"] == "extra_forbidden" else ""
-    return origin.error(full, _message(e, valid, section))
+    holder = _model_at(model, loc) if model is not None and e["type"] == "extra_forbidden" else None
+    return origin.error(full, _message(e, valid, section, list(holder.model_fields) if holder else ()))
 
 
 def key_not_text(key: Any) -> str:
@@ -285,6 +311,8 @@ def check_axes(origin: Origin, keys: Iterable[tuple[tuple, Any]], valid: list[st
             continue
         section, _, leaf = str(key).rpartition(".")
         hint = suggest(leaf, valid, section=section)
+        if not hint and (whole := closest(key, valid, 0.8)):  # a dot left out or doubled: modeln_heads
+            hint = "did you mean " + " or ".join(whole) + "?"
         if not hint:
             near = [k for k in valid if key.split(".")[-1] in k] or valid
             hint = "valid keys look like " + ", ".join(near[:12]) + (" ..." if len(near) > 12 else "")

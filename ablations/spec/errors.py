@@ -162,6 +162,6 @@ def unknown_key_message(key: str, valid: Iterable[str], section: str = "", liste
     hint = suggest(key, valid, section=section)
     if hint:
         return f"unknown key; {hint}"
-    options = list(listed) or [v.rsplit(".", 1)[-1] for v in valid if _parent(v) == section]
+    options = list(listed) or list(dict.fromkeys(v.rsplit(".", 1)[-1] for v in valid if _parent(v) == section))
     shown = ", ".join(options[:40]) + (" ..." if len(options) > 40 else "")
     return "unknown key" + (f"; valid: {shown}" if shown else "")

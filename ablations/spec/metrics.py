@@ -119,11 +119,21 @@ def logged_metrics(run: RunConfig) -> set[str]:
     return out | {"diverged_step", "stopped_step"}
 
 
-def unknown_metric(metric: str, known: Iterable[str]) -> str | None:
-    """None if ``metric`` is logged; else what to say: the closest names, or every one."""
+def unknown_metric(metric: str, known: Iterable[str], one_value: str = "") -> str | None:
+    """None if ``metric`` is logged; else what to say: the closest names, or every one. ``one_value`` says what
+    compares one value per run ("a study compares one value per run"): a metric reported at every validation
+    (``val/loss``) is then offered as its two summaries, the last and the best."""
     known = sorted(known)
     if metric in known:
         return None
+    name = metric.removeprefix("val/")
+    final, best = f"final/val_{name}", f"best/val_{name}"
+    if one_value and metric.startswith("val/") and final in known and best in known:
+        extreme = {"minimize": "lowest", "maximize": "highest"}.get(better(final) or "", "best")
+        return (
+            f"{metric!r} is logged at every validation, and {one_value}: write {final} (the last) or {best} (the "
+            f"{extreme})"
+        )
     close = closest(metric, known, 0.6)
     hint = f"did you mean {' or '.join(close)}?" if close else "the runs log: " + ", ".join(in_order(known))
     return f"{metric!r} is not a metric these runs log; {hint}"
@@ -143,7 +153,7 @@ def variant_metrics(origin: Origin, metric: str, runs: Iterable[tuple[str, RunCo
             per_variant[variant] = logged_metrics(run)
     missing = [v for v, names in per_variant.items() if metric not in names]
     if missing:
-        problem = unknown_metric(metric, per_variant[missing[0]]) or ""
+        problem = unknown_metric(metric, per_variant[missing[0]], "a study compares one value per run") or ""
         if len(missing) < len(per_variant):
             problem += f" (the runs of {', '.join(repr(v) for v in missing)} do not log it)"
         raise origin.error(("metric",), problem)

@@ -32,6 +32,7 @@ from ablations.spec.configs import canonical, effective
 from ablations.spec.errors import MAX_FOUND, SpecError, found, more, unknown_key_message
 from ablations.spec.yamlfile import Document, YamlFileError, load_yaml, read
 from models.config import ConfigError, ModelConfig
+from models.errors import did_you_mean, not_a_choice
 from models.training import TrainingConfig
 
 SECTIONS = ("name", "seed", "model", "task", "training", "tracking", "resources")
@@ -156,30 +157,37 @@ def axis_keys(base: dict[str, Any]) -> list[str]:
 # --- overrides ----------------------------------------------------------------------------------------------
 
 
-def parse_overrides(overrides: list[str] | None, source: str | None = None) -> list[tuple[list[str], Any]]:
-    """``["model.n_heads=8", "training.lr=3e-4"]`` -> [(["model", "n_heads"], 8), ...]; values are YAML."""
-    out = []
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise SpecError("--set", repr(item), "is not KEY=VALUE (for example --set model.n_heads=8)")
-        path = key.strip().split(".")
-        if path[0] not in SECTIONS:
-            raise SpecError("--set", item, unknown_key_message(path[0], SECTIONS, listed=SECTIONS))
+def _parse_each(overrides: list[str]) -> tuple[list[tuple[str, tuple[list[str], Any]]], list[SpecError]]:
+    """(each option that parses, with what it sets), and the mistakes of those that do not."""
+    parsed, errors = [], []
+    for item in overrides:
         try:
-            value = load_yaml(raw) if raw.strip() else None
-        except YamlFileError as err:
-            raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
-        if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:] and path[0] != "task":
-            # it would replace the section (a task given whole is another task: its keys are its own)
-            first = f"{path[0]}.{next(iter(value))}={next(iter(value.values()))}" if value else f"{path[0]}.KEY=VALUE"
-            raise SpecError(
-                "--set",
-                item,
-                f"would replace the whole {path[0]} section, the file's keys with it: set one key at a time (--set {first})",
-            )
-        out.append((path, value))
-    return out
+            parsed.append((item, _parse_override(item)))
+        except SpecError as err:
+            errors.append(err)
+    return parsed, errors
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecError("--set", repr(item), "is not KEY=VALUE (for example --set model.n_heads=8)")
+    path = key.strip().split(".")
+    if path[0] not in SECTIONS:
+        raise SpecError("--set", item, unknown_key_message(path[0], SECTIONS, listed=SECTIONS))
+    try:
+        value = load_yaml(raw) if raw.strip() else None
+    except YamlFileError as err:
+        raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
+    if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:] and path[0] != "task":
+        # it would replace the section (a task given whole is another task: its keys are its own)
+        first = f"{path[0]}.{next(iter(value))}={next(iter(value.values()))}" if value else f"{path[0]}.KEY=VALUE"
+        raise SpecError(
+            "--set",
+            item,
+            f"would replace the whole {path[0]} section, the file's keys with it: set one key at a time (--set {first})",
+        )
+    return path, value
 
 
 def _plain(value: Any) -> Any:
@@ -280,6 +288,9 @@ def _misspelt(origin: Origin, data: dict[str, Any], valid: list[str]) -> list[Sp
 
     task = data.get("task")
     named = isinstance(task, dict) and isinstance(task.get("name"), str) and task["name"] in TASKS
+    if isinstance(task, dict) and "name" not in task:  # `nme: copy`: the name, misspelt
+        misspelt = [k for k in task if isinstance(k, str) and did_you_mean(k, ["name"])]
+        return [origin.error(("task", k), "unknown key; did you mean task.name?") for k in misspelt[:1]]
     unknown = [
         (section, key)
         for section in (("task",) if named else ()) + ("model", "training")
@@ -304,9 +315,12 @@ def _task_and_model(origin: Origin, file: RunFile):
     task_name = task_data.get("name")
     task_cls = TASKS.get(task_name) if isinstance(task_name, str) else None
     if task_cls is None:
-        raise origin.error(
-            ("task", "name"), f"name={task_name!r} is not a valid task; valid: {', '.join(repr(n) for n in TASKS)}"
-        )
+        if "name" not in task_data:  # missing, not wrong (a misspelt `nme:` is named beside it, _misspelt)
+            valid = ", ".join(repr(n) for n in TASKS)
+            raise origin.error(
+                ("task", "name"), f"is required: a task needs a name (task: {{name: copy}}); valid: {valid}"
+            )
+        raise origin.error(("task", "name"), not_a_choice("name", task_name, TASKS, what="a valid task"))
     task = _section(origin, "task", make_task, task_data)
 
     model_data = dict(file.model)
@@ -424,6 +438,23 @@ def override_origin(doc: Document, overrides: list[str], parsed: list[tuple[list
 def load_run(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override (``--set section.key=value``), check and resolve a run file."""
     doc = read_document(path)
-    parsed = parse_overrides(overrides, str(path))
-    data = apply_overrides(doc.data, parsed)
-    return resolve_run(data, override_origin(doc, overrides or [], parsed))
+    each, errors = _parse_each(overrides or [])
+    items, parsed = [item for item, _ in each], [one for _, one in each]
+    try:
+        run = resolve_run(apply_overrides(doc.data, parsed), override_origin(doc, items, parsed))
+    except SpecError as err:
+        errors += err.every()
+        # a section stops at its first mistake (the model's n_heads hides its d_model): each option is tried alone
+        # too, and what it gets wrong by itself is said beside the rest, so that every bad option is named at once
+        for item, one in each if len(each) > 1 else ():
+            try:
+                resolve_run(apply_overrides(doc.data, [one]), override_origin(doc, [item], [one]))
+            except SpecError as alone:
+                errors += [e for e in alone.every() if e.source == "--set"]
+    if errors:  # the file's first, then the options in the order given
+        order = {item: i for i, item in enumerate(overrides or [])} | {
+            repr(item): i for i, item in enumerate(overrides or [])
+        }
+        errors.sort(key=lambda e: (e.source == "--set", order.get(e.key, len(order))))
+        raise found(errors) from None
+    return run

@@ -464,7 +464,7 @@ def _check_end(
     logged = logged_metrics(run)
     for i, (metric, direction) in enumerate(given):
         where = ("objectives", i) if file.objectives else ()
-        if problem := unknown_metric(metric, logged):
+        if problem := unknown_metric(metric, logged, "a search's objective is one value per trial"):
             raise origin.error((*where, "metric"), problem)
         if problem := direction_problem(metric, direction):
             raise origin.error((*where, "direction" if direction else "metric"), problem)

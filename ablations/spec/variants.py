@@ -136,8 +136,9 @@ def variant_error(
     named = [k for k in err.involves if k in settings]
     if key and key not in settings and not named and str(err) in in_base and base_origin.doc is not None:
         message, shown = err.message, None  # as ``ablate run`` names it
-    else:
-        message, shown = f"{key + ': ' if key else ''}{err.message}", f"variant {variant!r}"
+    else:  # the key the variant set, when the refusal names another (d_model beside the design's n_heads)
+        said = key if key in settings or not named else named[0]
+        message, shown = f"{said + ': ' if said else ''}{err.message}", f"variant {variant!r}"
         if key in settings or named or not key or base_origin.doc is None:
             path = where.get(key if key in settings else (named[0] if named else None), where[None])
             return origin.error(path, message, key=shown)

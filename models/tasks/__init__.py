@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import ConfigError
+from models.errors import not_a_choice
 from models.tasks.base import BOS, EOS, PAD, SEP, Task
 from models.tasks.listops import ListOpsTask
 from models.tasks.recall import RecallTask
@@ -23,9 +24,10 @@ def make_task(spec: dict[str, Any]) -> Task:
     name = spec.pop("name", None)
     if name not in TASKS:
         valid = ", ".join(repr(n) for n in TASKS)
-        raise ConfigError(
-            f"name={name!r} is not a valid task; valid: {valid}", field="name", value=name, fix=f"use one of {valid}"
-        )
+        message = not_a_choice("name", name, TASKS, what="a valid task")
+        if name is None:  # no name at all: it is missing, not wrong
+            message = f"a task needs a name; valid: {valid}"
+        raise ConfigError(message, field="name", value=name, fix=f"use one of {valid}")
     return TASKS[name].from_dict(spec)
 
 

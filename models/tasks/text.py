@@ -24,6 +24,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from models.config import ConfigError
+from models.errors import not_a_choice
 from models.tasks.base import FIRST_SYMBOL, Task, TaskParams, generate
 
 
@@ -44,7 +45,7 @@ class TextParams(TaskParams):
     def check(self) -> None:
         if self.level not in ("byte", "char"):
             raise ConfigError(
-                f"level={self.level!r} is not a valid choice; valid: 'byte', 'char'",
+                not_a_choice("level", self.level, ("byte", "char")),
                 field="level",
                 value=self.level,
                 fix="use 'byte' or 'char'",

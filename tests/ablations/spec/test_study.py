@@ -152,7 +152,7 @@ def test_every_refused_variant_is_named_at_once_and_a_mistake_of_the_base_once_a
     variants = [e for e in err.every() if e is not err]
     refused_variants = {f"variant 'n_heads={h} norm={n}'" for h in (3, 5) for n in ("pre", "post")}  # safe_dump sorts
     assert sorted(e.key for e in variants) == sorted(refused_variants)
-    assert all("model.d_model: d_model=16 is not divisible by n_heads=" in e.message for e in variants)
+    assert all("model.n_heads: d_model=16 is not divisible by n_heads=" in e.message for e in variants)
     n_heads_line = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith("model.n_heads:"))
     assert {e.line for e in variants} == {n_heads_line}  # the design's axis, not the base
     # the way out (fix, constraint, skip_invalid) once, after the last
