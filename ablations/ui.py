@@ -240,7 +240,8 @@ class _Stop(Exception):
 def serve(
     command: list[str], env: dict[str, str], *, ready: str, lines: list[str], name: str, timeout: float = 120
 ) -> int:
-    """Run a server in its own process group until it exits, Ctrl-C or SIGTERM (which stop the whole group).
+    """Run a server in its own process group until it exits, Ctrl-C (SIGINT, even if ignored when it started) or
+    SIGTERM, which stop the whole group.
     ``lines`` are printed once ``ready`` answers. The server's own output (access lines, its libraries' warnings
     and notes) goes to a log file, not the terminal: one voice. If the server fails, the log's end is printed."""
 
@@ -250,6 +251,9 @@ def serve(
     log_path = tracking.home() / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C too, even where the shell started it with SIGINT ignored (`ablate ui &` in a script: a background job
+    # ignores SIGINT, and Python then installs no handler): it stops the server as in the foreground
+    previous_int = signal.signal(signal.SIGINT, on_term)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -267,6 +271,7 @@ def serve(
     finally:
         _stop_group(proc)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _wait_ready(proc: subprocess.Popen, ready: str, timeout: float) -> None:

@@ -169,6 +169,35 @@ def test_ablate_ui_optuna_serves_the_search_storage_on_loopback(tmp_path):
         stop(proc)
 
 
+@pytest.mark.slow
+def test_ablate_ui_started_in_the_background_stops_on_ctrl_c(tmp_path):
+    """`ablate ui &` in a script: the shell starts a background job with SIGINT ignored, and Python then installs no
+    handler for it; Ctrl-C (SIGINT to its PID) stopped nothing. It stops the server and its group, as in the
+    foreground."""
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    optuna.create_study(study_name="s", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", storage, "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a background job of a script
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/studies", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=3)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_ablate_ui_optuna_without_searches_says_so(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", f"sqlite:///{tmp_path}/none.db"],
