@@ -154,9 +154,32 @@ def test_a_dry_run_plans_a_seed_plan_from_a_pilot_submission(store):
     text = sequential_plan(store, study, submission=1, draws=400)
     assert "looks at [7, 9, 11, 12] seeds per variant" in text
     assert "at most: 12 seeds per variant, 36 trials (7,200 steps" in text
-    for label, v in (("tight vs base", "tight"), ("loose vs base", "base")):
+    for label in ("tight vs base", "loose vs base"):
         sd = np.std([values[label.split()[0]][s] - base[s] for s in range(8)], ddof=1)
         assert f"{label} {0.01 / sd:.2g} sd" in text
-    expected = {v: float(x) for v, x in re.findall(r"(\w+) (\d+\.\d)\b", text.split("power")[-1].split("): ")[1].split(" seeds")[0])}
+    expected = {
+        v: float(x)
+        for v, x in re.findall(r"(\w+) (\d+\.\d)\b", text.split("power")[-1].split("): ")[1].split(" seeds")[0])
+    }
     assert 7 <= expected["tight"] < expected["loose"] <= 12 and expected["base"] == expected["loose"]
     assert "no pilot (submission 5" in sequential_plan(store, study, submission=5, draws=100)
+
+
+def test_the_benchmark_reports_a_plan_as_powerful_as_the_fixed_design(tmp_path):
+    """benchmarks/sequential.py at a small size: the plan it picks had the fixed design's power in its search, and
+    its ratio is the expected seeds over the fixed design's (the fixed design's power by ``stats.power_of``)."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sequential_bench", ROOT / "benchmarks" / "sequential.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.row(1.3, draws=200, confirm=400, quick=True)
+    assert r["fixed_seeds"] == fixed_seeds(ALPHA, 1, 1.3, 0.8) and r["fixed_power"] >= 0.8
+    plan = SeedPlan(**r["plan"])
+    assert simulate(plan, ALPHA, [1.3], draws=200).power[0] >= r["fixed_power"]  # the search's own studies
+    assert r["ratio"] == pytest.approx(r["expected_seeds"] / r["fixed_seeds"], abs=1e-3)
+    family = bench.family_error(400)
+    text = bench.markdown([r], family, "python benchmarks/sequential.py --quick", 1.0)
+    assert f"**{r['ratio']}x**" in text and "family-wise error" in text
