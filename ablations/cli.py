@@ -320,7 +320,18 @@ def add_tracking_uri(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ablate", description="Ablation studies of Transformers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_run, _add_sweep, _add_search, _add_report, _add_heads, _add_compare, _add_ui, _add_demo):
+    adders = (
+        _add_run,
+        _add_sweep,
+        _add_search,
+        _add_report,
+        _add_heads,
+        _add_compare,
+        _add_ui,
+        _add_cluster,
+        _add_demo,
+    )
+    for add in adders:
         add(sub)
     return parser
 
@@ -470,6 +481,79 @@ def _add_ui(sub) -> None:
     )
     p.add_argument("--optuna", action="store_true", help="start optuna-dashboard on the searches' storage instead")
     p.add_argument("--storage", default=None, help="with --optuna: the Optuna storage (default .ablate/optuna.db)")
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    """``ablate cluster up``: the address alone on stdout (``export RAY_ADDRESS=$(ablate cluster up)``), how to use
+    and stop it on stderr. ``ablate cluster down ADDRESS``: exactly that cluster's processes."""
+    from ablations import localcluster
+
+    if args.action == "down":
+        if args.address is None:
+            running = ", ".join(c.address for c in localcluster.clusters()) or "none"
+            return error(f"ablate cluster down ADDRESS: name the cluster to stop (started here: {running})")
+        try:
+            stopped = localcluster.down(args.address)
+        except localcluster.ClusterError as err:
+            return error(str(err))
+        print(f"stopped the Ray cluster at {args.address} ({len(stopped)} processes)", file=sys.stderr)
+        return EXIT_OK
+    if args.address is not None:
+        return error("ablate cluster up takes no address: it prints the one it starts (ablate cluster down ADDRESS)")
+    if args.host and not args.token:
+        return error(f"--host {args.host}: a cluster other machines reach needs --token (Ray's token authentication)")
+    try:
+        cluster = localcluster.up(
+            args.workers, cpus_per_node=args.cpus_per_node, token=args.token, host=args.host, dashboard=args.dashboard
+        )
+    except localcluster.ClusterError as err:
+        return error(str(err), EXIT_FAILED)
+    except KeyboardInterrupt:
+        print("\ninterrupted: what was started is stopped", file=sys.stderr)
+        return 130
+    print(cluster.address, flush=True)
+    nodes = f"{len(cluster.nodes)} node{'s' if len(cluster.nodes) > 1 else ''} of {cluster.cpus_per_node} CPU"
+    said = [f"a Ray cluster of {nodes} (the head and {len(cluster.nodes) - 1} more) at {cluster.address}"]
+    if cluster.loopback:
+        said.append("on loopback only: nothing outside this machine reaches it; no token")
+        said.append(f"submit to it:  ablate sweep STUDY --address {cluster.address}   (or export RAY_ADDRESS=...)")
+    else:
+        said += [
+            f"Ray's token authentication: every port refuses a request without the token in {cluster.token_file} "
+            "(this user only: whoever has it runs code here)",
+            f"from another machine (over a private network): export RAY_AUTH_TOKEN=<the token>; then ablate sweep "
+            f"STUDY --address {cluster.address} --tracking-uri <an MLflow server every node reaches>, or add a "
+            f"node: RAY_AUTH_MODE=token ray start --address={cluster.address} --block",
+        ]
+    said.append(f"stop it:       ablate cluster down {cluster.address}   (its processes only; never `ray stop`)")
+    print("\n".join(said), file=sys.stderr)
+    return EXIT_OK
+
+
+def _add_cluster(sub) -> None:
+    help = "start (up) or stop (down) a Ray cluster of several nodes on this machine, on loopback unless --token"
+    p = _command(sub, "cluster", help, _cluster)
+    p.add_argument("action", choices=["up", "down"], help="up: start one and print its address; down: stop it")
+    p.add_argument("address", nargs="?", default=None, help="down: the address `up` printed (HOST:PORT)")
+    p.add_argument("--workers", type=_whole, default=0, help="up: nodes besides the head (default 0)")
+    p.add_argument(
+        "--cpus-per-node", type=_count, default=None, help="up: CPUs of each node (default: this machine's, shared)"
+    )
+    p.add_argument(
+        "--token",
+        action="store_true",
+        help="up: a head other machines reach, on this machine's address (or --host), with Ray's token "
+        "authentication (the token in a file only you read)",
+    )
+    p.add_argument("--host", default=None, help="up --token: the address other machines reach the head at")
+    p.add_argument("--dashboard", action="store_true", help="up: also start Ray's dashboard (on the head's address)")
+
+
+def _whole(text: str) -> int:
+    """A whole number from 0 up; argparse names the option."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 0 up")
+    return int(text)
 
 
 def _add_demo(sub) -> None:
