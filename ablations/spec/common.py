@@ -106,34 +106,35 @@ _KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "true
 
 def _message(e: dict[str, Any], valid: Iterable[str], section: str, fields: Sequence[str] = ()) -> str:
     kind, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+    shown = yaml_word(value) if value is None or isinstance(value, bool) else repr(value)  # null, as the file says
     if kind == "extra_forbidden":  # ``fields``: the keys the mapping that holds it may have
         here = [f"{section}.{f}" if section else f for f in fields if f != "key"]
         return unknown_key_message(str(e["loc"][-1]), [*valid, *here], section)
     if kind == "missing":
         return "is required"
     if kind in _KINDS:
-        return f"{value!r} must be {_KINDS[kind]}"
+        return f"{shown} must be {_KINDS[kind]}"
     if kind in ("int_from_float", "int_parsing"):
-        return f"{value!r} must be an integer"
+        return f"{shown} must be an integer"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return f"must be a mapping of keys to values (got {type(value).__name__})"
     if kind == "list_type":
         return f"must be a list (got {type(value).__name__})"
     if kind == "greater_than":
-        return f"{value!r} must be more than {ctx.get('gt')}"
+        return f"{shown} must be more than {ctx.get('gt')}"
     if kind == "greater_than_equal":
         if ctx.get("ge") == 0 and isinstance(value, int):
-            return f"{value!r} must be a non-negative integer"
+            return f"{shown} must be a non-negative integer"
         if ctx.get("ge") == 1 and isinstance(value, int):
-            return f"{value!r} must be a positive integer"
-        return f"{value!r} must be at least {ctx.get('ge')}"
+            return f"{shown} must be a positive integer"
+        return f"{shown} must be at least {ctx.get('ge')}"
     if kind in ("less_than", "less_than_equal"):
-        return f"{value!r} must be {'below' if kind == 'less_than' else 'at most'} {ctx.get('lt', ctx.get('le'))}"
+        return f"{shown} must be {'below' if kind == 'less_than' else 'at most'} {ctx.get('lt', ctx.get('le'))}"
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         choices = re.findall(r"'([^']*)'", expected)
         hint = did_you_mean(value, choices)
-        return f"{value!r} is not a valid choice{hint}{' ' if hint else '; '}valid: {', '.join(choices) or expected}"
+        return f"{shown} is not a valid choice{hint}{' ' if hint else '; '}valid: {', '.join(choices) or expected}"
     if kind in ("too_short", "string_too_short"):
         return "must not be empty"
     if kind in ("value_error", "assertion_error"):

@@ -94,7 +94,7 @@ class Param(Strict):
             if extra:
                 raise KeyedError(
                     (extra[0],),
-                    f"unknown key for a {data['type']} parameter; valid: {', '.join(sorted(_ALLOWED[data['type']]))}",
+                    f"unknown key for {'an' if data['type'] == 'int' else 'a'} {data['type']} parameter; valid: {', '.join(sorted(_ALLOWED[data['type']]))}",
                 )
         return data
 

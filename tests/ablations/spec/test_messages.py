@@ -176,3 +176,14 @@ def test_a_value_count_over_the_limit_mentions_aliases_only_when_there_are_some(
     bomb.write_text("a: &a [" + ", ".join(["x"] * 200) + "]\nb: [" + ", ".join(["*a"] * 200) + "]\n")
     (err,) = refusal(load_run, bomb)
     assert "(aliases repeat a large anchor)" in err.message
+
+
+def test_a_value_is_named_as_the_file_writes_it(tmp_path):
+    """`metric: null` was said as "None must be text", `seed: yes` as "True": Python's words, not the file's."""
+    (err,) = refusal(load_study, write(tmp_path, study(metric=None)))
+    assert (err.key, err.message) == ("metric", "null must be text")
+    (err,) = refusal(load_run, write(tmp_path, {**BASE, "seed": True}))
+    assert (err.key, err.message) == ("seed", "true must be an integer")
+    space = {"training.warmup_steps": {"type": "int", "low": 0, "high": 9, "lw": 1}}
+    (err,) = refusal(load_search, write(tmp_path, {"name": "s", "base": BASE, "space": space, "n_trials": 2}))
+    assert err.message.startswith("unknown key for an int parameter; valid: high, log, low")

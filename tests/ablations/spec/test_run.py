@@ -159,7 +159,7 @@ MALFORMED = [
         r"training.sampling: 'scheduled' feeds predictions back to a decoder",
     ),
     ({**GOOD, "seed": -1}, None, ("seed",), r"seed: -1 must be a non-negative integer"),
-    ({**GOOD, "seed": True}, None, ("seed",), r"seed: True must be an integer"),
+    ({**GOOD, "seed": True}, None, ("seed",), r"seed: true must be an integer"),
     ({**GOOD, "name": "my run!"}, None, ("name",), r"name: 'my run!' must be letters, digits"),
     (
         {**GOOD, "tracking": {"log_every": 0}},
