@@ -28,6 +28,7 @@ from ablations.search.ledger import (
     SURPLUS_ATTR,
     counted_trials,
     fail_and_ask_again,
+    gone_here,
     stale_trials,
     surplus,
     tell,
@@ -116,6 +117,8 @@ def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: in
             records.TAG_SAMPLER: spec.sampler,
             records.TAG_PRUNER: spec.pruner,
             records.TAG_STATUS: records.STATUS_RUNNING,
+            records.TAG_DRIVER_HOST: socket.gethostname(),  # a later process ends it if this one dies
+            records.TAG_DRIVER_PID: str(os.getpid()),
             **tracking.code_version(),
         },
     )
@@ -171,8 +174,9 @@ def run_search(
     study, seed = _open_study(spec, url, out)
     uri = tracking.resolve_uri(tracking_uri)
     experiment = experiment or spec.name
-    # runs of trials a dead process left (failed and asked again by _open_study)
+    # runs of trials a dead process left (failed and asked again by _open_study), and its own parent run
     end_orphaned_trial_runs(uri, experiment, study, spec.name, "its search process stopped before the trial finished")
+    end_dead_search_runs(uri, experiment, spec.name)
     if spec.n_trials is not None and counted_trials(study) >= spec.n_trials:  # no Ray, no new parent run
         out(f"search {spec.name!r}: its storage holds all {spec.n_trials} trials; nothing to ask (--n-trials for more)")
         parent = last_parent(uri, experiment, spec.name)
@@ -355,6 +359,20 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
         number = run.data.tags.get(records.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
             records.mark_killed(uri, run, reason)
+            ended += 1
+    return ended
+
+
+def end_dead_search_runs(uri: str, experiment: str, spec_name: str) -> int:
+    """The parent runs of this search whose process died on this machine without ending them (SIGKILL, a crash):
+    KILLED, as a sweep's dead submissions are. Without it a killed search's parent run stayed RUNNING for good (the
+    fault soak found it: benchmarks/soak.py). A process on another machine is never judged dead by its pid: its run
+    is left as it is. Returns how many were ended."""
+    ended = 0
+    for run in records.running_runs(uri, experiment, records.KIND_SEARCH, study=spec_name):
+        tags = run.data.tags
+        if gone_here(tags.get(records.TAG_DRIVER_HOST), tags.get(records.TAG_DRIVER_PID, "")):
+            records.mark_killed(uri, run, "its search process stopped before the search ended")
             ended += 1
     return ended
 

@@ -17,21 +17,30 @@ HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial:
 SURPLUS_ATTR = "ablate:surplus"  # a trial asked beyond n_trials by a process that raced another: failed, not counted
 
 
+def gone_here(host, pid) -> bool:
+    """Whether ``pid`` was a process of this machine (``host``) other than this one, and no longer exists. A process
+    of another machine is never judged gone by its pid."""
+    if host != socket.gethostname() or not str(pid).isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def stale_trials(study) -> list:
     """RUNNING trials whose driver is gone: asked on this machine by a process that no longer exists."""
     from optuna.trial import TrialState
 
-    stale = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        host, pid = t.user_attrs.get(HOST_ATTR), t.user_attrs.get(PID_ATTR)
-        if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                stale.append(t)
-            except PermissionError:
-                pass
-    return stale
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if isinstance(t.user_attrs.get(PID_ATTR), int)
+        and gone_here(t.user_attrs.get(HOST_ATTR), t.user_attrs[PID_ATTR])
+    ]
 
 
 def counted_trials(study) -> int:

@@ -36,7 +36,7 @@ from ablations.spec import Cell, Study
 from ablations.spec.equivalence import warning_lines
 from ablations.sweep.placement import describe_cluster, trial_slots
 from ablations.sweep.plan import Plan, format_rows, plan, summarize, unresolvable_warning
-from ablations.sweep.submission import Keeper, open_submission
+from ablations.sweep.submission import Keeper, end_dead_submissions, open_submission
 from ablations.sweep.trial import TrialContext, trainable
 
 
@@ -196,6 +196,7 @@ def _warn(study: Study, out: Callable[[str], None]) -> None:
 
 def _mark_stale(study: Study, p: Plan, claims: Claims, uri: str, out: Callable[[str], None]) -> None:
     claims.expire_dead_local_owners(study.name)  # a killed driver on this machine: its cells are free at once
+    end_dead_submissions(study.name, uri, claims)  # and its parent run ends, even when nothing is left to train
     stale = _stale(study, p, claims)
     for run in stale:
         records.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")

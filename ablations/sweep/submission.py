@@ -117,6 +117,20 @@ class Submission:
         records.end_run(self.uri, self.run_id, status)
 
 
+def end_dead_submissions(study: str, uri: str, claims: Claims, parents: list | None = None) -> int:
+    """The parent runs of submissions that died without ending them (their lease is gone): KILLED. Every submission
+    does it first, the ones with nothing left to train too (those once left such a run RUNNING for good: found by
+    the fault soak, benchmarks/soak.py). ``parents``: the study's parent runs, if already read. Returns how many."""
+    if parents is None:
+        parents = records.running_runs(uri, study, records.KIND_STUDY)
+    ended = 0
+    for run in parents:
+        if run.info.status == "RUNNING" and not alive(claims, study, run.info.run_id):
+            records.mark_killed(uri, run, "the driver stopped before the submission ended")
+            ended += 1
+    return ended
+
+
 def design_record(study: Study, code: str | None = None, registration: int | None = None) -> dict:
     """What a report needs to know about the design (logged as design.json; ``ablations.recorded``); ``code``: the
     fingerprint of the code whose results count (None: any code's, ``reuse_results: any_code``), so the report
@@ -134,9 +148,7 @@ def open_submission(
     c = records.client(uri)
     exp_id = tracking.experiment_id(uri, study.name)
     previous = records.search_all(uri, [exp_id], records.kind_filter(records.KIND_STUDY))
-    for run in previous:  # a submission that died without finishing
-        if run.info.status == "RUNNING" and not alive(claims, study.name, run.info.run_id):
-            records.mark_killed(uri, run, "the driver stopped before the submission ended")
+    end_dead_submissions(study.name, uri, claims, previous)
     # numbered by the claims store: several submissions at once never share a number (their RUNNING runs are
     # told apart by it when one of them ends); counted per experiment, whose id and creation time tell apart two
     # stores beside one claims.db, or a store started again

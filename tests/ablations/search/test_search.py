@@ -416,6 +416,45 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     ), status
 
 
+def test_a_killed_search_process_leaves_no_parent_run_running(tmp_path, store):
+    """A search process SIGKILLed (or crashed) cannot end its MLflow parent run, and no later process did: it stayed
+    RUNNING for good (found by the fault soak, benchmarks/soak.py). The next process on the search ends it as
+    killed, judged by the process its run names; a live process's run is left alone, and so is one of another
+    machine (no pid says anything there)."""
+    import socket
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from ablations import records, tracking
+
+    spec = load_search(write_spec(tmp_path, n_trials=1))
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="srch", storage=open_storage(url))
+    lr = FloatDistribution(1.0e-5, 3.0e-2, log=True)
+    study.add_trial(create_trial(params={"training.lr": 1e-3}, distributions={"training.lr": lr}, value=1.0))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "120"])
+    c = client(store)
+    exp = tracking.experiment_id(store, "srch")
+    parents = {}
+    here = socket.gethostname()
+    for name, host, pid in (("dead", here, dead.pid), ("live", here, live.pid), ("elsewhere", "other-host", dead.pid)):
+        tags = {records.TAG_KIND: KIND_SEARCH, records.TAG_STUDY: "srch", records.TAG_STATUS: "running"}
+        tags |= {records.TAG_DRIVER_HOST: host, records.TAG_DRIVER_PID: str(pid)}
+        parents[name] = c.create_run(exp, tags=tags).info.run_id
+    try:
+        run_search(spec, tracking_uri=store, storage=url, out=lambda _: None)  # every trial is held: no Ray
+    finally:
+        live.kill()
+        live.wait()
+    ended = c.get_run(parents["dead"])
+    assert ended.info.status == "KILLED"
+    assert ended.data.tags["status_detail"] == "killed: its search process stopped before the search ended"
+    assert [c.get_run(parents[k]).info.status for k in ("live", "elsewhere")] == ["RUNNING", "RUNNING"]
+
+
 @pytest.mark.slow
 def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
     # 1,000 steps: trial 0 must still be training when the signal lands (the first validation is at step 100).

@@ -354,6 +354,33 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, store):
     assert parent.info.status == "KILLED"
 
 
+def test_a_dead_submissions_parent_run_ends_when_nothing_is_left_to_train(tmp_path, store):
+    """A submission killed after its last cell had its result, before it ended its parent run: the next submission
+    found nothing to train and returned at once, and that parent run stayed RUNNING for good (found by the fault
+    soak, benchmarks/soak.py). Every submission ends dead submissions' parent runs first, whatever is left."""
+    from ablations import records, tracking
+    from ablations.claims import claims_url
+    from ablations.register import register
+
+    study = load_study(write_study(tmp_path, "ended"))
+    register(study, store, claims_url(store), out=lambda _: None)
+    c = client(store)
+    exp = tracking.experiment_id(store, "ended")
+    for cell in study.cells:  # every cell has its result, by this code
+        tags = {records.TAG_KIND: KIND_CELL, records.TAG_STUDY: "ended", records.TAG_CELL_ID: cell.cell_id}
+        tags |= {records.TAG_CODE: tracking.code_fingerprint(), records.TAG_STATUS: "finished"}
+        c.set_terminated(c.create_run(exp, tags={**tags, records.TAG_SUBMISSION: "1"}).info.run_id, "FINISHED")
+    # the killed submission's parent run: RUNNING, and no lease in the claims store says it is alive
+    tags = {records.TAG_KIND: KIND_STUDY, records.TAG_STUDY: "ended", records.TAG_SUBMISSION: "1"}
+    parent = c.create_run(exp, tags={**tags, records.TAG_STATUS: "running"}).info.run_id
+    lines: list[str] = []
+    result = run_study(study, tracking_uri=store, out=lines.append)
+    assert result.parent_run_id is None and any("nothing to train" in line for line in lines), lines
+    ended = c.get_run(parent)
+    assert ended.info.status == "KILLED"
+    assert ended.data.tags["status_detail"] == "killed: the driver stopped before the submission ended"
+
+
 # --- a cluster of several nodes -----------------------------------------------------------------------
 
 
