@@ -46,7 +46,9 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 KINDS = ("run", "study", "search", "set")
-LIMIT_S = 1.0  # each input is accepted or refused within this
+LIMIT_S = 1.0  # each input is accepted or refused within this much CPU time
+WALL_S = 5.0  # and this much time by the clock: a wait (a store, a lock) shows here; a busy machine (the suite on
+# two cores beside it) stretches the clock, which is why the second of the issue is counted in CPU time
 
 
 def catalogue(kind: str) -> list[Path]:
@@ -462,7 +464,8 @@ class Outcome:
     kind: str
     accepted: bool
     lines: list[str] = field(default_factory=list)  # the error lines, as `ablate` prints them
-    seconds: float = 0.0
+    seconds: float = 0.0  # CPU time
+    wall: float = 0.0
     failure: str | None = None  # what is wrong, when it is
 
 
@@ -523,7 +526,7 @@ def check(kind: str, raw: bytes, work: Workdir, sets: list[str] | None = None) -
     path.write_bytes(raw)
     store = f"sqlite:///{work.root}/mlflow.db"  # never created: a dry run reads a store only when it is there
     out = Outcome(kind, False)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     here = os.getcwd()
     os.chdir(work.root)
     try:
@@ -536,9 +539,9 @@ def check(kind: str, raw: bytes, work: Workdir, sets: list[str] | None = None) -
         out.failure = "traceback: " + "".join(traceback.format_exc(limit=-3)).strip().replace("\n", " | ")[-1500:]
     finally:
         os.chdir(here)
-        out.seconds = time.perf_counter() - start
-    if out.failure is None and out.seconds > LIMIT_S:
-        out.failure = f"took {out.seconds:.2f} s (more than {LIMIT_S:g} s)"
+        out.seconds, out.wall = time.process_time() - cpu, time.perf_counter() - start
+    if out.failure is None and (out.seconds > LIMIT_S or out.wall > WALL_S):
+        out.failure = f"took {out.seconds:.2f} CPU s, {out.wall:.2f} s (more than {LIMIT_S:g} CPU s or {WALL_S:g} s)"
     written = {p for p in work.listing() - work.before if not p.endswith("fuzzed.yaml")}
     if written:
         out.failure = (out.failure or "") + f" wrote {sorted(written)}"
@@ -592,7 +595,8 @@ class Tally:
     examples: int = 0
     accepted: int = 0
     refused: int = 0
-    slowest: float = 0.0
+    slowest: float = 0.0  # CPU time
+    slowest_wall: float = 0.0
     seconds: float = 0.0
     failures: dict[str, tuple[str, bytes, list[str] | None, str]] = field(default_factory=dict)  # signature -> example
 
@@ -601,6 +605,7 @@ class Tally:
         self.accepted += outcome.accepted
         self.refused += not outcome.accepted and outcome.failure is None
         self.slowest = max(self.slowest, outcome.seconds)
+        self.slowest_wall = max(self.slowest_wall, outcome.wall)
         if outcome.failure is not None:
             signature = outcome.failure.split(" | ")[-1][:160]
             self.failures.setdefault(signature, (name, raw, sets, outcome.failure))
@@ -635,6 +640,8 @@ def run_kind(kind: str, examples: int, seed: int | None, work: Workdir, raise_fa
     )(given(strategy)(body))
     if seed is not None:
         test = hypothesis.seed(seed)(test)
+    for path in catalogue("run" if kind == "set" else kind):  # imports, first reads: not an input's time
+        check(kind, path.read_bytes(), work, [] if kind == "set" else None)
     start = time.perf_counter()
     test()
     tally.seconds = time.perf_counter() - start
@@ -684,12 +691,12 @@ def _cli_verdict(out: subprocess.CompletedProcess, path: Path) -> str | None:
 
 
 def report(tallies: list[Tally], out: Callable[[str], None] = print) -> None:
-    out("| kind | inputs | accepted | refused (SpecError, exit 2) | failures | slowest input | time |")
+    out("| kind | inputs | accepted | refused (SpecError, exit 2) | failures | slowest input (CPU, clock) | time |")
     out("|---|---|---|---|---|---|---|")
     for t in tallies:
         out(
             f"| {t.kind} | {t.examples:,} | {t.accepted:,} | {t.refused:,} | {len(t.failures)} | "
-            f"{t.slowest * 1000:.0f} ms | {t.seconds:.0f} s |"
+            f"{t.slowest * 1000:.0f} ms, {t.slowest_wall * 1000:.0f} ms | {t.seconds:.0f} s |"
         )
 
 

@@ -90,7 +90,7 @@ class Param(Strict):
         if isinstance(data, dict) and isinstance(data.get("choices"), list):  # whatever the type (a typo in it
             data = {**data, "choices": tuple(data["choices"])}  # is named once, not with the choices too)
         if isinstance(data, dict) and isinstance(data.get("type"), str) and data.get("type") in _ALLOWED:
-            extra = sorted(set(data) - _ALLOWED[data["type"]] - {"key"})
+            extra = sorted(set(data) - _ALLOWED[data["type"]] - {"key"}, key=str)  # `null:` among them too
             if extra:
                 raise KeyedError(
                     (extra[0],),
