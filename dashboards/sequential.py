@@ -277,9 +277,13 @@ def _path_note(plan: SeedPlan, looks: list[Look], alpha: float) -> str:
 def path_rows(looks: list[Look]) -> list[list[str]]:
     """The path, contrast by contrast and look by look: seeds, estimate, interval, the closed Holm test's p,
     and whether it stayed open."""
-    rows = []
+    rows, shown = [], set()
     for look in looks:
         for c in look.contrasts:
+            if c.label in shown:  # decided at an earlier look: its row there is final
+                continue
+            if c.label not in look.open:
+                shown.add(c.label)
             lo, hi = c.ci_t
             ci = "–" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.3g}, {hi:+.3g}]"
             state = "open" if c.label in look.open else c.verdict

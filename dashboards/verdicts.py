@@ -56,6 +56,13 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
     if c.verdict.startswith("different") or c.verdict.startswith("equivalent"):
         return Reading(c.label, c.verdict, decided_sentence(t, c))
     why, seeds = unresolved_why(t, c)
+    if seeds is not None and seeds <= c.n:  # the seeds had the power for the declared difference: more add little
+        why += (
+            f" ({seeds} seeds have {t.analysis.power:.0%} power for it: a difference that large is unlikely)"
+            if t.detect
+            else ""
+        )
+        seeds = None
     step = f'{command(t)} --seeds {seeds} --amend "{seeds} seeds: {why_more(c)}"' if seeds else ""
     if seeds and c.look:  # a seed plan: its maximum is what an amendment raises
         step = f'raise seeds.max to {seeds} in {t.source}, then {command(t)} --amend "max {seeds}: {why_more(c)}"'

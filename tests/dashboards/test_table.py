@@ -496,6 +496,23 @@ def test_the_table_leads_with_each_verdict_why_and_the_next_step(store):
     assert main.ci_t[0] > 0 and "‡" in to_markdown(table)  # the t interval excludes 0, the exact test cannot say
 
 
+def test_no_more_seeds_are_advised_where_these_seeds_had_the_power(store):
+    """Raising the seeds to a count already trained is no step: where the declared difference needs no more seeds
+    than the table has, the why says these seeds had the power, and the step is the margin that would test
+    equivalence (the catalogue's heads table advised "--seeds 8" at 8 seeds)."""
+    rng = np.random.default_rng(12)
+    base = base_values(SEEDS5, rng)
+    values = {"baseline": base, "v": {s: v + 0.002 * rng.standard_normal() for s, v in base.items()}}
+    fill(store, "powered", values, analysis={"detect": {"test/acc": 0.05}, "test": "t"})
+    table = build(load_study(store, "powered"))
+    c = table.rows[1].contrast
+    d = np.array([values["v"][s] - base[s] for s in SEEDS5])
+    assert c.verdict == "not resolved" and stats.seeds_needed(d, 0.05, test="t") <= 5
+    lead = table_lead(to_markdown(table))
+    assert "--seeds" not in lead and "power for it: a difference that large is unlikely" in lead
+    assert "next: declare analysis.margins.test/acc to test equivalence" in lead
+
+
 def test_decided_verdicts_count_the_seeds_as_measured(store):
     """ "Cosine better in all 7 seeds" was written where the exact p was 4/128 (one seed not better): the count in
     a verdict sentence is counted from the per-seed differences; equivalence words only after a margin test."""

@@ -15,7 +15,7 @@ import pytest
 
 from ablations.records import cell_state
 from dashboards.load import load_study as load_runs
-from dashboards.sequential import path, plan_of
+from dashboards.sequential import path, path_rows, plan_of
 from dashboards.sequential import table as sequential_table
 from tests.ablations.sweep.test_sweep import REVERSE, runs_of, wait_for, write_study
 from tests.conftest import ROOT
@@ -55,6 +55,9 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
     time.sleep(2)
+    dry = subprocess.run([*command, "--dry-run"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert "seed plan: the cells of the look it has reached (25 of 27 up to its maximum)" in dry.stdout, dry.stdout
+    assert "at most: 9 seeds per variant, 27 trials" in dry.stdout
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -75,6 +78,9 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
     assert far.n == 7  # its verdict is the first look's, on 7 seeds, though base trained 9
     assert near.verdict == "not resolved" and near.look.startswith("open at the maximum, look 2 of 2")
     assert any("25 seeds trained of the 27" in n for n in table.notes)
+    rows = [(r[0], r[1], r[-1]) for r in path_rows(looks)]  # a decided contrast's row at its deciding look, no later
+    assert rows == [("1", "near vs base", "open"), ("1", "far vs base", "different (worse)"),
+                    ("2", "near vs base", "open")], rows  # fmt: skip
 
     third = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert third.returncode == 0, third.stdout + third.stderr
