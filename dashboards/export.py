@@ -1,7 +1,7 @@
 """Every seed's value, exported beside each table: ``seeds.csv`` (one row per cell: variant, seed, cell id, outcome and
 why, the metric as logged, the value it entered the comparisons with) and ``declaration.json`` (what the table was
 analysed under: metric, direction, baseline, the analysis, the family and the exploratory contrasts, the grid's
-levels, the registration). docs/results/recompute.py recomputes every p-value and interval of the table's
+levels, the registration, a seed plan and its looks). docs/results/recompute.py recomputes every p-value and interval of the table's
 ``contrasts.csv`` from these two files alone, with numpy and scipy."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def declaration(t: Table) -> dict[str, Any]:
         "levels": t.levels,
         "settings": _settings(t),
         "registration": None if latest is None else {"version": latest.version, "hash": latest.hash},
+        "plan": t.plan,  # a seed plan's looks, replayed by recompute.py: what was trained when, and what stayed open
+        "looks": t.looks,
     }
 
 

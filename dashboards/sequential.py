@@ -232,7 +232,15 @@ def table(runs: StudyRuns, **options) -> Table:
             r.contrast = final[r.contrast.label]
     full.notes.append(_path_note(plan, looks, full.analysis.alpha))
     full.path = path_rows(looks)
+    full.plan, full.looks = plan.as_dict(), [look_record(look) for look in looks]
     return full
+
+
+def look_record(look: Look) -> dict:
+    """A look as docs/results/recompute.py replays it: the seeds each variant had, the alpha spent, the contrasts
+    it left open and those the miniature cannot test (a declared rule on the values, not a p-value)."""
+    untestable = [c.label for c in look.contrasts if c.verdict == "not testable here"]
+    return {"seeds": look.seeds, "alpha": look.alpha, "open": look.open, "not_testable": untestable}
 
 
 def decided_at(label: str, looks: list[Look]) -> Look | None:

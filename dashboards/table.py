@@ -80,6 +80,8 @@ class Table:
     seeds: list[dict[str, Any]] = field(default_factory=list)  # every cell's value and outcome (``seed_records``)
     levels: dict[str, list[str]] = field(default_factory=dict)  # a grid's axes and their levels, in order
     path: list[list[str]] = field(default_factory=list)  # a seed plan's looks (dashboards.render.PATH_HEAD)
+    plan: dict[str, Any] | None = None  # the seed plan (ablations.spec.seedplan), as declared
+    looks: list[dict[str, Any]] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
 
     @property
     def warnings(self) -> list[str]:

@@ -7,6 +7,12 @@ FOLDER holds what ``ablate report`` writes beside each table: ``seeds.csv`` (eve
 contrast is computed again from the seeds (paired differences, or a factorial effect within each seed; the exact
 sign-flip test or the t-test; Holm over the family, and over the exploratory contrasts apart; the two one-sided
 tests against a margin) and compared with the table. Exit 0 when every number agrees, 1 otherwise.
+
+A study with a seed plan (``plan`` and ``looks`` in declaration.json) is replayed look by look: each variant's seeds
+at each look, each declared contrast's group-sequential sign-flip test over its looks (boundaries by enumerating every
+sign pattern, Mehta et al. 1994; alpha spent by Lan and DeMets' functions), the closed Holm test over the family, the
+contrasts it decided frozen at that look, the next batch for the variants of those still open. The replayed looks must
+be the exported ones, and each family contrast's numbers those of the look that decided it (or of the last look).
 """
 
 from __future__ import annotations
@@ -154,6 +160,166 @@ def recompute(values: dict, declared: dict, table: list[dict]) -> dict[str, dict
     return out
 
 
+# --- seed plans: the looks replayed ------------------------------------------------------------------------------
+
+GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4, 10, 20)  # multiples of alpha at which the report's shown p is sought
+
+
+def spend(spending: str, t: float, alpha: float) -> float:
+    """The alpha spent by information fraction t (seeds / max): Lan and DeMets' Pocock-type or O'Brien-Fleming-type."""
+    if t >= 1:
+        return alpha
+    if spending == "pocock":
+        return alpha * math.log(1 + (math.e - 1) * t)
+    return float(2 - 2 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+
+
+def every_sign(n: int) -> np.ndarray:
+    """(n, R) sign patterns: all 2^n up to EXACT_MAX_N seeds; beyond, the report's own draw (numpy, seed 0)."""
+    if n > EXACT_MAX_N:
+        return np.random.default_rng(0).choice([-1.0, 1.0], size=(n, MC_RESAMPLES))
+    return np.where((np.arange(2**n)[None, :] >> np.arange(n)[:, None]) & 1, -1.0, 1.0)
+
+
+def sequential_crossed(d: np.ndarray, sizes: list[int], spent: list[float], side: int) -> bool:
+    """Whether d crossed a boundary at one of its looks (after sizes[k] seeds, alpha spent[k] by then). At each look
+    the boundary is the most extreme sign patterns not already past an earlier one, as many as the alpha spent
+    allows, ties never split. side 0: |sum|; 1: large sums; -1: small sums."""
+    signs = every_sign(sizes[-1])
+    total = signs.shape[1]
+    tol = 1e-9 * np.abs(d[: sizes[-1]]).sum()
+    past = np.zeros(total, dtype=bool)
+    for n, alpha in zip(sizes, spent):
+        sums = np.abs(d[:n]) @ signs[:n]
+        stat, seen = (np.abs(sums), abs(d[:n].sum())) if side == 0 else (side * sums, side * d[:n].sum())
+        allowed = math.floor(alpha * total + 1e-9) - int(past.sum())
+        alive = np.sort(stat[~past])[::-1]
+        if allowed >= len(alive):
+            bound = -math.inf
+        elif allowed < 0:
+            bound = math.inf
+        else:
+            bound = alive[allowed] + tol  # only patterns strictly above the (allowed + 1)-th cross
+        if seen > bound:
+            return True
+        past |= stat > bound
+    return False
+
+
+def closed_rejects(crossing: np.ndarray) -> np.ndarray:
+    """The closed test with Bonferroni intersections (Holm's): crossing[i, s - 1] says whether hypothesis i crossed
+    at alpha / s. H_i is rejected when, for every s, it crossed at alpha / s or m - s + 1 others did."""
+    m = crossing.shape[0]
+    others = crossing.sum(axis=0)[None, :] - crossing
+    need = m - np.arange(1, m + 1) + 1
+    return (crossing | (others >= need[None, :])).all(axis=1)
+
+
+def shown_p(members: list, plan: dict, alpha: float, side: int) -> list[float]:
+    """Per member (d, sizes, margin): the smallest GRID level from which up to alpha the closed test rejects it, or
+    the first level above alpha at which it does, 1 if none (as the report shows a sequential p)."""
+    m = len(members)
+    if not m:
+        return []
+    levels = sorted({min(1.0, alpha * g) for g in GRID})
+    rejected = []
+    for level in levels:
+        crossing = np.zeros((m, m), dtype=bool)
+        for i, (d, sizes, margin) in enumerate(members):
+            for s in range(1, m + 1):
+                spent = [spend(plan["spending"], n / plan["max"], level / s) for n in sizes]
+                if not sizes:
+                    continue
+                if side == 0:
+                    crossing[i, s - 1] = sequential_crossed(d, sizes, spent, 0)
+                else:
+                    crossing[i, s - 1] = sequential_crossed(d + margin, sizes, spent, 1) and sequential_crossed(
+                        d - margin, sizes, spent, -1
+                    )
+        rejected.append(closed_rejects(crossing))
+    at, out = levels.index(alpha), []
+    for i in range(m):
+        if rejected[at][i]:
+            k = at
+            while k > 0 and rejected[k - 1][i]:
+                k -= 1
+            out.append(levels[k])
+        else:
+            out.append(next((levels[k] for k in range(at + 1, len(levels)) if rejected[k][i]), 1.0))
+    return out
+
+
+def differences(values: dict, declared: dict, row: dict, upto: dict) -> tuple[np.ndarray, list]:
+    """The contrast's per-seed differences (seed order) on the seeds each variant had by a look, and those seeds."""
+    seen = {v: {s: x for s, x in values.get(v, {}).items() if s < upto.get(v, 0)} for v in declared["variants"]}
+    if row["kind"] == "pair":
+        a, b = seen.get(row["a"], {}), seen.get(row["b"], {})
+        by = {s: a[s] - b[s] for s in set(a) & set(b)}
+    else:
+        by = effects(seen, declared).get(row["label"], {})
+    order = sorted(by)
+    return np.array([by[s] for s in order]), order
+
+
+def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, dict], list[str]]:
+    """label -> a family contrast's numbers at the look that decided it (or the last), and every way the replayed
+    looks differ from the exported ones."""
+    plan, analysis, exported = declared["plan"], declared["analysis"], declared["looks"]
+    alpha, rows = analysis["alpha"], {r["label"]: r for r in table if r["label"] in declared["family"]}
+    margin = analysis["margins"].get(declared["metric"], math.nan)
+    level = alpha / max(1, len(rows))
+    looks = [plan["first"]]
+    while looks[-1] < plan["max"]:
+        looks.append(min(looks[-1] + plan["batch"], plan["max"]))
+    upto, history, frozen, wrong = dict.fromkeys(declared["variants"], plan["first"]), [], {}, []
+    for k, look in enumerate(exported):
+        history.append(dict(upto))
+        if upto != look["seeds"]:
+            wrong.append(f"look {k + 1}: seeds {upto} replayed, {look['seeds']} exported")
+        now = dict(frozen)
+        for label, row in rows.items():
+            if label not in frozen:
+                d, seeds = differences(values, declared, row, upto)
+                involved = [row["a"], row["b"]] if row["kind"] == "pair" else declared["variants"]
+                counts = {sum(s < min(h.get(v, 0) for v in involved) for s in seeds) for h in history}
+                now[label] = (d, sorted(counts - {0}) if len(d) else [])
+        labels = list(rows)
+        p = dict(zip(labels, shown_p([(*now[x], 0.0) for x in labels], plan, alpha, 0)))
+        with_margin = [x for x in labels if math.isfinite(margin)]
+        p_tost = dict(zip(with_margin, shown_p([(*now[x], margin) for x in with_margin], plan, alpha, 1)))
+        still = []
+        for label in labels:
+            if label in frozen:
+                continue
+            decided = p[label] <= alpha or p_tost.get(label, 1.0) <= alpha or label in look["not_testable"]
+            if decided:
+                frozen[label] = now[label]
+                frozen[label + "\0numbers"] = (p[label], p_tost.get(label, math.nan))
+            else:
+                still.append(label)
+        if still != look["open"]:
+            wrong.append(f"look {k + 1}: open {still} replayed, {look['open']} exported")
+        if not still:
+            break
+        grow = {v for x in still for v in ([rows[x]["a"], rows[x]["b"]] if rows[x]["kind"] == "pair" else upto)}
+        upto = {v: (looks[k + 1] if v in grow and k + 1 < len(looks) else n) for v, n in upto.items()}
+    out = {}
+    for label in rows:
+        d, _ = frozen.get(label, now[label])
+        p_holm, p_tost_holm = frozen.get(label + "\0numbers", (p[label], p_tost.get(label, math.nan)))
+        out[label] = numbers(d, analysis["test"], margin, level, alpha) | {"p_holm": p_holm, "p_tost_holm": p_tost_holm}
+    return out, wrong
+
+
+def numbers(d: np.ndarray, test: str, margin: float, level: float, alpha: float) -> dict:
+    """A contrast's estimate, t interval and unadjusted tests on its differences."""
+    p, p_tost = tests(d, test, margin, level)
+    lo = hi = math.nan
+    if len(d) >= 2 and spread(d):
+        lo, hi = stats.t.interval(1 - alpha, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    return {"diff": d.mean() if len(d) else math.nan, "diff_low": lo, "diff_high": hi, "p": p, "p_tost": p_tost}
+
+
 def same(x: str, y: float) -> bool:
     a = float(x) if x not in ("", None) else math.nan
     return (math.isnan(a) and math.isnan(y)) or math.isclose(a, y, rel_tol=1e-9, abs_tol=1e-12)
@@ -161,8 +327,11 @@ def same(x: str, y: float) -> bool:
 
 def main(folder: str) -> int:
     values, declared, table = read(Path(folder))
-    again = recompute(values, declared, table)
-    wrong = [
+    again, wrong = recompute(values, declared, table), []
+    if declared.get("plan"):
+        planned, wrong = replay(values, declared, table)
+        again.update(planned)
+    wrong += [
         f"{row['label']}: {key} {row[key]} in the table, {again[row['label']].get(key, math.nan)!r} recomputed"
         for row in table
         for key in CHECKED

@@ -4,6 +4,8 @@ exported so that docs/results/recompute.py (numpy and scipy only) reproduces eve
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 
@@ -97,6 +99,36 @@ def test_every_p_value_and_interval_is_recomputed_from_the_exported_seeds_alone(
     seeds.write_text("\n".join([lines[0], ",".join(first), *lines[2:]]) + "\n")
     done = recompute(tmp_path / "r2")
     assert done.returncode == 1 and "recomputed" in done.stdout
+
+
+def test_a_seed_plan_s_looks_are_replayed_from_the_exported_seeds_alone(tmp_path, store):
+    """A seed plan's table: the script replays its looks (which seeds each variant had, which contrasts stayed open)
+    with its own group-sequential test, and reproduces each contrast as the look that decided it saw it: one
+    different at the first look, one equivalent within the margin at the first look, one open to the maximum."""
+    rng = np.random.default_rng(3)
+    base = {s: 0.8 + 0.02 * rng.standard_normal() for s in range(12)}
+    values = {
+        "base": base,
+        "near": {s: v + 0.03 + 0.06 * rng.standard_normal() for s, v in base.items()},  # open at every look
+        "far": {s: base[s] + 0.2 + 0.01 * rng.standard_normal() for s in range(8)},  # decided at look 1
+        "twin": {s: base[s] + 0.001 * rng.standard_normal() for s in range(8)},  # equivalent at look 1
+    }
+    plan = {"first": 8, "batch": 2, "max": 12, "spending": "pocock"}
+    analysis = {"contrasts": {"pairs": "baseline"}, "margins": {"test/acc": 0.05}}
+    fill(store, "planned", values, analysis=analysis, plan=plan)
+    make_report(store, "planned", out_dir=tmp_path / "r", log=False)
+    declared = json.loads((tmp_path / "r" / "declaration.json").read_text())
+    assert declared["plan"] == plan and [look["open"] for look in declared["looks"]] == [["near vs base"]] * 3
+    assert [look["seeds"]["far"] for look in declared["looks"]] == [8, 8, 8]
+    done = recompute(tmp_path / "r")
+    assert done.returncode == 0 and done.stdout.startswith("all 3 contrasts reproduced"), done.stdout + done.stderr
+    verdicts = {r["label"]: r["verdict"] for r in csv.DictReader((tmp_path / "r" / "contrasts.csv").open())}
+    assert verdicts == {"near vs base": "not resolved", "far vs base": "different (better)",
+                        "twin vs base": "equivalent within ±0.05"}  # fmt: skip
+    declared["looks"][0]["open"] = ["near vs base", "twin vs base"]  # a look the seeds do not give
+    (tmp_path / "r" / "declaration.json").write_text(json.dumps(declared))
+    done = recompute(tmp_path / "r")
+    assert done.returncode == 1 and "look 1: open ['near vs base'] replayed" in done.stdout, done.stdout
 
 
 def test_what_an_amendment_after_results_changes_makes_exploratory():

@@ -51,6 +51,7 @@ def fill(
     curves: dict[tuple[str, int], list[tuple[int, float]]] | None = None,
     train_curves: dict[tuple[str, int], list[tuple[int, float]]] | None = None,
     code: str | None = None,
+    plan: dict | None = None,
 ) -> str:
     """A study as a sweep records it: a parent run with design.json (with the study's ``analysis`` section when
     given), one child run per cell (``extra``: more metrics of a cell; ``params``: variant -> the run's params,
@@ -73,6 +74,7 @@ def fill(
             "variants": [{"name": v, "settings": settings[v]} for v in values],
             **({"analysis": analysis} if analysis is not None else {}),
             **({"code": code} if code is not None else {}),
+            **({"plan": plan} if plan is not None else {}),
         },
         "design.json",
     )
