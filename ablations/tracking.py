@@ -14,9 +14,12 @@ under ``.ablate/`` in the working directory.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
+import sqlite3
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import tenacity
 
@@ -95,11 +100,44 @@ def resolve_uri(uri: str | None = None, root: str | Path | None = None, *, creat
     """The flag, else MLFLOW_TRACKING_URI, else the embedded SQLite store under .ablate/ (its folder is made
     unless ``create`` is false: a dry run writes nothing)."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    if create:
+    if not uri and create:
         home(root).mkdir(parents=True, exist_ok=True)
-    return embedded_uri(root)
+    uri = uri or embedded_uri(root)
+    if create and (old := follow_moved_store(uri)):
+        print(f"the store moved from {old}: its artifact paths now point beside it", file=sys.stderr)
+    return uri
+
+
+MOVABLE = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"))
+
+
+def follow_moved_store(uri: str) -> str | None:
+    """A SQLite store copied to another folder or machine with its artifacts folder beside it (a long study continued
+    elsewhere): MLflow keeps absolute artifact paths, so those under an artifacts root that no longer exists are
+    rewritten to the one beside the store. Returns the old root when it did; a store in place is never touched."""
+    db = Path(uri.removeprefix("sqlite:///"))
+    here = db.parent / "artifacts"
+    if not uri.startswith("sqlite:///") or not db.is_file() or not here.is_dir():
+        return None
+    con = sqlite3.connect(db, timeout=60)
+    try:
+        try:
+            located = con.execute("SELECT name, artifact_location FROM experiments").fetchall()
+        except sqlite3.OperationalError:  # no MLflow tables yet
+            return None
+        roots = {loc[: -len(name) - 1] for name, loc in located if loc and loc.endswith(f"/artifacts/{name}")}
+        gone = [r for r in roots if r != here.as_uri() and not Path(url2pathname(urlsplit(r).path)).exists()]
+        tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        with con:
+            for old, (table, column) in itertools.product(gone, MOVABLE):
+                if table in tables:
+                    con.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
+                        (here.as_uri(), len(old) + 1, len(old), old),
+                    )
+        return gone[0] if gone else None
+    finally:
+        con.close()
 
 
 def ray_storage() -> str:

@@ -66,3 +66,36 @@ def test_metrics_written_while_the_store_is_away_arrive_and_what_cannot_marks_th
         run = c.get_run(logger.run_id)
         assert run.data.tags["metrics_lost"] == "2"
         assert run.data.tags["status_detail"].startswith("finished: 2 metric value(s) could not be logged")
+
+
+def test_a_store_moved_with_its_artifacts_is_followed(tmp_path, capsys):
+    """A long study stopped on one machine and continued on another (docs/results/run.sh): the SQLite store and its
+    artifacts folder are copied to another path. MLflow keeps absolute artifact paths, so the study's design was
+    read there as a submission without one (no analysis); the first command on the moved store points them beside it, and leaves a store in place as
+    it is."""
+    import shutil
+
+    from ablations import tracking
+    from dashboards.load import load_study
+    from tests.dashboards.test_report import fill
+
+    first = tmp_path / "first" / ".store"
+    first.mkdir(parents=True)
+    values = {"a": {0: 0.5, 1: 0.6}, "b": {0: 0.4, 1: 0.45}}
+    fill(f"sqlite:///{first}/mlflow.db", "moved", values, analysis={"margins": {"test/acc": 0.05}})
+    assert tracking.follow_moved_store(f"sqlite:///{first}/mlflow.db") is None  # in place: untouched
+    elsewhere = tmp_path / "elsewhere" / ".store"
+    shutil.copytree(first, elsewhere)
+    shutil.rmtree(tmp_path / "first")
+    uri = f"sqlite:///{elsewhere}/mlflow.db"
+    assert load_study(uri, "moved").design.analysis.margins == {}  # design.json under a folder that is gone
+    assert tracking.resolve_uri(uri) == uri
+    assert f"the store moved from {(first / 'artifacts').as_uri()}" in capsys.readouterr().err
+    assert load_study(uri, "moved").design.analysis.margins == {"test/acc": 0.05}
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("moved")
+    assert exp.artifact_location == f"{(elsewhere / 'artifacts').as_uri()}/moved"
+    run = c.search_runs([exp.experiment_id], max_results=1)[0]
+    c.log_text(run.info.run_id, "more", "later.txt")  # a later cell's artifacts land beside the moved store
+    assert (elsewhere / "artifacts" / "moved" / run.info.run_id / "artifacts" / "later.txt").read_text() == "more"
+    assert tracking.follow_moved_store(uri) is None
