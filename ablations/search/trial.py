@@ -51,6 +51,29 @@ class TrialTask:
 TAKEN_OVER = "its trial was ended by another search process, which took it for lost and asks it again"
 
 
+# A storage briefly away (PostgreSQL restarting, its connections cut) costs a trial's report a wait, not the trial:
+# the report is tried again for up to this many seconds; a storage away for longer fails the trial with its error.
+STORAGE_PATIENCE = 60.0
+
+
+def patiently(call):
+    """``call()``, tried again while the storage raises errors of its own (never those of the trial's state) for up
+    to ``STORAGE_PATIENCE`` seconds; then the last error is raised."""
+    import tenacity
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((StorageInternalError, OperationalError)),
+        stop=tenacity.stop_after_delay(STORAGE_PATIENCE),
+        wait=tenacity.wait_exponential(multiplier=0.25, max=4.0),
+        reraise=True,
+    ):
+        with attempt:
+            return call()
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
 def trial_ended_elsewhere(storage, tid: int) -> bool:
     """Whether the trial is no longer RUNNING in the storage (``False`` when the storage cannot say)."""
     try:
@@ -83,10 +106,10 @@ def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -
         if value is None or not math.isfinite(value):
             return
         try:
-            trial.report(value, step)
+            patiently(lambda: trial.report(value, step))
         except UpdateFinishedTrialError:
             raise StopTraining(records.STATUS_KILLED, TAKEN_OVER) from None
-        if task.pruner != "none" and (last_step is None or step < last_step) and trial.should_prune():
+        if task.pruner != "none" and (last_step is None or step < last_step) and patiently(trial.should_prune):
             raise StopTraining(
                 records.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
             )

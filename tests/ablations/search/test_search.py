@@ -125,6 +125,59 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     assert optuna.load_study(study_name="p", storage=url).trials[2].intermediate_values == {10: 3.0, 20: 3.0}
 
 
+def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_stays_away(tmp_path, monkeypatch):
+    """Found by benchmarks/soak.py: PostgreSQL restarted while a trial reported its validation loss, and the trial
+    was recorded failed (StorageInternalError) though nothing was wrong with it. Its database refusing every
+    connection for two seconds (all cut, none let in: what clients see of a restart) now costs the report a wait;
+    a database that stays away longer than ``STORAGE_PATIENCE`` still fails the trial with the storage's error."""
+    import threading
+
+    import psycopg
+    from optuna.exceptions import StorageInternalError
+
+    from ablations.search import make_pruner
+    from ablations.search import trial as trial_module
+    from ablations.search.trial import TrialTask, pruning_hooks
+    from ablations.spec import Resources
+    from tests.conftest import fresh_postgres_database
+
+    with fresh_postgres_database("ablate_restart") as url:
+        name = url.rsplit("/", 1)[1]
+        study = optuna.create_study(study_name="r", storage=open_storage(url), pruner=make_pruner("median"))
+        trial = study.ask()
+        task = TrialTask(
+            spec_name="r", storage=url, number=trial.number, params={}, run_data={}, uri="", experiment="",
+            parent_run_id="", objectives=[("final/val_loss", "minimize")], prune_on="val/loss", pruner="median",
+            code={}, resources=Resources(), ray_storage=str(tmp_path),
+        )  # fmt: skip
+        (hook,) = pruning_hooks(task, open_storage(url), last_step=30)
+        hook(10, {"val/loss": 3.0})  # its connections are open and pooled
+
+        def away(allow: bool) -> None:
+            with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
+                c.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {str(allow).lower()}")
+                if not allow:
+                    c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+        away(False)
+        back = threading.Timer(2.0, away, args=(True,))
+        back.start()
+        try:
+            hook(20, {"val/loss": 2.0})  # waits for the database, then reports
+        finally:
+            back.join()
+        values = optuna.load_study(study_name="r", storage=url).trials[0].intermediate_values
+        assert values == {10: 3.0, 20: 2.0}
+
+        monkeypatch.setattr(trial_module, "STORAGE_PATIENCE", 1.0)
+        away(False)
+        try:
+            with pytest.raises(StorageInternalError):
+                hook(30, {"val/loss": 1.0})  # away for longer than its patience: the trial fails, and says why
+        finally:
+            away(True)
+
+
 @pytest.mark.slow
 def test_search_on_ray_with_pruning_tracked_in_mlflow(tmp_path, store, local_ray):
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
