@@ -190,8 +190,12 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
     exit_quickly()  # this worker's process ends without collecting its libraries' garbage
     import_paused(["optuna", *trial_modules(task.uri, task.resources.workers)])  # and imports with it paused
     lost_attempts(task)
-    storage = open_storage(task.storage)
-    tid = trial_id(storage, task.spec_name, task.number)
+    try:  # a storage restarting is waited for; one that stays away fails the trial with its error
+        storage = patiently(lambda: open_storage(task.storage))
+        tid = patiently(lambda: trial_id(storage, task.spec_name, task.number))
+    except Exception as err:
+        reason = f"the Optuna storage did not answer: {type(err).__name__}: {err}"[:500]
+        return {"status": "failed", "reason": reason, "values": None, "run_id": ""}
     stop = _heartbeat(storage, tid)
     try:
         result = _train(task, storage)

@@ -125,6 +125,49 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     assert optuna.load_study(study_name="p", storage=url).trials[2].intermediate_values == {10: 3.0, 20: 3.0}
 
 
+def database_away(name: str, away: bool) -> None:
+    """A PostgreSQL database of 127.0.0.1:5432 refusing every connection, its open ones cut (what its clients see
+    of a restart), or back."""
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {str(not away).lower()}")
+        if away:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
+def test_a_trial_that_starts_while_postgresql_restarts_waits_for_it_and_trains(tmp_path, store):
+    """Found by benchmarks/soak.py: a search trial failed with no MLflow run when PostgreSQL restarted as it started
+    (the trial's process opens the Optuna storage before anything else, and that error reached the driver as a
+    dead task). It now waits for the storage, as its reports do, and trains."""
+    import threading
+
+    import ablations.train  # noqa: F401  (imported now: the trial reaches its storage at once, while it is away)
+    from ablations.search.trial import TrialTask, run_trial
+    from tests.conftest import fresh_postgres_database
+
+    spec = load_search(write_spec(tmp_path, pruner="none", budget={"steps": 20}))
+    with fresh_postgres_database("ablate_start") as url:
+        name = url.rsplit("/", 1)[1]
+        study = optuna.create_study(study_name="srch", storage=open_storage(url))
+        trial = study.ask()
+        params = spec.suggest(trial)
+        task = TrialTask(
+            spec_name="srch", storage=url, number=trial.number, params=params, run_data=spec.run_data(params),
+            uri=store, experiment="srch", parent_run_id="", objectives=spec.objectives, prune_on=spec.prune_on,
+            pruner="none", code={}, resources=spec.resources, ray_storage=str(tmp_path),
+        )  # fmt: skip
+        database_away(name, True)
+        back = threading.Timer(3.0, database_away, args=(name, False))
+        back.start()
+        try:
+            result = run_trial(task)
+        finally:
+            back.join()
+        assert result["status"] == "finished", result
+        assert MlflowClient(store).get_run(result["run_id"]).info.status == "FINISHED"
+
+
 def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_stays_away(tmp_path, monkeypatch):
     """Found by benchmarks/soak.py: PostgreSQL restarted while a trial reported its validation loss, and the trial
     was recorded failed (StorageInternalError) though nothing was wrong with it. Its database refusing every
@@ -132,7 +175,6 @@ def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_sta
     a database that stays away longer than ``STORAGE_PATIENCE`` still fails the trial with the storage's error."""
     import threading
 
-    import psycopg
     from optuna.exceptions import StorageInternalError
 
     from ablations.search import make_pruner
@@ -153,14 +195,8 @@ def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_sta
         (hook,) = pruning_hooks(task, open_storage(url), last_step=30)
         hook(10, {"val/loss": 3.0})  # its connections are open and pooled
 
-        def away(allow: bool) -> None:
-            with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as c:
-                c.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS {str(allow).lower()}")
-                if not allow:
-                    c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-
-        away(False)
-        back = threading.Timer(2.0, away, args=(True,))
+        database_away(name, True)
+        back = threading.Timer(2.0, database_away, args=(name, False))
         back.start()
         try:
             hook(20, {"val/loss": 2.0})  # waits for the database, then reports
@@ -170,12 +206,12 @@ def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_sta
         assert values == {10: 3.0, 20: 2.0}
 
         monkeypatch.setattr(trial_module, "STORAGE_PATIENCE", 1.0)
-        away(False)
+        database_away(name, True)
         try:
             with pytest.raises(StorageInternalError):
                 hook(30, {"val/loss": 1.0})  # away for longer than its patience: the trial fails, and says why
         finally:
-            away(True)
+            database_away(name, False)
 
 
 @pytest.mark.slow
