@@ -628,11 +628,12 @@ def write_files(folder: Path, size: Size) -> tuple[Path, Path]:
 
 
 class Progress:
-    """The share of the work done, read from PostgreSQL (cells done in the claims, trials ended in Optuna), cheaply
-    and without MLflow; the last value while the server is away."""
+    """The share of the work done: the larger of the study's (cells done in the claims) and the search's (trials
+    ended in Optuna), so that a round drawn below 100% fires while both commands still run, whichever is faster.
+    Read from PostgreSQL, cheaply and without MLflow; the last value while the server is away."""
 
     def __init__(self, dsn: str, cells: int, trials: int) -> None:
-        self.dsn, self.total, self.last = dsn, cells + trials, 0.0
+        self.dsn, self.cells, self.trials, self.last = dsn, cells, trials, 0.0
 
     def share(self) -> float:
         import psycopg
@@ -648,7 +649,7 @@ class Progress:
                 "WHERE s.study_name = %s AND t.state IN ('COMPLETE', 'PRUNED')",
                 (SEARCH,),
             ).fetchone()[0]
-            self.last = (cells + trials) / self.total
+            self.last = max(cells / self.cells, trials / self.trials)
         return self.last
 
 
