@@ -5,6 +5,7 @@
 # The MLflow store is docs/results/.store (not committed): `ablate ui --tracking-uri sqlite:///$PWD/docs/results/.store/mlflow.db`;
 # the tuned studies' Optuna searches are in docs/results/.store/optuna.db (`ablate ui --optuna --storage ...`).
 # Wall time per study is appended to docs/results/.store/timings.txt.
+# Stopped part-way, the same command continues it, here or on another machine with docs/results/.store copied there.
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
 export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
