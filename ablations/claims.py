@@ -46,9 +46,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from ablations.stores import patiently
+
 ANY_CODE = "any"  # the code key of a submission whose results may be any code's (reuse_results: any_code)
 LEASE_S = 60.0  # a claim held this long without renewal is free again
 RENEW_S = 15.0  # how often a live submission renews its leases
+# a database briefly away (a PostgreSQL restart) costs a transaction a wait, within a lease's margin over its renewal
+PATIENCE_S = LEASE_S - RENEW_S - 5.0
 WRITE_WINDOW_S = 600.0  # a done cell whose run is not in MLflow after this long is reopened
 
 metadata = MetaData()
@@ -78,6 +82,17 @@ REGISTRATIONS = Table(
     Column("created", Float, nullable=False),  # the store's clock
     Column("record", Text, nullable=False),  # JSON: the declaration, the reason, the cells finished by then, ...
 )
+
+
+def patient(method):
+    """A method whose transaction is tried again while the database is briefly away (stores.patiently): each is one
+    transaction, so a retry either finds it undone or, after a commit whose answer was lost, finds its own effect."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        return patiently(lambda: method(self, *args, **kwargs), PATIENCE_S)
+
+    return wrapper
 
 
 def host_name() -> str:
@@ -183,6 +198,7 @@ class Registry:
     def __init__(self, url: str) -> None:
         self.url, self.engine = url, engine(url)
 
+    @patient
     def entries(self, study: str, store: str) -> list[dict]:
         """The versions recorded for a study in a store, oldest first: version, hash, created, record."""
         query = select(REGISTRATIONS).where(REGISTRATIONS.c.study == study, REGISTRATIONS.c.store == store)
@@ -190,6 +206,7 @@ class Registry:
             rows = conn.execute(query.order_by(REGISTRATIONS.c.version)).all()
         return [dict(r._mapping) for r in rows]
 
+    @patient
     def add(self, study: str, store: str, version: int, hash: str, record: str) -> float | None:
         """Record a version if none has that number yet; its time by the store's clock, or None when another
         submission recorded that version first (the caller reads it back and decides again)."""
@@ -223,12 +240,14 @@ class Claims:
         query = select(CLAIMS).where(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id, other, live)
         return conn.execute(query.where(CLAIMS.c.owner != self.owner).limit(1)).first()
 
+    @patient
     def rival(self, study: str, cell_id: str, code: str) -> dict | None:
         """The row of a live rival claim (``_rival``), or None."""
         with self.engine.begin() as conn:
             row = self._rival(conn, study, cell_id, code)
         return dict(row._mapping) if row else None
 
+    @patient
     def claim(self, study: str, cell_id: str, code: str) -> Claim | None:
         """Take the cell if it is open, its lease has expired, or this owner holds it; None if another holds it, a
         rival holds it (``_rival``), or it is done. Atomic: of any number of concurrent claims, one gets the cell
@@ -261,6 +280,7 @@ class Claims:
             row = conn.execute(stmt).first()
         return Claim(study, cell_id, code, row[0]) if row else None
 
+    @patient
     def next_number(self, study: str, at_least: int = 1, store: str = "") -> int:
         """The next submission number of ``study``, atomically (ten submissions at once get ten numbers), and at
         least ``at_least`` (the numbers MLflow already holds from before). ``store`` names the MLflow experiment
@@ -276,6 +296,7 @@ class Claims:
         with self.engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
 
+    @patient
     def renew(self, claims: list[Claim]) -> tuple[list[Claim], list[Claim]]:
         """Extend the leases still held. Returns (lost, ended): claims another holder took over after they
         expired, and claims that ended (their cell done, or given back) and need no lease any more."""
@@ -293,6 +314,7 @@ class Claims:
                     (ended if row is not None and row.token == c.token else lost).append(c)
         return lost, ended
 
+    @patient
     def finish(self, claim: Claim, run_id: str) -> bool:
         """Mark the cell done with ``run_id`` if ``claim`` still holds it (its token is current): the fencing
         check. Leaves ``WRITE_WINDOW_S`` to write the run to MLflow. False: another took it over; write no
@@ -311,6 +333,7 @@ class Claims:
             )
         return result.rowcount == 1
 
+    @patient
     def release(self, claim: Claim) -> None:
         """Give the cell back (it failed or was interrupted): anyone may claim it again."""
         with self.engine.begin() as conn:
@@ -321,6 +344,7 @@ class Claims:
                 .values(state="open", lease_until=_now(self.engine))
             )
 
+    @patient
     def reopen_lost(self, study: str, cell_id: str, code: str, run_id: str | None, *, at_once: bool = False) -> bool:
         """A done cell whose run (``run_id``) never reached MLflow as a result, after its write window: open it.
         ``at_once``: the run is not in the MLflow store at all (another store beside the same claims, or a store
@@ -334,6 +358,7 @@ class Claims:
             result = conn.execute(update.values(state="open"))
         return result.rowcount == 1
 
+    @patient
     def expire_dead_local_owners(self, study: str) -> int:
         """Free now the claims held by processes of this machine that no longer exist (a killed driver), instead
         of waiting for their leases to expire. Owners on other machines are judged by their leases only."""
@@ -351,6 +376,7 @@ class Claims:
                 )
         return len(dead)
 
+    @patient
     def cell_rows(self, study: str, cell_id: str) -> list[dict]:
         """The cell's rows under every code (as ``state`` gives one)."""
         left = (CLAIMS.c.lease_until - _now(self.engine)).label("left")
@@ -358,6 +384,7 @@ class Claims:
             rows = conn.execute(select(CLAIMS, left).where(CLAIMS.c.study == study, CLAIMS.c.cell_id == cell_id))
             return [dict(row._mapping) for row in rows]
 
+    @patient
     def state(self, study: str, cell_id: str, code: str) -> dict | None:
         """The cell's row (state, owner, token, run_id, seconds left on the lease), or None if never claimed."""
         with self.engine.begin() as conn:

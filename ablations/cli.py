@@ -593,6 +593,13 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # a stream without a file (a test's capture)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as err:  # a database that stopped answering mid-work: its line, not a library's traceback
+        from ablations.stores import away
+
+        if (line := away(err)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -16,6 +16,38 @@ def database_kind(uri: str) -> str | None:
     return scheme if scheme in DATABASES else None
 
 
+def patiently(call, patience: float):
+    """``call()``, tried again while a database raises errors of its own (a PostgreSQL restart cutting its
+    connections, never a refused write or a conflict) for up to ``patience`` seconds; then the last error is raised,
+    so nothing waits forever."""
+    import tenacity
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((StorageInternalError, OperationalError)),
+        stop=tenacity.stop_after_delay(patience),
+        wait=tenacity.wait_exponential(multiplier=0.25, max=4.0),
+        reraise=True,
+    ):
+        with attempt:
+            return call()
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def away(err: BaseException) -> str | None:
+    """The one line for a database that stopped answering while a command worked (after ``patiently`` gave up),
+    None for any other error."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import OperationalError
+
+    if not isinstance(err, (OperationalError, StorageInternalError)):
+        return None
+    cause = getattr(err, "orig", None) or err.__cause__ or err
+    words = " ".join(str(cause).split())[:300]
+    return f"a database stopped answering ({words}): submit the same command again once it answers; it resumes"
+
+
 def sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL, however it is spelt (``sqlite+pysqlite:///``, ``?timeout=5``); None otherwise."""
     from sqlalchemy.engine import make_url

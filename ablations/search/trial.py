@@ -57,21 +57,10 @@ STORAGE_PATIENCE = 60.0
 
 
 def patiently(call):
-    """``call()``, tried again while the storage raises errors of its own (never those of the trial's state) for up
-    to ``STORAGE_PATIENCE`` seconds; then the last error is raised."""
-    import tenacity
-    from optuna.exceptions import StorageInternalError
-    from sqlalchemy.exc import OperationalError
+    """``call()``, tried again while the storage is away for up to ``STORAGE_PATIENCE`` seconds (stores.patiently)."""
+    from ablations.stores import patiently as patient
 
-    for attempt in tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type((StorageInternalError, OperationalError)),
-        stop=tenacity.stop_after_delay(STORAGE_PATIENCE),
-        wait=tenacity.wait_exponential(multiplier=0.25, max=4.0),
-        reraise=True,
-    ):
-        with attempt:
-            return call()
-    raise AssertionError("unreachable: tenacity reraises the last error")
+    return patient(call, STORAGE_PATIENCE)
 
 
 def trial_ended_elsewhere(storage, tid: int) -> bool:

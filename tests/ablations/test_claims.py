@@ -244,3 +244,43 @@ def test_a_retry_of_the_holder_s_own_trial_after_its_fence_passes_again(url):
     assert (row["state"], row["run_id"], row["token"]) == ("done", "run-2", held.token)
     assert not Fence(url, "host:2:b", held)("run-3")  # the token alone is not enough: another owner is refused
     assert b.claim(STUDY, "c1", CODE) is None
+
+
+def test_claims_wait_through_a_postgresql_restart_and_then_say_so_in_one_line(monkeypatch):
+    """Found by benchmarks/soak.py: a sweep driver ended with psycopg's traceback ("the database system is shutting
+    down") when PostgreSQL restarted under its claims. A claims transaction now waits for a database briefly away,
+    within a lease's margin over its renewal, and the leases it holds survive; a database away for longer ends the
+    command with one line saying what to do."""
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    from ablations import claims as claims_module
+    from ablations.claims import LEASE_S, PATIENCE_S, RENEW_S
+    from ablations.stores import away
+    from tests.ablations.search.test_search import database_away
+    from tests.conftest import fresh_postgres_database
+
+    assert RENEW_S + PATIENCE_S < LEASE_S  # a renewal that waited the whole patience still finds its leases held
+    with fresh_postgres_database("ablate_claims_restart") as url:
+        name = url.rsplit("/", 1)[1]
+        mine, rival = Claims(url, owner="a"), Claims(url, owner="b")
+        held = mine.claim("s", "c1", "code")
+        database_away(name, True)
+        back = threading.Timer(3.0, database_away, args=(name, False))
+        back.start()
+        try:
+            assert mine.renew([held]) == ([], [])  # waited for it, then renewed
+        finally:
+            back.join()
+        assert rival.claim("s", "c1", "code") is None and mine.finish(held, "run-1")
+        monkeypatch.setattr(claims_module, "PATIENCE_S", 1.0)
+        database_away(name, True)
+        try:
+            with pytest.raises(OperationalError) as info:
+                mine.claim("s", "c2", "code")
+        finally:
+            database_away(name, False)
+    line = away(info.value)
+    assert line.startswith("a database stopped answering (") and line.endswith("once it answers; it resumes")
+    assert "\n" not in line and away(ValueError("x")) is None
