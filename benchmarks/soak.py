@@ -734,10 +734,11 @@ def count_search(client, storage: str, size: Size) -> dict:
     from optuna.trial import TrialState
 
     from ablations.records import KIND_SEARCH, KIND_TRIAL
-    from ablations.search.ledger import counted_numbers
+    from ablations.search.ledger import FAILURE_ATTR, counted_numbers
 
     study = optuna.load_study(study_name=SEARCH, storage=storage)
     trials = study.get_trials(deepcopy=False)
+    trials_by_number = {t.number: t for t in trials}
     counted = counted_numbers(study)
     exp = client.get_experiment_by_name(SEARCH)
     runs = search_all(client, exp.experiment_id) if exp else []
@@ -757,7 +758,8 @@ def count_search(client, storage: str, size: Size) -> dict:
     for n in counted:
         if state[n] == TrialState.FAIL:
             last = sorted(by_trial.get(n, []), key=lambda r: r.info.start_time)
-            failed[n] = last[-1].data.tags.get("status_detail", "") if last else "failed before its run started"
+            before = "failed before its run started: " + trials_by_number[n].user_attrs.get(FAILURE_ATTR, "no reason")
+            failed[n] = last[-1].data.tags.get("status_detail", "") if last else before
     missing = {}
     for n in counted:
         for r in results[n]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ablations import records, tracking
 from ablations.search.ledger import (
+    FAILURE_ATTR,
     HOST_ATTR,
     PID_ATTR,
     SURPLUS_ATTR,
@@ -290,6 +291,7 @@ class _Search:
             data = spec.run_data(params)
             resolve_run({**data, "name": spec.name}, f"{spec.source} (trial {trial.number})")
         except SpecError as err:  # an impossible combination: a failed trial with its reason
+            trial.set_user_attr(FAILURE_ATTR, f"refused: {err.message}"[:500])
             study.tell(trial, state=TrialState.FAIL)
             self.out(f"trial {trial.number} refused: {err.message} ({params})")
             return

@@ -14,6 +14,7 @@ from ablations import records
 from ablations.spec import SearchSpec
 
 HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
+FAILURE_ATTR = "ablate:failure"  # why a trial failed (its MLflow run, when it began one, says it too)
 SURPLUS_ATTR = "ablate:surplus"  # a trial asked beyond n_trials by a process that raced another: failed, not counted
 
 
@@ -104,6 +105,15 @@ def worst_values(study, spec: SearchSpec) -> list[float] | None:
     return out
 
 
+def note_failure(study, number: int, reason: str) -> None:
+    """A running trial's failure reason as its user attribute (Optuna's Study has no public way to set one on a
+    trial it did not hand out, so its storage's, as Optuna's own Trial does)."""
+    from ablations.search.setup import trial_id
+
+    storage = study._storage
+    storage.set_trial_user_attr(trial_id(storage, study.study_name, number), FAILURE_ATTR, reason[:500])
+
+
 def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = None) -> str:
     """Tell Optuna how a trial ended. A diverged trial is told as the worst value any completed trial reached (the
     sampler learns where not to go; ``diverged: fail`` in the spec, or no completed trial yet: FAIL). A trial that
@@ -124,5 +134,7 @@ def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = N
         if worst is not None:
             study.tell(number, worst if len(worst) > 1 else worst[0])
             return "COMPLETE (diverged: told the worst value)"
+    if result.get("reason"):  # in the storage too: a trial that failed before its MLflow run began has only this
+        note_failure(study, number, str(result["reason"]))
     study.tell(number, state=TrialState.FAIL)  # failed, diverged before any trial completed, or no objective value
     return "FAIL"

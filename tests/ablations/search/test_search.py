@@ -316,7 +316,7 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
 @pytest.mark.slow
 def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store, local_ray):
     """Every trial raises (its data vanished after the checks): the search ends after n_trials, each a FAIL with the
-    reason, instead of asking forever. (A typo in the objective no longer gets this far: tests/ablations/spec.)"""
+    reason (in its output and in Optuna's storage), instead of asking forever. (A typo in the objective no longer gets this far: tests/ablations/spec.)"""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     corpus = tmp_path / "vanishing.txt"
     corpus.write_text(" ".join(["the", "of", "and", "to", "in"] * 400))
@@ -329,6 +329,25 @@ def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store, local
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # n_trials counts failures: no endless asking
     assert result.best == [] and result.counts == {"FAIL": 2}
     assert sum("vanishing.txt" in line for line in lines) >= 2, lines
+    from ablations.search.ledger import FAILURE_ATTR  # the reason in the store too, not only in the output
+
+    assert all("vanishing.txt" in t.user_attrs.get(FAILURE_ATTR, "") for t in study.trials), lines + [
+        t.user_attrs for t in study.trials
+    ]
+
+
+def test_a_trial_that_failed_before_its_run_began_keeps_its_reason_in_the_storage(tmp_path):
+    """The soak counted trials "failed before its run started" with no reason anywhere but a driver's output (a
+    trial whose process could not begin its MLflow run has no run to say why): the reason is a user attribute."""
+    from ablations.search.ledger import FAILURE_ATTR, tell
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    number = study.ask().number
+    reason = "MlflowException: API request to endpoint /api/2.0/mlflow/runs/create failed"
+    assert tell(study, number, {"status": "failed", "reason": reason, "values": None, "run_id": ""}) == "FAIL"
+    (trial,) = optuna.load_study(study_name="s", storage=url).trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs[FAILURE_ATTR] == reason
 
 
 @pytest.mark.slow
