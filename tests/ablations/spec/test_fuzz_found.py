@@ -19,14 +19,14 @@ SEARCH = "name: s\nbase:\n" + BASE + "space:\n  training.lr: {type: float, low: 
 
 
 def refused(loader, tmp_path: Path, content: str | bytes, *, name: str = "file.yaml", **kw) -> list[str]:
-    """The lines of the refusal, each checked: one line, starting with the file, within a second of CPU time (the
-    clock's seconds stretch when the suite's other process shares the cores)."""
+    """The lines of the refusal, each checked: one line, starting with the file, and no hang (the bugs found took
+    minutes; the one-second bound is benchmarks/fuzz.py's to measure: a suite has no speed thresholds)."""
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     start = time.process_time()
     with pytest.raises(SpecError) as info:
         loader(path, **kw)
-    assert time.process_time() - start < 1.0
+    assert time.process_time() - start < 30.0  # a hang, not a speed
     lines = [str(e) for e in info.value.every()]
     for line in lines:
         assert "\n" not in line and len(line) < 1500 and line.startswith((str(tmp_path), "--set")), line
