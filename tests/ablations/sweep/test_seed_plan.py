@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from ablations.cli import main
 from ablations.records import cell_state
 from dashboards.load import load_study as load_runs
 from dashboards.sequential import path, path_rows, plan_of
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.slow
 PLAN = {"first": 7, "batch": 2, "max": 9}  # looks at 7 and 9 seeds; Pocock: 0.05/2 spent 0.0209 by 7 >= 2/2^7
 
 
-def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_kill(tmp_path, store):
+def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_kill(
+    tmp_path, store, monkeypatch, capsys
+):
     path_ = write_study(
         tmp_path,
         "planned",
@@ -55,9 +58,11 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
     time.sleep(2)
-    dry = subprocess.run([*command, "--dry-run"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
-    assert "seed plan: the cells of the look it has reached (25 of 27 up to its maximum)" in dry.stdout, dry.stdout
-    assert "at most: 9 seeds per variant, 27 trials" in dry.stdout
+    monkeypatch.chdir(tmp_path)  # the commands that start no Ray run in this process: no interpreter to start
+    assert main([*command[3:], "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "seed plan: the cells of the look it has reached (25 of 27 up to its maximum)" in dry, dry
+    assert "at most: 9 seeds per variant, 27 trials" in dry
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -82,7 +87,6 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
     assert rows == [("1", "near vs base", "open"), ("1", "far vs base", "different (worse)"),
                     ("2", "near vs base", "open")], rows  # fmt: skip
 
-    third = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
-    assert third.returncode == 0, third.stdout + third.stderr
-    assert "nothing to train" in third.stdout
+    assert main(command[3:]) == 0
+    assert "nothing to train" in capsys.readouterr().out
     assert len([r for r in runs_of(store, "planned") if cell_state(r) in ("finished", "diverged")]) == 25
