@@ -49,6 +49,7 @@ class TrialTask:
 # killed, or its heartbeat went stale), failed it and asked it again. Its retry is the trial's result; this one
 # stops, and its MLflow run ends as killed instead of failed (or finished beside its retry).
 TAKEN_OVER = "its trial was ended by another search process, which took it for lost and asks it again"
+UNFENCED = "the Optuna storage did not say whether its trial still runs, so its result does not count"
 
 
 # A storage briefly away (PostgreSQL restarting, its connections cut) costs a trial's report a wait, not the trial:
@@ -63,12 +64,16 @@ def patiently(call):
     return patient(call, STORAGE_PATIENCE)
 
 
-def trial_ended_elsewhere(storage, tid: int) -> bool:
-    """Whether the trial is no longer RUNNING in the storage (``False`` when the storage cannot say)."""
+def taken_from_it(storage, tid: int) -> str | None:
+    """Why the trial's result must not count, or None while it still runs in the storage: the fence before its
+    result. A storage briefly away is waited for; one that cannot say within ``STORAGE_PATIENCE`` fences it out too,
+    since another process may have asked the trial again (the soak saw a check that read a restarting PostgreSQL as
+    "still running" let a taken-over trial's result stand beside its retry's)."""
     try:
-        return storage.get_trial(tid).state.is_finished()
-    except Exception:
-        return False
+        ended = patiently(lambda: storage.get_trial(tid).state.is_finished())
+    except Exception as err:
+        return f"{UNFENCED}: {type(err).__name__}"
+    return TAKEN_OVER if ended else None
 
 
 def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -> list[Hook]:
@@ -192,12 +197,12 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
-    if result.status != records.STATUS_KILLED and trial_ended_elsewhere(storage, tid):
+    if result.status != records.STATUS_KILLED and (why := taken_from_it(storage, tid)):
         # ended while it trained its last steps (or reported nothing: several objectives): not a result either
         if result.run_id:
             with contextlib.suppress(Exception):
-                records.end_run(task.uri, result.run_id, records.STATUS_KILLED, TAKEN_OVER)
-        return {"status": records.STATUS_KILLED, "reason": TAKEN_OVER, "values": None, "run_id": result.run_id}
+                records.end_run(task.uri, result.run_id, records.STATUS_KILLED, why)
+        return {"status": records.STATUS_KILLED, "reason": why, "values": None, "run_id": result.run_id}
     values = [result.metrics.get(m) for m, _ in task.objectives]
     return {
         "status": result.status,

@@ -168,6 +168,39 @@ def test_a_trial_that_starts_while_postgresql_restarts_waits_for_it_and_trains(t
         assert MlflowClient(store).get_run(result["run_id"]).info.status == "FINISHED"
 
 
+def test_a_trial_s_result_counts_only_when_the_storage_says_it_still_runs(monkeypatch):
+    """Found by benchmarks/soak.py (a duplicated trial): a trial's fence read a restarting PostgreSQL as "still
+    running", so the result of a trial that a resumed search had already failed and asked again stood beside its
+    retry's. The fence now waits for the storage, and a storage that cannot say fences the result out."""
+    import threading
+
+    from ablations.search import trial as trial_module
+    from ablations.search.setup import trial_id
+    from ablations.search.trial import TAKEN_OVER, UNFENCED, taken_from_it
+    from tests.conftest import fresh_postgres_database
+
+    with fresh_postgres_database("ablate_fence") as url:
+        name, storage = url.rsplit("/", 1)[1], open_storage(url)
+        study = optuna.create_study(study_name="f", storage=storage)
+        taken, running = study.ask().number, study.ask().number
+        optuna.load_study(study_name="f", storage=url).tell(taken, state=TrialState.FAIL)  # another process
+        ids = {n: trial_id(storage, "f", n) for n in (taken, running)}
+        assert taken_from_it(storage, ids[running]) is None
+        database_away(name, True)
+        back = threading.Timer(3.0, database_away, args=(name, False))
+        back.start()
+        try:
+            assert taken_from_it(storage, ids[taken]) == TAKEN_OVER  # waited for the storage, then read it
+        finally:
+            back.join()
+        monkeypatch.setattr(trial_module, "STORAGE_PATIENCE", 1.0)
+        database_away(name, True)
+        try:
+            assert taken_from_it(storage, ids[running]).startswith(UNFENCED)  # cannot say: not a result
+        finally:
+            database_away(name, False)
+
+
 def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_stays_away(tmp_path, monkeypatch):
     """Found by benchmarks/soak.py: PostgreSQL restarted while a trial reported its validation loss, and the trial
     was recorded failed (StorageInternalError) though nothing was wrong with it. Its database refusing every
