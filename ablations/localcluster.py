@@ -138,9 +138,9 @@ def start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def marked(mark: str) -> list[int]:
-    """PIDs of the live processes whose environment carries ``MARK=mark`` (this user's; Linux /proc)."""
-    needle = f"{MARK}={mark}".encode()
+def marked(mark: str, var: str = MARK) -> list[int]:
+    """PIDs of the live processes whose environment carries ``var=mark`` (this user's; Linux /proc)."""
+    needle = f"{var}={mark}".encode()
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -210,7 +210,7 @@ def _add_node(
     host = cluster.address.rpartition(":")[0]
     for attempt in (1, 2):
         log = Path(cluster.temp_dir) / f"{name}{'' if attempt == 1 else '-again'}.log"
-        cluster.nodes.append(_start([*args, *_node_ports(host)], log, env, loopback_worker))
+        cluster.nodes.append(_start([*args, *node_ports(host)], log, env, loopback_worker))
         cluster.save()
         try:
             return _wait(cluster, len(cluster.nodes), timeout)
@@ -247,7 +247,8 @@ def _object_store_bytes(nodes: int) -> int:
     return int(max(100 * 2**20, min(2 * 2**30, 0.3 * total / nodes)))
 
 
-def _node_ports(host: str) -> list[str]:
+def node_ports(host: str) -> list[str]:
+    """A ``ray start``'s own ports, each free: the defaults of two nodes on one machine would collide."""
     nm, om, dag, dal, rte, met = free_ports(6, host)
     return [
         f"--node-manager-port={nm}",

@@ -103,9 +103,16 @@ def resolve_uri(uri: str | None = None, root: str | Path | None = None, *, creat
     if not uri and create:
         home(root).mkdir(parents=True, exist_ok=True)
     uri = uri or embedded_uri(root)
-    if create and (old := follow_moved_store(uri)):
-        print(f"the store moved from {old}: its artifact paths now point beside it", file=sys.stderr)
+    if create:
+        _follow_once(uri)
     return uri
+
+
+@functools.cache
+def _follow_once(uri: str) -> None:
+    """Once per process and store: a trial worker resolves the store for every cell it trains."""
+    if old := follow_moved_store(uri):
+        print(f"the store moved from {old}: its artifact paths now point beside it", file=sys.stderr)
 
 
 MOVABLE = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"))

@@ -675,6 +675,16 @@ def missing_metrics(client, run, steps: int, val_every: int) -> list[str]:
     return missing
 
 
+def runs_missing_metrics(client, results: list, size: Size) -> dict[str, list[str]]:
+    """run id -> what a finished result run lacks (a diverged one stops early: not counted)."""
+    missing = {}
+    for r in results:
+        finished = r.data.tags.get("status_detail", "").startswith("finished")
+        if finished and (lacks := missing_metrics(client, r, size.steps, size.val_every)):
+            missing[r.info.run_id] = lacks
+    return missing
+
+
 def pid_alive_tag(run) -> bool:
     pid = run.data.tags.get("pid") or run.data.tags.get("driver_pid") or ""
     return pid.isdigit() and alive(int(pid))
@@ -699,13 +709,7 @@ def count_study(client, study_path: Path, size: Size) -> dict:
         for c in cells
         if not results[c] and any(cell_state(r) == STATUS_FAILED for r in by_cell.get(c, []))
     }
-    missing = {}
-    for c in cells:
-        for r in results[c]:
-            if r.data.tags.get("status_detail", "").startswith("finished"):
-                lacks = missing_metrics(client, r, size.steps, size.val_every)
-                if lacks:
-                    missing[r.info.run_id] = lacks
+    missing = runs_missing_metrics(client, [r for c in cells for r in results[c]], size)
     parents = [r for r in runs if r.data.tags.get("kind") == KIND_STUDY]
     return {
         "cells": len(cells),
@@ -760,13 +764,7 @@ def count_search(client, storage: str, size: Size) -> dict:
             last = sorted(by_trial.get(n, []), key=lambda r: r.info.start_time)
             before = "failed before its run started: " + trials_by_number[n].user_attrs.get(FAILURE_ATTR, "no reason")
             failed[n] = last[-1].data.tags.get("status_detail", "") if last else before
-    missing = {}
-    for n in counted:
-        for r in results[n]:
-            if r.data.tags.get("status_detail", "").startswith("finished"):
-                lacks = missing_metrics(client, r, size.steps, size.val_every)
-                if lacks:
-                    missing[r.info.run_id] = lacks
+    missing = runs_missing_metrics(client, [r for n in counted for r in results[n]], size)
     parents = [r for r in runs if r.data.tags.get("kind") == KIND_SEARCH]
     return {
         "n_trials": size.trials,

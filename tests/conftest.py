@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ablations import localcluster
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Quiet, loopback-only, and nothing left in the system temp folder or the home folder.
@@ -48,15 +50,7 @@ _terms = 0
 
 def marked_processes(var: str, value: str) -> list[int]:
     """PIDs of the live processes started with ``var=value`` in their environment (Linux: read from /proc)."""
-    needle = f"{var}={value}".encode()
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int(entry.name) != os.getpid() and needle in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return pids
+    return localcluster.marked(value, var)
 
 
 def session_processes(mark: str | None = None) -> list[int]:
@@ -203,30 +197,10 @@ def _one_thread():
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports nothing holds, picked between Ray's worker ports (10002-19999 by default, which any Ray
-    of the suite hands to its workers) and the kernel's range of ephemeral ports. A port picked by binding port 0
-    is an ephemeral one, which any outgoing connection of the machine (the other test process's clients, MLflow's,
-    Ray's) may take before the server that was given it binds it: a Ray head's runtime-env agent lost its port so
-    once, and the head exited with it."""
-    import random
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    pick = random.SystemRandom()
-    ports: list[int] = []
-    while len(ports) < n:
-        port = pick.randrange(20000, max(ephemeral, 20001))
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        if port not in ports:
-            ports.append(port)
-    return ports
+    """``n`` distinct ports nothing holds, between Ray's worker ports and the ephemeral range: a port picked by
+    binding port 0 is an ephemeral one, which another test's outgoing connection may take before its server binds
+    it (a Ray head's runtime-env agent lost its port so once, and the head exited with it)."""
+    return localcluster.free_ports(n, host)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -34,6 +34,12 @@ def _free_ports(n: int) -> list[int]:
     return free_ports(n)  # below the ephemeral range: no outgoing connection takes them before Ray binds them
 
 
+def _node_ports() -> list[str]:
+    from ablations.localcluster import node_ports  # imported here: this file also runs as Ray's script
+
+    return node_ports("127.0.0.1")
+
+
 @dataclass
 class Cluster:
     address: str
@@ -58,18 +64,6 @@ def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
         return subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}
         )
-
-
-def _node_ports() -> list[str]:
-    nm, om, dag, dal, rte, met = _free_ports(6)
-    return [
-        f"--node-manager-port={nm}",
-        f"--object-manager-port={om}",
-        f"--dashboard-agent-grpc-port={dag}",
-        f"--dashboard-agent-listen-port={dal}",
-        f"--runtime-env-agent-port={rte}",
-        f"--metrics-export-port={met}",
-    ]
 
 
 def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> None:

@@ -226,10 +226,10 @@ def shown_p(members: list, plan: dict, alpha: float, side: int) -> list[float]:
     for level in levels:
         crossing = np.zeros((m, m), dtype=bool)
         for i, (d, sizes, margin) in enumerate(members):
+            if not sizes:  # no paired seeds: it never crosses
+                continue
             for s in range(1, m + 1):
                 spent = [spend(plan["spending"], n / plan["max"], level / s) for n in sizes]
-                if not sizes:
-                    continue
                 if side == 0:
                     crossing[i, s - 1] = sequential_crossed(d, sizes, spent, 0)
                 else:
@@ -271,7 +271,9 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
     looks = [plan["first"]]
     while looks[-1] < plan["max"]:
         looks.append(min(looks[-1] + plan["batch"], plan["max"]))
-    upto, history, frozen, wrong = dict.fromkeys(declared["variants"], plan["first"]), [], {}, []
+    upto, history, wrong = dict.fromkeys(declared["variants"], plan["first"]), [], []
+    frozen: dict[str, tuple] = {}  # a decided contrast: its differences and sizes at the look that decided it
+    decided_p: dict[str, tuple[float, float]] = {}  # and its shown p, p_tost there
     for k, look in enumerate(exported):
         history.append(dict(upto))
         if upto != look["seeds"]:
@@ -294,7 +296,7 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
             decided = p[label] <= alpha or p_tost.get(label, 1.0) <= alpha or label in look["not_testable"]
             if decided:
                 frozen[label] = now[label]
-                frozen[label + "\0numbers"] = (p[label], p_tost.get(label, math.nan))
+                decided_p[label] = (p[label], p_tost.get(label, math.nan))
             else:
                 still.append(label)
         if still != look["open"]:
@@ -306,7 +308,7 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
     out = {}
     for label in rows:
         d, _ = frozen.get(label, now[label])
-        p_holm, p_tost_holm = frozen.get(label + "\0numbers", (p[label], p_tost.get(label, math.nan)))
+        p_holm, p_tost_holm = decided_p.get(label, (p[label], p_tost.get(label, math.nan)))
         out[label] = numbers(d, analysis["test"], margin, level, alpha) | {"p_holm": p_holm, "p_tost_holm": p_tost_holm}
     return out, wrong
 
