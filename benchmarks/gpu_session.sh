@@ -3,13 +3,15 @@
 #
 #   benchmarks/gpu_session.sh wheels    # HERE, with a package registry: .gpu-site.tar.xz, the Python packages the GPU
 #                                       # image lacks (mlflow, datasets, pydantic, ...), for Python 3.12 (git-ignored)
-#   benchmarks/gpu_session.sh measure   # THERE, first (about 8 minutes): every section of benchmarks/gpu.py
-#   benchmarks/gpu_session.sh test      # THERE, then (at most 3 minutes): the CUDA tests
+#   benchmarks/gpu_session.sh measure   # THERE, first (at most 9 minutes): every section but the compiled run_vs_loop
+#   benchmarks/gpu_session.sh resume    # THERE, at once (at most 4 minutes): the sections the first call left
+#   benchmarks/gpu_session.sh test      # THERE, in another lease (at most 3 minutes): the CUDA tests
 #
-# With the device tool: run(command="benchmarks/gpu_session.sh measure", carry=[".gpu-site.tar.xz"], timeout_s=560),
-# then run(command="benchmarks/gpu_session.sh test", carry=[".gpu-site.tar.xz"], timeout_s=200). Each copies what it
-# measured into $OUT: benchmarks/README.md (its GPU section replaced), results/gpu.json, gpu.md and the logs. A
-# section cut off or failed is measured again in a later session with `python3 benchmarks/gpu.py --resume`.
+# With the device tool, each call carrying .gpu-site.tar.xz and issued within the machine's 30 s of warmth:
+# run(command="benchmarks/gpu_session.sh measure", timeout_s=570), then run(command="benchmarks/gpu_session.sh
+# resume", timeout_s=260): 13 to 14 of a lease's 15 minutes, its start included (H200, 2026-11-27). Each copies into
+# $OUT benchmarks/README.md (its GPU section replaced), results/gpu.json, gpu.md and the logs: copy gpu.json back
+# here before the next call, which continues it.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-session}
@@ -55,13 +57,20 @@ wheels)
     ;;
 measure)
     setup
-    timeout 520 $PY benchmarks/gpu.py > "$OUT/gpu.log" 2>&1
+    rm -f benchmarks/results/gpu.json  # a new measurement: the committed one is not continued
+    timeout 540 $PY benchmarks/gpu.py --only attention decoder additive encoder run_vs_loop > "$OUT/gpu.log" 2>&1
     echo "exit $?" >> "$OUT/gpu.log"
+    keep
+    ;;
+resume)  # the same machine: benchmarks/results/gpu.json is the first call's
+    setup
+    timeout 235 $PY benchmarks/gpu.py --resume > "$OUT/gpu-resume.log" 2>&1
+    echo "exit $?" >> "$OUT/gpu-resume.log"
     keep
     ;;
 test)
     setup
-    timeout 170 $PY -m pytest -q -m cuda -p no:randomly tests/models tests/ablations/test_train.py \
+    timeout 170 $PY -m pytest -q -m cuda -p no:randomly tests/ablations/test_train.py tests/models \
         > "$OUT/cuda-tests.log" 2>&1
     echo "exit $?" >> "$OUT/cuda-tests.log"
     ;;

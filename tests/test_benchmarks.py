@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -196,6 +197,19 @@ def test_a_section_past_its_time_limit_is_stopped_and_keeps_what_it_measured(tmp
     assert "(MFU 43.0%).\n\n(cut off at its time limit of 75 s: the figures above are what it measured before.)" in text
 
 
+def test_a_section_resumed_on_another_device_is_labelled_with_the_device_it_ran_on(monkeypatch):
+    """The H200 session of 2026-11-27 resumed an H100 file, and its attention section was labelled H100."""
+    import torch
+
+    gpu = gpu_module()
+    encoder = result()["encoder"]
+    monkeypatch.setitem(gpu.RUNS, "encoder", lambda ctx, plan: ctx.put(encoder))
+    r = {**result(), "device": "NVIDIA H100 80GB HBM3", "device_now": "CPU (x86_64)"}
+    gpu.run_sections(r, ["encoder"], {"encoder": {}}, {"encoder": 5}, torch.device("cpu"), lambda: None)
+    assert r["sections"]["encoder"]["device"] == "CPU (x86_64)"
+    assert "(This section: CPU (x86_64), torch" in gpu.markdown(r)
+
+
 def test_a_resumed_run_measures_the_sections_not_done():
     gpu = gpu_module()
     r = result()  # written before sections carried their status: present is done
@@ -209,4 +223,8 @@ def test_a_resumed_run_measures_the_sections_not_done():
     assert gpu.sections_named(["decoder,encoder", "additive"]) == ["decoder", "encoder", "additive"]
     with pytest.raises(SystemExit, match="unknown section"):
         gpu.sections_named(["decoders"])
-    assert sum(gpu.LIMITS.values()) + 15 <= 8 * 60  # the whole run within 8 minutes, with its start
+    # the session's two calls (benchmarks/gpu_session.sh) hold their sections' limits, with 15 s to start each
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    first, second = (int(s) for s in re.findall(r"timeout (\d+) \$PY benchmarks/gpu.py", script))
+    assert sum(v for k, v in gpu.LIMITS.items() if k != "run_vs_loop_compiled") + 15 <= first
+    assert gpu.LIMITS["run_vs_loop_compiled"] + 5 <= second
