@@ -138,6 +138,7 @@ def seeds_needed(
         return floor
     es = difference / float(np.std(d, ddof=1))
     from statsmodels.stats.power import TTestPower
+    from statsmodels.tools import sm_exceptions  # noqa: F401 - its import sets "always": imported before the filter
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

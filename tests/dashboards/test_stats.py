@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -16,6 +18,7 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_paired
 
 from dashboards import stats
+from tests.conftest import ROOT
 
 X = [0.812, 0.797, 0.825, 0.805, 0.818, 0.801]
 
@@ -257,6 +260,14 @@ def test_seeds_needed_reaches_the_power_and_not_one_seed_less():
     assert stats.seeds_needed([0.1], 0.01) is None  # no spread to go on
     with pytest.raises(ValueError, match="difference"):
         stats.seeds_needed(pilot, 0.0)
+
+
+def test_seeds_needed_for_a_huge_difference_prints_no_solver_warning():
+    """statsmodels' root finder gives up on a huge effect (its nan is handled); importing its warning class inside
+    the filter set it back to "always", and every sweep's seed plan printed the warning (2026-11-27)."""
+    code = "from dashboards.stats.power import seeds_needed; print(seeds_needed([0.012, 0.031, 0.020, 0.005], 10.0))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "6" and "Warning" not in done.stderr, done.stderr
 
 
 # --- contrasts and the family --------------------------------------------------------------------------------
