@@ -297,7 +297,9 @@ def registration_lines(t: Table) -> list[str]:
     first, out = t.registrations[0], []
     seen = sum(first.finished.values())
     when = "after results existed: " + f"{seen} cell(s) had finished" if seen else "before any result"
-    commit = f", study file at commit {first.git_commit[:12]}" if first.git_commit else ""
+    sha, _, changes = first.git_commit.partition("+")  # "+changes": the file differed from its commit
+    commit = f", study file at commit {sha[:12]}" if sha else ""
+    commit += " with uncommitted changes (the registered declaration is not that commit's file)" if changes else ""
     out.append(f"Registered {_when(first.created)}, {when} (declaration {first.hash}{commit}).")
     for r in t.registrations[1:]:
         seen = sum(r.finished.values())

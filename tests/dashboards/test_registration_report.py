@@ -159,3 +159,22 @@ def test_what_an_amendment_after_results_changes_makes_exploratory():
     edited = entry(0, first)
     edited = Registration(**{**edited.to_json(), "declaration": margin})  # its hash is first's
     assert set(exploratory([edited], involved)) == set(involved)
+
+
+def test_a_study_file_registered_with_uncommitted_changes_is_not_reported_as_its_commit():
+    """The report cut "+changes" off the recorded commit, so a plan registered from an edited file read as the
+    commit's older declaration (docs/results/decoding, 2026-11-27)."""
+    from types import SimpleNamespace
+
+    from ablations.recorded import Registration
+    from dashboards.render import registration_lines
+
+    def line(commit):
+        entry = Registration(version=0, hash="h", declaration={}, created=1.0, git_commit=commit)
+        return registration_lines(SimpleNamespace(registrations=[entry]))[0]
+
+    assert line("90644dcaf7e2" + "0" * 28 + "+changes").endswith(
+        "study file at commit 90644dcaf7e2 with uncommitted changes (the registered declaration is not that commit's file))."
+    )
+    assert line("90644dcaf7e2" + "0" * 28).endswith("(declaration h, study file at commit 90644dcaf7e2).")
+    assert line("").endswith("(declaration h).")
