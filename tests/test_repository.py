@@ -3,6 +3,9 @@ are recomputable."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +45,45 @@ def test_every_committed_table_with_its_seeds_is_recomputed_from_them_alone():
         script = ROOT / "docs" / "results" / "recompute.py"
         done = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "contrasts reproduced" in done.stdout, (folder.name, done.stdout, done.stderr)
+
+
+def test_the_results_readme_verdict_table_is_generated_from_the_committed_files():
+    """docs/results/README.md's generated table says what each folder's files say; an edited verdict is caught."""
+    script = ROOT / "docs" / "results" / "verdicts.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    spec = importlib.util.spec_from_file_location("verdicts", script)
+    verdicts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verdicts)
+    folder = verdicts.studies()[0]
+    label = json.loads((folder / "declaration.json").read_text())["family"][0]
+    row = next(line for line in verdicts.rows(folder) if f"| {label} |" in line)
+    with open(folder / "contrasts.csv", newline="") as f:
+        verdict = next(c["verdict"] for c in csv.DictReader(f) if c["label"] == label)
+    assert f"| {verdict} |" in row  # the report's own words, read from its file
+    readme = (ROOT / "docs" / "results" / "README.md").read_text()
+    edited = readme.replace(row, row.replace(f"| {verdict} |", "| reproduced |"))
+    assert verdicts.with_table(edited, verdicts.table()) == readme
+
+
+def test_a_study_run_at_a_longer_budget_is_compared_contrast_by_contrast(tmp_path, monkeypatch):
+    """Item 3 of issue 51: each declared contrast's verdict beside the other budget's, and whether they differ."""
+    spec = importlib.util.spec_from_file_location("verdicts", ROOT / "docs" / "results" / "verdicts.py")
+    verdicts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verdicts)
+    source = ROOT / "docs" / "results" / "heads_planned"
+    for name, steps in (("short", 1000), ("short_long", 3000)):
+        (tmp_path / name).mkdir()
+        for f in ("seeds.csv", "declaration.json", "contrasts.csv"):
+            (tmp_path / name / f).write_text((source / f).read_text())
+        (tmp_path / f"{name}.yaml").write_text(f"budget: {{steps: {steps}}}\n")
+    contrasts = tmp_path / "short_long" / "contrasts.csv"
+    contrasts.write_text(contrasts.read_text().replace(",different (worse),", ",not resolved,", 1))
+    monkeypatch.setattr(verdicts, "HERE", tmp_path)
+    monkeypatch.setattr(verdicts, "STUDIES", tmp_path)
+    monkeypatch.setattr(verdicts, "LONGER", {"short_long": "short"})
+    short = verdicts.rows(tmp_path / "short")
+    assert "(1,000 steps)" in short[0] and short[0].endswith("| not resolved at 3,000 steps: the same verdict |")
+    assert short[1].endswith("| not resolved at 3,000 steps: they differ |")  # different (worse) here
+    assert short[2].endswith("| different (worse) at 3,000 steps: the same verdict |")
+    assert verdicts.rows(tmp_path / "short_long")[1].endswith("| different (worse) at 1,000 steps: they differ |")
