@@ -50,12 +50,13 @@ def studies() -> list[Path]:
     return sorted(d for d in HERE.iterdir() if d.is_dir() and all((d / f).exists() for f in need))
 
 
-def _num(text: str, digits: int = 3) -> str:
+def _num(text: str, spec: str = "+.3g") -> str:
+    """A CSV number as the table shows it; "-" for an empty or NaN cell."""
     try:
         x = float(text)
     except ValueError:
         return text or "-"
-    return "-" if x != x else f"{x:+.{digits}g}" if digits == 3 else f"{x:.{digits}g}"
+    return "-" if x != x else format(x, spec)
 
 
 def verdicts_of(folder: Path) -> dict[str, str]:
@@ -97,7 +98,7 @@ def rows(folder: Path) -> list[str]:
             budget = f"{theirs[label]} at {steps_of(other):,} steps: {agree}"
         out.append(
             f"| {name if first else ''} | {PAPERS.get(folder.name, '') if first else ''} | {label} | "
-            f"{c['verdict']} | {_num(c['diff'])} | {_num(c['p_holm'], 2)} | {c['n_paired']} of {most} | "
+            f"{c['verdict']} | {_num(c['diff'])} | {_num(c['p_holm'], '.2g')} | {c['n_paired']} of {most} | "
             f"{trained if first else ''} | {budget} |"
         )
     return out
