@@ -9,7 +9,7 @@
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
 export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
-ALL="heads positions norm_placement michel_heads decoding scheduled_sampling nat attention_score norm_placement_tuned similarity_text similarity_recall locality heads_planned"
+ALL="heads positions norm_placement michel_heads decoding decoding_long scheduled_sampling nat attention_score norm_placement_tuned similarity_text similarity_recall locality heads_planned"
 mkdir -p docs/results/.store
 for study in ${@:-$ALL}; do
   start=$(date +%s)
@@ -21,7 +21,8 @@ for study in ${@:-$ALL}; do
     michel_heads)  # each head removed alone, one head per module, and pruning curves (Michel et al. 2019)
       .venv/bin/ablate heads michel_heads --metric val/loss --prune test/loss --tracking-uri "$STORE" --out docs/results/michel_heads ;;
   esac
-  rm -f docs/results/*/report.html   # 4.7 MB of plotly each: the tables and PNGs are committed
+  rm -f docs/results/*/report.html docs/results/*/plots.html   # about 5 MB of plotly each: MLflow keeps them
   echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt
 done
 .venv/bin/python docs/results/papers.py   # the papers' numbers beside ours: STUDY/paper_vs_ours.png
+.venv/bin/python docs/results/verdicts.py  # README.md's verdict table, from each folder's seeds.csv and contrasts.csv
