@@ -47,14 +47,19 @@ def test_every_committed_table_with_its_seeds_is_recomputed_from_them_alone():
         assert done.returncode == 0 and "contrasts reproduced" in done.stdout, (folder.name, done.stdout, done.stderr)
 
 
+def verdicts_module():
+    spec = importlib.util.spec_from_file_location("verdicts", ROOT / "docs" / "results" / "verdicts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_results_readme_verdict_table_is_generated_from_the_committed_files():
     """docs/results/README.md's generated table says what each folder's files say; an edited verdict is caught."""
     script = ROOT / "docs" / "results" / "verdicts.py"
     done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    spec = importlib.util.spec_from_file_location("verdicts", script)
-    verdicts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(verdicts)
+    verdicts = verdicts_module()
     folder = verdicts.studies()[0]
     label = json.loads((folder / "declaration.json").read_text())["family"][0]
     row = next(line for line in verdicts.rows(folder) if f"| {label} |" in line)
@@ -68,9 +73,7 @@ def test_the_results_readme_verdict_table_is_generated_from_the_committed_files(
 
 def test_a_study_run_at_a_longer_budget_is_compared_contrast_by_contrast(tmp_path, monkeypatch):
     """Item 3 of issue 51: each declared contrast's verdict beside the other budget's, and whether they differ."""
-    spec = importlib.util.spec_from_file_location("verdicts", ROOT / "docs" / "results" / "verdicts.py")
-    verdicts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(verdicts)
+    verdicts = verdicts_module()
     source = ROOT / "docs" / "results" / "heads_planned"
     for name, steps in (("short", 1000), ("short_long", 3000)):
         (tmp_path / name).mkdir()
