@@ -71,7 +71,7 @@ def steps_of(study: str) -> int:
 def other_budget(study: str) -> str | None:
     """The study run at the other budget, where both folders are committed."""
     other = LONGER.get(study) or next((long for long, short in LONGER.items() if short == study), None)
-    return other if other and other in {d.name for d in studies()} else None
+    return other if other and (HERE / other / "contrasts.csv").exists() else None
 
 
 def rows(folder: Path) -> list[str]:
