@@ -313,6 +313,7 @@ class _Search:
             pruner=spec.pruner,
             warmup_trials=spec.warmup_trials,
             warmup_steps=spec.warmup_steps,
+            seeds_per_trial=spec.seeds_per_trial,
             code=self.code,
             resources=spec.resources,
             ray_storage=tracking.ray_storage(),
@@ -328,8 +329,9 @@ class _Search:
             number, started = self.running.pop(ref)
             result = _result(ref, number, self.uri, self.experiment)
             state = tell(self.study, number, result, self.spec)
-            if result.get("run_id"):
-                records.client(self.uri).set_tag(result["run_id"], records.TAG_OPTUNA_STATE, state)
+            for run_id in result.get("run_ids") or [result.get("run_id")]:
+                if run_id:
+                    records.client(self.uri).set_tag(run_id, records.TAG_OPTUNA_STATE, state)
             line = progress_line(
                 self.study, self.spec, number, state, result, time.monotonic() - started, len(self.running), self.t0
             )

@@ -39,6 +39,7 @@ class TrialTask:
     pruner: str
     warmup_trials: int = 2
     warmup_steps: int = 0
+    seeds_per_trial: int = 1  # the run's seed and the next ones, each trained; the trial is told their mean
     code: dict[str, str]
     resources: Resources
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
@@ -150,16 +151,31 @@ def _heartbeat(storage, tid: int) -> threading.Event:
     return stop
 
 
-def _train(task: TrialTask, storage):
-    """The trial's run, here or data-parallel on Ray Train (rank 0 reports to Optuna and prunes)."""
+def seed_runs(task: TrialTask) -> list[dict[str, Any]]:
+    """The trial's runs: its run at the run's seed and at each next one (``seeds_per_trial``). A task whose data
+    follows the seed (a study's ``vary_data``: ``task.data_seed`` equal to the seed) regenerates it with each."""
+    first = task.run_data.get("seed", 0)
+    runs = []
+    for seed in range(first, first + task.seeds_per_trial):
+        data = {**task.run_data, "seed": seed}
+        if isinstance(data.get("task"), dict) and data["task"].get("data_seed") == first:
+            data["task"] = {**data["task"], "data_seed": seed}
+        runs.append(data)
+    return runs
+
+
+def _train(task: TrialTask, storage, run_data: dict[str, Any], *, reports: bool = True):
+    """One of the trial's runs, here or data-parallel on Ray Train (rank 0 reports to Optuna and prunes). Only
+    the first run of a trial of several seeds reports its curve (``reports``): Optuna keeps one per trial."""
     from ablations.tracking import Tracking
 
-    run = resolve_run({**task.run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
+    run = resolve_run({**run_data, "name": task.spec_name}, f"{task.spec_name} trial {task.number}")
+    several = task.seeds_per_trial > 1
     where = Tracking(
         uri=task.uri,
         experiment=task.experiment,
         parent_run_id=task.parent_run_id,
-        run_name=f"trial {task.number}",
+        run_name=f"trial {task.number}" + (f" seed {run.seed}" if several else ""),
         tags=trial_tags(task) | {records.TAG_CONFIG_HASH: run.config_hash(workers=task.resources.workers)},
     )
     if task.resources.workers > 1:
@@ -167,13 +183,29 @@ def _train(task: TrialTask, storage):
 
         from ablations.parallel import ParallelJob, run_data_parallel
 
-        hooks = partial(pruning_hooks, task, last_step=run.training.max_steps)
+        hooks = partial(pruning_hooks, task, last_step=run.training.max_steps) if reports else (lambda: [])
         job = ParallelJob(run=run, where=where, resources=task.resources, rank0_hooks=hooks)
         return run_data_parallel(job, name=f"{task.spec_name}-trial-{task.number}", storage_path=task.ray_storage)
     # trained here: torch is imported only now (a data-parallel trial's task drives its workers, above)
     from ablations.train import train
 
-    return train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps))
+    return train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps) if reports else [])
+
+
+def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, Any] | None]:
+    """Each of the trial's runs in turn: (the last run's result, and the mean of every float metric the runs
+    all logged, or None when a run did not finish: that run's result then stands for the trial)."""
+    results = []
+    for i, data in enumerate(seed_runs(task)):
+        result = _train(task, storage, data, reports=i == 0)
+        results.append(result)
+        if result.status != records.STATUS_FINISHED:
+            if task.seeds_per_trial > 1:
+                result.detail = f"seed {data['seed']}: {result.detail or result.status}"
+            return result, None
+    shared = set.intersection(*({k for k, v in r.metrics.items() if isinstance(v, float)} for r in results))
+    mean = {k: sum(r.metrics[k] for r in results) / len(results) for k in sorted(shared)}
+    return results[-1], {"metrics": mean, "run_ids": [r.run_id for r in results]}
 
 
 def run_trial(task: TrialTask) -> dict[str, Any]:
@@ -192,22 +224,24 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": reason, "values": None, "run_id": ""}
     stop = _heartbeat(storage, tid)
     try:
-        result = _train(task, storage)
+        result, averaged = _train_seeds(task, storage)
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
     if result.status != records.STATUS_KILLED and (why := taken_from_it(storage, tid)):
         # ended while it trained its last steps (or reported nothing: several objectives): not a result either
-        if result.run_id:
-            with contextlib.suppress(Exception):
-                records.end_run(task.uri, result.run_id, records.STATUS_KILLED, why)
+        for run_id in (averaged or {}).get("run_ids", [result.run_id]):
+            if run_id:
+                with contextlib.suppress(Exception):
+                    records.end_run(task.uri, run_id, records.STATUS_KILLED, why)
         return {"status": records.STATUS_KILLED, "reason": why, "values": None, "run_id": result.run_id}
-    values = [result.metrics.get(m) for m, _ in task.objectives]
+    metrics = averaged["metrics"] if averaged else result.metrics
     return {
         "status": result.status,
         "reason": result.detail,
-        "values": values,
+        "values": [metrics.get(m) for m, _ in task.objectives],
         "run_id": result.run_id,
-        "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, float)},
+        "run_ids": averaged["run_ids"] if averaged else [result.run_id],
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
     }

@@ -34,7 +34,6 @@ def tune_study(
     edge of its range means the optimum may lie outside it."""
     best: dict[str, dict[str, Any]] = {}
     tuning: dict[str, dict[str, Any]] = {}
-    seed = tuning_seed(study)
     for variant, spec in variant_searches(study):
         out(describe(variant, spec))
         result = run_search(
@@ -50,7 +49,7 @@ def tune_study(
             raise RuntimeError(f"tuning {variant!r} completed no trial; see the MLflow experiment {study.name}.tuning")
         best[variant] = result.best[0]["params"]
         tuning[variant] = positions(spec, best[variant])
-        out(f"  best for {variant!r} (tuned on seed {seed}): {shown(best[variant], tuning[variant])}")
+        out(f"  best for {variant!r} (tuned on {tuned_on(study)}): {shown(best[variant], tuning[variant])}")
     return tuned_study(study, best, tuning)
 
 
@@ -66,13 +65,20 @@ def variant_searches(study: Study) -> list[tuple[str, SearchSpec]]:
         if study.vary_data:
             base["task"] = {**base["task"], "data_seed": seed}
         slug = re.sub(r"[^\w.\-]+", "_", variant).strip("_") or "variant"
-        searches.append(
-            (
-                variant,
-                study.tune.spec(study.source, f"{study.name}.tune.{slug}.seed{seed}", base),
-            )
-        )
+        searches.append((variant, study.tune.spec(study.source, f"{study.name}.tune.{slug}.{seeds_slug(study)}", base)))
     return searches
+
+
+def seeds_slug(study: Study) -> str:
+    """The tuning seeds in a search's name: ``seedN``, or ``seedsN-M`` when each trial trains several."""
+    seed, k = tuning_seed(study), study.tune.seeds_per_trial
+    return f"seed{seed}" if k == 1 else f"seeds{seed}-{seed + k - 1}"
+
+
+def tuned_on(study: Study) -> str:
+    """The tuning seeds, as said beside each variant's best values."""
+    seed, k = tuning_seed(study), study.tune.seeds_per_trial
+    return f"seed {seed}" if k == 1 else f"seeds {seed}-{seed + k - 1}, the mean of {k} per trial"
 
 
 def positions(spec: SearchSpec, best: dict[str, Any]) -> dict[str, Any]:
@@ -84,6 +90,7 @@ def describe(variant: str, spec: SearchSpec) -> str:
     return (
         f"tuning {variant!r}: {spec.n_trials} trial(s) of {', '.join(p.key for p in spec.space)} "
         f"({spec.sampler}, {spec.pruner} pruner) on {', '.join(m for m, _ in spec.objectives)}"
+        + (f", the mean of {spec.seeds_per_trial} seeds per trial" if spec.seeds_per_trial > 1 else "")
     )
 
 
@@ -102,7 +109,8 @@ def tuned_study(study: Study, best: dict[str, dict[str, Any]], tuning: dict[str,
         run = resolve_run(tuned, f"{study.source} (variant {cell.variant!r}, tuned)")
         settings = {**cell.settings, **{f"{TUNED_SETTING}{k}": v for k, v in best[cell.variant].items()}}
         cells.append(Cell(cell.variant, settings, cell.seed, run, cell.workers))
-    return dataclasses.replace(study, cells=cells, tuning=Tuning(tuning_seed(study), tuning))
+    tuned = Tuning(tuning_seed(study), tuning, study.tune.seeds_per_trial)
+    return dataclasses.replace(study, cells=cells, tuning=tuned)
 
 
 def preview_tuning(
@@ -130,7 +138,7 @@ def preview_tuning(
         if found is not None:
             best[variant] = found
             tuning[variant] = positions(spec, found)
-            out(f"  best for {variant!r} (tuned on seed {tuning_seed(study)}): {shown(found, tuning[variant])}")
+            out(f"  best for {variant!r} (tuned on {tuned_on(study)}): {shown(found, tuning[variant])}")
     return (tuned_study(study, best, tuning) if len(best) == len(study.variants) else None), problems
 
 
@@ -138,7 +146,7 @@ EDGE = 0.05  # a chosen value within 5% of either end of its range is "at the ed
 
 
 def tuning_seed(study: Study) -> int:
-    """A seed none of the study's cells trains with."""
+    """A seed none of the study's cells trains with (and, with ``seeds_per_trial``, the seeds after it)."""
     return max(study.seeds) + 1
 
 

@@ -175,6 +175,8 @@ class SearchFile(Strict):
     pruner_warmup: PrunerWarmup = PrunerWarmup()
     startup_trials: int | None = Field(None, ge=0)  # random trials before TPE/GP model (default: fitted to n_trials)
     diverged: Literal["worst", "fail"] = "worst"  # how a diverged trial is told: the worst value seen, or FAIL
+    # each trial trains this many seeds (the run's seed and the next ones) and is told the mean of its objectives
+    seeds_per_trial: int = Field(1, ge=1, le=20)
     n_trials: int | None = Field(None, ge=1)
     timeout: float | None = Field(None, gt=0)
     concurrency: int = Field(1, ge=1)
@@ -206,6 +208,12 @@ class SearchFile(Strict):
             raise KeyedError(("sampler",), "cmaes optimises one objective; use nsga2 (or tpe, gp) for several")
         if self.pruner not in (None, "none") and several:
             raise KeyedError(("pruner",), "Optuna prunes single-objective searches only; set pruner: none")
+        if self.pruner not in (None, "none") and self.seeds_per_trial > 1:
+            raise KeyedError(
+                ("pruner",),
+                f"with seeds_per_trial {self.seeds_per_trial} a trial is the mean of several runs, and a pruner "
+                "judges one run's curve; set pruner: none",
+            )
         if self.n_trials is None and self.timeout is None:
             raise KeyedError(("n_trials",), "give n_trials, timeout, or both: a search needs an end")
         return self
@@ -236,6 +244,7 @@ class SearchSpec:
     warmup_steps: int = 0
     startup_trials: int = 0  # random trials before the sampler's model (tpe, gp); 0 for the others
     diverged: str = "worst"
+    seeds_per_trial: int = 1  # a trial's objective: the mean over this many seeds (the base's seed and the next)
     warnings: list[str] = field(default_factory=list)  # said before the search starts (``refused_values``)
     startup_given: int | None = None  # the file's startup_trials (None: fitted to n_trials)
 
@@ -377,7 +386,7 @@ def load_search(
         space=space,
         objectives=objectives,
         sampler=sampler,
-        pruner=file.pruner or ("median" if len(objectives) == 1 else "none"),
+        pruner=file.pruner or ("median" if len(objectives) == 1 and file.seeds_per_trial == 1 else "none"),
         prune_on=file.prune_on or "val/loss",
         n_trials=file.n_trials,
         timeout=file.timeout,
@@ -391,6 +400,7 @@ def load_search(
         startup_trials=_startup(file.startup_trials, sampler, file.n_trials),
         startup_given=file.startup_trials,
         diverged=file.diverged,
+        seeds_per_trial=file.seeds_per_trial,
     )
     for pick in (0, -1):  # every parameter at its low end and at its high end must make a valid run
         _check_end(spec, file, origin, given, pick, base_origin)

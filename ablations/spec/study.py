@@ -182,6 +182,11 @@ class Tune:
         """The search of one variant (its base) under ``name``."""
         return load_search(source, {**self.body, "name": name}, base=base)
 
+    @property
+    def seeds_per_trial(self) -> int:
+        """Seeds each trial trains (the tuning seed and the next ones), its objective their mean."""
+        return int(self.body.get("seeds_per_trial", 1))
+
 
 @dataclass(frozen=True)
 class Tuning:
@@ -190,9 +195,11 @@ class Tuning:
 
     seed: int
     variants: dict[str, dict[str, Any]]
+    seeds_per_trial: int = 1  # the tuning seeds: seed and the next ones, each trial their mean
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "variants": self.variants}
+        several = {"seeds_per_trial": self.seeds_per_trial} if self.seeds_per_trial > 1 else {}
+        return {"seed": self.seed, **several, "variants": self.variants}
 
 
 @dataclass(kw_only=True)

@@ -680,6 +680,35 @@ def _dry_run(study, store: str) -> str:
     return "\n".join(lines)
 
 
+def test_a_trial_of_several_seeds_is_told_the_mean_of_its_runs(tmp_path, store, local_ray):
+    """seeds_per_trial: each trial trains the base's seed and the next ones, each its own MLflow run, and Optuna is
+    told their mean (a learning rate chosen on one seed's noise is what a tuned panel must not rest on)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec = load_search(
+        write_spec(tmp_path, base={**TINY, "seed": 5}, n_trials=2, seeds_per_trial=3, budget={"steps": 30})
+    )
+    assert spec.pruner == "none"  # its default with several seeds: a pruner judges one run's curve
+    run_search(spec, tracking_uri=store, storage=storage, num_cpus=2, out=lambda line: None)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    c = MlflowClient(store)
+    runs = c.search_runs([c.get_experiment_by_name("srch").experiment_id], f"tags.kind = '{KIND_TRIAL}'")
+    for t in study.trials:
+        mine = [r for r in runs if r.data.tags["trial"] == str(t.number)]
+        assert sorted(int(r.data.params["seed"]) for r in mine) == [5, 6, 7]
+        assert all(float(r.data.params["training.lr"]) == pytest.approx(t.params["training.lr"]) for r in mine)
+        losses = [r.data.metrics["final/val_loss"] for r in mine]
+        assert len(set(losses)) == 3  # three seeds, three results
+        assert t.value == pytest.approx(sum(losses) / 3, rel=1e-9)
+        assert {r.data.tags["optuna_state"] for r in mine} == {"COMPLETE"}
+
+
+def test_a_pruner_is_refused_beside_several_seeds_per_trial(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_search(write_spec(tmp_path, seeds_per_trial=3, pruner="median"))
+    assert err.value.key == "pruner" and "set pruner: none" in str(err.value), str(err.value)
+
+
 def tuned_study_here(tmp_path: Path, monkeypatch, concurrency: int = 1, **extra) -> tuple[Path, str]:
     """A tuned study of Pre- against Post-LN (three random trials of the learning rate per variant) in
     ``tmp_path``, the working folder, with its Optuna storage there: the file and the storage's URL."""
@@ -707,6 +736,24 @@ def test_a_tuned_study_given_more_seeds_tunes_again_on_its_new_tuning_seed(tmp_p
     three = load_study(path, seeds=[0, 1, 2])
     assert tuning_seed(three) == 3 and not names & {spec.name for _, spec in variant_searches(three)}
     assert {spec.base["seed"] for _, spec in variant_searches(three)} == {3}
+
+
+def test_a_tuned_study_of_several_seeds_per_trial_tunes_on_seeds_no_cell_uses(tmp_path, monkeypatch):
+    """``tune.seeds_per_trial: 3``: each search trains the tuning seed and the two after it, all above every
+    cell's seed; the searches are named for the three (a one-seed search of the same study is another study)."""
+    from ablations.search.tuned import tuned_on, variant_searches
+    from ablations.spec import load_study
+
+    path, _ = tuned_study_here(tmp_path, monkeypatch, seeds=2)
+    data = yaml.safe_load(path.read_text())
+    data["tune"]["seeds_per_trial"] = 3
+    path.write_text(yaml.safe_dump(data))
+    study = load_study(path)
+    searches = [spec for _, spec in variant_searches(study)]
+    assert {s.name for s in searches} == {"tuned.tune.norm_pre.seeds2-4", "tuned.tune.norm_post.seeds2-4"}
+    assert {(s.base["seed"], s.seeds_per_trial) for s in searches} == {(2, 3)}
+    assert not set(range(2, 5)) & set(study.seeds)
+    assert tuned_on(study) == "seeds 2-4, the mean of 3 per trial"
 
 
 def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp_path, store, monkeypatch, capsys):
