@@ -9,7 +9,7 @@
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
 export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
-ALL="heads positions norm_placement michel_heads decoding decoding_long scheduled_sampling nat attention_score norm_placement_tuned similarity_text similarity_recall locality heads_planned"
+ALL="heads heads_tuned positions norm_placement michel_heads decoding decoding_long scheduled_sampling nat attention_score norm_placement_tuned similarity_text similarity_recall locality heads_planned"
 mkdir -p docs/results/.store
 for study in ${@:-$ALL}; do
   start=$(date +%s)

@@ -27,8 +27,9 @@ BEGIN, END = "<!-- generated verdicts:begin -->", "<!-- generated verdicts:end -
 PAPERS = {
     "attention_score": "Luong et al. 2015; Vaswani et al. 2017",
     "decoding": "Britz et al. 2017, Table 7",
-    "heads": "Vaswani et al. 2017, Table 3 (A, B)",
+    "heads": "Vaswani et al. 2017, Table 3 (A)",
     "heads_planned": "Vaswani et al. 2017, Table 3 (A, B)",
+    "heads_tuned": "Vaswani et al. 2017, Table 3 (A)",
     "locality": "Beltagy et al. 2020; Tay et al. 2021 (LRA)",
     "michel_heads": "Michel et al. 2019",
     "nat": "Gu et al. 2018; Ghazvininejad et al. 2019",
