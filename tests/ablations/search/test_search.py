@@ -703,6 +703,20 @@ def test_a_trial_of_several_seeds_is_told_the_mean_of_its_runs(tmp_path, store, 
         assert {r.data.tags["optuna_state"] for r in mine} == {"COMPLETE"}
 
 
+def test_a_trial_of_several_seeds_regenerates_data_that_follows_the_seed():
+    """A tuned study with ``vary_data`` sets the task's data_seed to the tuning seed: each of the trial's seeds then
+    gets its own data, as a cell of that seed would; data given a seed of its own keeps it."""
+    from ablations.search.trial import TrialTask, seed_runs
+
+    def runs(task: dict) -> list[tuple[int, int]]:
+        t = TrialTask.__new__(TrialTask)
+        t.run_data, t.seeds_per_trial = {"seed": 4, "task": task}, 3
+        return [(r["seed"], r["task"]["data_seed"]) for r in seed_runs(t)]
+
+    assert runs({"name": "reverse", "data_seed": 4}) == [(4, 4), (5, 5), (6, 6)]
+    assert runs({"name": "reverse", "data_seed": 0}) == [(4, 0), (5, 0), (6, 0)]
+
+
 def test_a_pruner_is_refused_beside_several_seeds_per_trial(tmp_path):
     with pytest.raises(SpecError) as err:
         load_search(write_spec(tmp_path, seeds_per_trial=3, pruner="median"))
