@@ -220,6 +220,8 @@ def table(runs: StudyRuns, **options) -> Table:
     plan = plan_of(runs)
     if plan is None:
         return full
+    if full.metric != runs.design.metric:
+        return _secondary(full, plan, runs.design.metric)
     looks, _ = path(runs, plan)
     if not looks:
         full.notes.append("seed plan: no look yet (the first batch has not finished)")
@@ -233,6 +235,18 @@ def table(runs: StudyRuns, **options) -> Table:
     full.notes.append(_path_note(plan, looks, full.analysis.alpha))
     full.path = path_rows(looks)
     full.plan, full.looks = plan.as_dict(), [look_record(look) for look in looks]
+    return full
+
+
+def _secondary(full: Table, plan: SeedPlan, decides: str) -> Table:
+    """Another metric of a planned study: the plan's looks and boundaries judged the metric it decides on, so this
+    one's contrasts are the fixed-sample tests over the seeds the plan trained, said as such (replaying the looks
+    here would show the decision metric's verdicts under this metric's name)."""
+    full.notes.append(
+        f"seed plan: its looks decide on {decides}, not on {full.metric}: each contrast here is the fixed-sample "
+        "exact test over the seeds the plan trained (its seed counts followed the other metric; a secondary result)"
+    )
+    full.plan = {**plan.as_dict(), "decides_on": decides}
     return full
 
 

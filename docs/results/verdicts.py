@@ -88,7 +88,8 @@ def rows(folder: Path) -> list[str]:
     trained = f"{len(cells)} of {fixed}" if plan else f"{len(cells)} (fixed)"
     other = other_budget(folder.name)
     theirs = verdicts_of(HERE / other) if other else {}
-    name = f"[{folder.name}]({folder.name}/table.md) ({steps_of(folder.name):,} steps)"
+    # a report of another metric of a study's runs (positions_long: positions' test_long/loss) has its study's budget
+    name = f"[{folder.name}]({folder.name}/table.md) ({steps_of(declared['study']):,} steps)"
     out = []
     for i, label in enumerate(declared["family"]):
         c = contrasts[label]

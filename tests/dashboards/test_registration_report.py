@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 
 from ablations.register import register
@@ -129,6 +130,40 @@ def test_a_seed_plan_s_looks_are_replayed_from_the_exported_seeds_alone(tmp_path
     (tmp_path / "r" / "declaration.json").write_text(json.dumps(declared))
     done = recompute(tmp_path / "r")
     assert done.returncode == 1 and "look 1: open ['near vs base'] replayed" in done.stdout, done.stdout
+
+
+def test_another_metric_of_a_planned_study_is_tested_on_its_own_values(tmp_path, store):
+    """A planned study reported on a metric its plan does not decide on (positions' test_long/loss): each contrast
+    is that metric's fixed-sample exact test over the seeds the plan trained, not the decision metric's looks
+    shown under its name (what the third edition's positions_long first showed); the script reproduces it."""
+    from scipy.stats import permutation_test
+
+    rng = np.random.default_rng(5)
+    base = {s: 0.8 + 0.02 * rng.standard_normal() for s in range(12)}
+    values = {
+        "base": base,
+        "near": {s: v + 0.03 + 0.06 * rng.standard_normal() for s, v in base.items()},  # open to the maximum
+        "far": {s: base[s] + 0.2 + 0.01 * rng.standard_normal() for s in range(8)},  # decided at look 1
+    }
+    other = {
+        (v, s): {"test/other": -3 * x + 0.05 * rng.standard_normal()} for v, d in values.items() for s, x in d.items()
+    }
+    plan = {"first": 8, "batch": 2, "max": 12, "spending": "pocock"}
+    fill(store, "planned", values, analysis={"contrasts": {"pairs": "baseline"}}, plan=plan, extra=other)
+    make_report(store, "planned", metric="test/other", out_dir=tmp_path / "r", log=False)
+    declared = json.loads((tmp_path / "r" / "declaration.json").read_text())
+    assert declared["plan"]["decides_on"] == "test/acc" and declared["looks"] == []
+    rows = {r["label"]: r for r in csv.DictReader((tmp_path / "r" / "contrasts.csv").open())}
+    for variant in ("near", "far"):
+        seeds = sorted(values[variant])
+        d = np.array([other[(variant, s)]["test/other"] - other[("base", s)]["test/other"] for s in seeds])
+        row = rows[f"{variant} vs base"]
+        assert float(row["diff"]) == pytest.approx(d.mean()) and int(row["n_paired"]) == len(seeds)
+        exact = permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
+        assert float(row["p"]) == pytest.approx(exact)
+    assert "its looks decide on test/acc, not on test/other" in (tmp_path / "r" / "table.md").read_text()
+    done = recompute(tmp_path / "r")
+    assert done.returncode == 0 and done.stdout.startswith("all 2 contrasts reproduced"), done.stdout + done.stderr
 
 
 def test_what_an_amendment_after_results_changes_makes_exploratory():
