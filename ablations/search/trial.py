@@ -192,9 +192,9 @@ def _train(task: TrialTask, storage, run_data: dict[str, Any], *, reports: bool 
     return train(run, where, hooks=pruning_hooks(task, storage, run.training.max_steps) if reports else [])
 
 
-def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, Any] | None]:
-    """Each of the trial's runs in turn: (the last run's result, and the mean of every float metric the runs
-    all logged, or None when a run did not finish: that run's result then stands for the trial)."""
+def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, float] | None, list[str]]:
+    """Each of the trial's runs in turn: (the last run's result; the mean of every float metric the runs all
+    logged, or None when a run did not finish, whose result then stands for the trial; every run's id)."""
     results = []
     for i, data in enumerate(seed_runs(task)):
         result = _train(task, storage, data, reports=i == 0)
@@ -202,10 +202,10 @@ def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, Any] | None]:
         if result.status != records.STATUS_FINISHED:
             if task.seeds_per_trial > 1:
                 result.detail = f"seed {data['seed']}: {result.detail or result.status}"
-            return result, None
+            return result, None, [r.run_id for r in results]
     shared = set.intersection(*({k for k, v in r.metrics.items() if isinstance(v, float)} for r in results))
     mean = {k: sum(r.metrics[k] for r in results) / len(results) for k in sorted(shared)}
-    return results[-1], {"metrics": mean, "run_ids": [r.run_id for r in results]}
+    return results[-1], (mean if task.seeds_per_trial > 1 else None), [r.run_id for r in results]
 
 
 def run_trial(task: TrialTask) -> dict[str, Any]:
@@ -224,24 +224,23 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": reason, "values": None, "run_id": ""}
     stop = _heartbeat(storage, tid)
     try:
-        result, averaged = _train_seeds(task, storage)
+        result, mean, run_ids = _train_seeds(task, storage)
     except Exception as err:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
     if result.status != records.STATUS_KILLED and (why := taken_from_it(storage, tid)):
         # ended while it trained its last steps (or reported nothing: several objectives): not a result either
-        for run_id in (averaged or {}).get("run_ids", [result.run_id]):
-            if run_id:
-                with contextlib.suppress(Exception):
-                    records.end_run(task.uri, run_id, records.STATUS_KILLED, why)
+        for run_id in filter(None, run_ids):
+            with contextlib.suppress(Exception):
+                records.end_run(task.uri, run_id, records.STATUS_KILLED, why)
         return {"status": records.STATUS_KILLED, "reason": why, "values": None, "run_id": result.run_id}
-    metrics = averaged["metrics"] if averaged else result.metrics
+    metrics = result.metrics if mean is None else mean
     return {
         "status": result.status,
         "reason": result.detail,
         "values": [metrics.get(m) for m, _ in task.objectives],
         "run_id": result.run_id,
-        "run_ids": averaged["run_ids"] if averaged else [result.run_id],
+        "run_ids": run_ids,
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
     }
