@@ -77,8 +77,10 @@ def test_a_study_run_at_a_longer_budget_is_compared_contrast_by_contrast(tmp_pat
     source = ROOT / "docs" / "results" / "heads_planned"
     for name, steps in (("short", 1000), ("short_long", 3000)):
         (tmp_path / name).mkdir()
-        for f in ("seeds.csv", "declaration.json", "contrasts.csv"):
+        for f in ("seeds.csv", "contrasts.csv"):
             (tmp_path / name / f).write_text((source / f).read_text())
+        declared = json.loads((source / "declaration.json").read_text())
+        (tmp_path / name / "declaration.json").write_text(json.dumps({**declared, "study": name}))
         (tmp_path / f"{name}.yaml").write_text(f"budget: {{steps: {steps}}}\n")
     contrasts = tmp_path / "short_long" / "contrasts.csv"
     contrasts.write_text(contrasts.read_text().replace(",different (worse),", ",not resolved,", 1))
@@ -90,3 +92,8 @@ def test_a_study_run_at_a_longer_budget_is_compared_contrast_by_contrast(tmp_pat
     assert short[1].endswith("| not resolved at 3,000 steps: they differ |")  # different (worse) here
     assert short[2].endswith("| different (worse) at 3,000 steps: the same verdict |")
     assert verdicts.rows(tmp_path / "short_long")[1].endswith("| different (worse) at 1,000 steps: they differ |")
+    # a report of another metric of a study's runs (positions_long) has no file of its own: its study's budget
+    (tmp_path / "short_metric").mkdir()
+    for f in ("seeds.csv", "declaration.json", "contrasts.csv"):
+        (tmp_path / "short_metric" / f).write_text((tmp_path / "short" / f).read_text())
+    assert "[short_metric](short_metric/table.md) (1,000 steps)" in verdicts.rows(tmp_path / "short_metric")[0]

@@ -47,10 +47,17 @@ def test_luong_scores_over_the_states_and_other_differences_are_not_said(tmp_pat
     assert all(("norm=pre" in w) != ("norm=post" in w) for w in crossed)
 
 
-def test_the_catalogue_similarity_studies_are_warned(tmp_path):
+def test_the_catalogue_similarity_studies_compare_luongs_scores_and_would_be_warned_otherwise(tmp_path):
+    """The third edition scores the states themselves (no warning); the same files over projected q and k, as the
+    second edition scored them, are warned, naming the file."""
     for name in ("similarity_text", "similarity_recall"):
-        lines = warning_lines(load_study(ROOT / "ablations" / "studies" / f"{name}.yaml"))
-        assert len(lines) == 1 and lines[0].startswith(f"warning: {ROOT / 'ablations' / 'studies' / name}.yaml: ")
+        assert warning_lines(load_study(ROOT / "ablations" / "studies" / f"{name}.yaml")) == []
+        data = yaml.safe_load((ROOT / "ablations" / "studies" / f"{name}.yaml").read_text())
+        data["base"]["model"]["qk_projections"] = True
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        lines = warning_lines(load_study(path))
+        assert len(lines) == 1 and lines[0].startswith(f"warning: {path}: ")
 
 
 def test_the_dry_run_says_it(tmp_path):
