@@ -203,9 +203,11 @@ def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, float] | None
             if task.seeds_per_trial > 1:
                 result.detail = f"seed {data['seed']}: {result.detail or result.status}"
             return result, None, [r.run_id for r in results]
+    ids = [r.run_id for r in results]
+    if len(results) == 1:
+        return result, None, ids
     shared = set.intersection(*({k for k, v in r.metrics.items() if isinstance(v, float)} for r in results))
-    mean = {k: sum(r.metrics[k] for r in results) / len(results) for k in sorted(shared)}
-    return results[-1], (mean if task.seeds_per_trial > 1 else None), [r.run_id for r in results]
+    return result, {k: sum(r.metrics[k] for r in results) / len(results) for k in sorted(shared)}, ids
 
 
 def run_trial(task: TrialTask) -> dict[str, Any]:

@@ -330,8 +330,9 @@ def same(x: str, y: float) -> bool:
 def main(folder: str) -> int:
     values, declared, table = read(Path(folder))
     again, wrong = recompute(values, declared, table), []
+    # a planned study's table of another metric than the plan decides on holds fixed-sample tests: no looks to replay
     if declared.get("plan") and declared["plan"].get("decides_on", declared["metric"]) == declared["metric"]:
-        planned, wrong = replay(values, declared, table)  # another metric's table: fixed-sample tests, recomputed
+        planned, wrong = replay(values, declared, table)
         again.update(planned)
     wrong += [
         f"{row['label']}: {key} {row[key]} in the table, {again[row['label']].get(key, math.nan)!r} recomputed"

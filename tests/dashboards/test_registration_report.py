@@ -102,24 +102,34 @@ def test_every_p_value_and_interval_is_recomputed_from_the_exported_seeds_alone(
     assert done.returncode == 1 and "recomputed" in done.stdout
 
 
+PLAN = {"first": 8, "batch": 2, "max": 12, "spending": "pocock"}
+
+
+def planned_values(rng, twin: bool = False) -> dict[str, dict[int, float]]:
+    """A planned study's values: ``near`` open at every look of PLAN, ``far`` decided at the first, and with
+    ``twin`` one equivalent to the baseline within 0.05 at the first."""
+    base = {s: 0.8 + 0.02 * rng.standard_normal() for s in range(12)}
+    values = {
+        "base": base,
+        "near": {s: v + 0.03 + 0.06 * rng.standard_normal() for s, v in base.items()},
+        "far": {s: base[s] + 0.2 + 0.01 * rng.standard_normal() for s in range(8)},
+    }
+    if twin:
+        values["twin"] = {s: base[s] + 0.001 * rng.standard_normal() for s in range(8)}
+    return values
+
+
 def test_a_seed_plan_s_looks_are_replayed_from_the_exported_seeds_alone(tmp_path, store):
     """A seed plan's table: the script replays its looks (which seeds each variant had, which contrasts stayed open)
     with its own group-sequential test, and reproduces each contrast as the look that decided it saw it: one
     different at the first look, one equivalent within the margin at the first look, one open to the maximum."""
     rng = np.random.default_rng(3)
-    base = {s: 0.8 + 0.02 * rng.standard_normal() for s in range(12)}
-    values = {
-        "base": base,
-        "near": {s: v + 0.03 + 0.06 * rng.standard_normal() for s, v in base.items()},  # open at every look
-        "far": {s: base[s] + 0.2 + 0.01 * rng.standard_normal() for s in range(8)},  # decided at look 1
-        "twin": {s: base[s] + 0.001 * rng.standard_normal() for s in range(8)},  # equivalent at look 1
-    }
-    plan = {"first": 8, "batch": 2, "max": 12, "spending": "pocock"}
+    values = planned_values(rng, twin=True)
     analysis = {"contrasts": {"pairs": "baseline"}, "margins": {"test/acc": 0.05}}
-    fill(store, "planned", values, analysis=analysis, plan=plan)
+    fill(store, "planned", values, analysis=analysis, plan=PLAN)
     make_report(store, "planned", out_dir=tmp_path / "r", log=False)
     declared = json.loads((tmp_path / "r" / "declaration.json").read_text())
-    assert declared["plan"] == plan and [look["open"] for look in declared["looks"]] == [["near vs base"]] * 3
+    assert declared["plan"] == PLAN and [look["open"] for look in declared["looks"]] == [["near vs base"]] * 3
     assert [look["seeds"]["far"] for look in declared["looks"]] == [8, 8, 8]
     done = recompute(tmp_path / "r")
     assert done.returncode == 0 and done.stdout.startswith("all 3 contrasts reproduced"), done.stdout + done.stderr
@@ -139,17 +149,11 @@ def test_another_metric_of_a_planned_study_is_tested_on_its_own_values(tmp_path,
     from scipy.stats import permutation_test
 
     rng = np.random.default_rng(5)
-    base = {s: 0.8 + 0.02 * rng.standard_normal() for s in range(12)}
-    values = {
-        "base": base,
-        "near": {s: v + 0.03 + 0.06 * rng.standard_normal() for s, v in base.items()},  # open to the maximum
-        "far": {s: base[s] + 0.2 + 0.01 * rng.standard_normal() for s in range(8)},  # decided at look 1
-    }
+    values = planned_values(rng)
     other = {
         (v, s): {"test/other": -3 * x + 0.05 * rng.standard_normal()} for v, d in values.items() for s, x in d.items()
     }
-    plan = {"first": 8, "batch": 2, "max": 12, "spending": "pocock"}
-    fill(store, "planned", values, analysis={"contrasts": {"pairs": "baseline"}}, plan=plan, extra=other)
+    fill(store, "planned", values, analysis={"contrasts": {"pairs": "baseline"}}, plan=PLAN, extra=other)
     make_report(store, "planned", metric="test/other", out_dir=tmp_path / "r", log=False)
     declared = json.loads((tmp_path / "r" / "declaration.json").read_text())
     assert declared["plan"]["decides_on"] == "test/acc" and declared["looks"] == []
