@@ -194,7 +194,8 @@ def _train(task: TrialTask, storage, run_data: dict[str, Any], *, reports: bool 
 
 def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, float] | None, list[str]]:
     """Each of the trial's runs in turn: (the last run's result; the mean of every float metric the runs all
-    logged, or None when a run did not finish, whose result then stands for the trial; every run's id)."""
+    logged, or None for a single run or when a run did not finish, whose result then stands for the trial; every
+    run's id)."""
     results = []
     for i, data in enumerate(seed_runs(task)):
         result = _train(task, storage, data, reports=i == 0)
