@@ -9,17 +9,17 @@
 set -eu
 STORE="sqlite:///$(pwd)/docs/results/.store/mlflow.db"
 export ABLATE_OPTUNA_STORAGE="sqlite:///$(pwd)/docs/results/.store/optuna.db"
-ALL="heads heads_tuned positions norm_placement michel_heads decoding decoding_long scheduled_sampling nat attention_score norm_placement_tuned similarity_text similarity_recall locality heads_planned"
+ALL="heads heads_tuned positions positions_tuned norm_placement norm_placement_long michel_heads michel_heads_long decoding decoding_long scheduled_sampling scheduled_sampling_long nat nat_long attention_score attention_score_long attention_score_tuned norm_placement_tuned norm_placement_tuned_long similarity_text similarity_recall locality locality_tuned heads_planned"
 mkdir -p docs/results/.store
 for study in ${@:-$ALL}; do
   start=$(date +%s)
   .venv/bin/ablate sweep "ablations/studies/$study.yaml" --tracking-uri "$STORE"
   .venv/bin/ablate report "$study" --tracking-uri "$STORE" --out "docs/results/$study"
   case "$study" in
-    positions)  # length generalisation: the predictions from positions training never saw
-      .venv/bin/ablate report positions --metric test_long/loss --tracking-uri "$STORE" --out docs/results/positions_long --no-log ;;
-    michel_heads)  # each head removed alone, one head per module, and pruning curves (Michel et al. 2019)
-      .venv/bin/ablate heads michel_heads --metric val/loss --prune test/loss --tracking-uri "$STORE" --out docs/results/michel_heads ;;
+    positions|positions_tuned)  # length generalisation: the predictions from positions training never saw
+      .venv/bin/ablate report "$study" --metric test_long/loss --tracking-uri "$STORE" --out "docs/results/${study}_long" --no-log ;;
+    michel_heads|michel_heads_long)  # each head removed alone, one head per module, and pruning curves (Michel et al. 2019)
+      .venv/bin/ablate heads "$study" --metric val/loss --prune test/loss --tracking-uri "$STORE" --out "docs/results/$study" ;;
   esac
   rm -f docs/results/*/report.html docs/results/*/plots.html   # about 5 MB of plotly each: MLflow keeps them
   echo "$study: $(( $(date +%s) - start )) s" | tee -a docs/results/.store/timings.txt

@@ -42,7 +42,19 @@ PAPERS = {
     "similarity_text": "Luong et al. 2015",
 }
 PAPERS["decoding_long"] = PAPERS["decoding"]
-LONGER = {"decoding_long": "decoding"}  # the same declaration at a longer budget: its study -> the shorter one
+# the same declaration at a longer budget: its study -> the shorter one
+LONGER = {
+    f"{short}_long": short
+    for short in (
+        "decoding",
+        "scheduled_sampling",
+        "nat",
+        "attention_score",
+        "michel_heads",
+        "norm_placement",
+        "norm_placement_tuned",
+    )
+}
 
 
 def studies() -> list[Path]:
