@@ -25,23 +25,26 @@ STUDIES = HERE.parents[1] / "ablations" / "studies"
 README = HERE / "README.md"
 BEGIN, END = "<!-- generated verdicts:begin -->", "<!-- generated verdicts:end -->"
 PAPERS = {
-    "attention_score": "Luong et al. 2015; Vaswani et al. 2017",
+    "attention_score": "Vaswani et al. 2017, 3.2.1; Britz et al. 2017",
+    "attention_score_tuned": "Vaswani et al. 2017, 3.2.1; Britz et al. 2017",
     "decoding": "Britz et al. 2017, Table 7",
     "heads": "Vaswani et al. 2017, Table 3 (A)",
     "heads_planned": "Vaswani et al. 2017, Table 3 (A, B)",
     "heads_tuned": "Vaswani et al. 2017, Table 3 (A)",
     "locality": "Beltagy et al. 2020; Tay et al. 2021 (LRA)",
+    "locality_tuned": "Tay et al. 2021 (LRA)",
     "michel_heads": "Michel et al. 2019",
     "nat": "Gu et al. 2018; Ghazvininejad et al. 2019",
     "norm_placement": "Xiong et al. 2020",
     "norm_placement_tuned": "Xiong et al. 2020",
     "positions": "Vaswani et al. 2017 (E); Press et al. 2022",
     "positions_long": "Press et al. 2022",
+    "positions_tuned": "Vaswani et al. 2017 (E); Press et al. 2022",
+    "positions_tuned_long": "Press et al. 2022",
     "scheduled_sampling": "Bengio et al. 2015",
     "similarity_recall": "Luong et al. 2015",
     "similarity_text": "Luong et al. 2015",
 }
-PAPERS["decoding_long"] = PAPERS["decoding"]
 # the same declaration at a longer budget: its study -> the shorter one
 LONGER = {
     f"{short}_long": short
@@ -55,6 +58,7 @@ LONGER = {
         "norm_placement_tuned",
     )
 }
+PAPERS |= {long: PAPERS[short] for long, short in LONGER.items()}
 
 
 def studies() -> list[Path]:
