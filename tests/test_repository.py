@@ -97,3 +97,17 @@ def test_a_study_run_at_a_longer_budget_is_compared_contrast_by_contrast(tmp_pat
     for f in ("seeds.csv", "declaration.json", "contrasts.csv"):
         (tmp_path / "short_metric" / f).write_text((tmp_path / "short" / f).read_text())
     assert "[short_metric](short_metric/table.md) (1,000 steps)" in verdicts.rows(tmp_path / "short_metric")[0]
+
+
+def test_each_longer_budget_declares_its_short_study_with_only_more_steps():
+    """A ``_long`` study is a copy of its shorter one (registration needs a whole file): the copy must not drift."""
+    import yaml
+
+    verdicts = verdicts_module()
+    studies = ROOT / "ablations" / "studies"
+    for long, short in verdicts.LONGER.items():
+        a, b = (yaml.safe_load((studies / f"{name}.yaml").read_text()) for name in (long, short))
+        assert a.pop("name") == long and b.pop("name") == short
+        assert a.pop("budget")["steps"] > b.pop("budget")["steps"], long
+        a.pop("description"), b.pop("description")
+        assert a == b, long
