@@ -4,14 +4,15 @@
 #   benchmarks/gpu_session.sh wheels    # HERE, with a package registry: .gpu-site.tar.xz, the Python packages the GPU
 #                                       # image lacks (mlflow, datasets, pydantic, ...), for Python 3.12 (git-ignored)
 #   benchmarks/gpu_session.sh measure   # THERE, first (at most 9 minutes): every section but the compiled run_vs_loop
-#   benchmarks/gpu_session.sh resume    # THERE, at once (at most 4 minutes): the sections the first call left
-#   benchmarks/gpu_session.sh test      # THERE, in another lease (at most 3 minutes): the CUDA tests
+#   benchmarks/gpu_session.sh resume    # THERE, at once (at most 5.2 minutes): the sections the first call left
+#   benchmarks/gpu_session.sh repeats   # THERE (at most 8 minutes): both `ablate run` rows again, five repeats each
+#   benchmarks/gpu_session.sh test      # THERE (at most 3 minutes): the CUDA tests of every training combination
 #
-# With the device tool, each call carrying .gpu-site.tar.xz and issued within the machine's 30 s of warmth:
-# run(command="benchmarks/gpu_session.sh measure", timeout_s=570), then run(command="benchmarks/gpu_session.sh
-# resume", timeout_s=260): 13 to 14 of a lease's 15 minutes, its start included (H200, 2026-11-27). Each copies into
-# $OUT benchmarks/README.md (its GPU section replaced), results/gpu.json, gpu.md and the logs: copy gpu.json back
-# here before the next call, which continues it.
+# With the device tool, each call carrying .gpu-site.tar.xz and issued within the machine's 30 s of warmth. Every
+# section: measure (timeout_s=570), then resume (timeout_s=330), more than one lease's 15 minutes with its start: in
+# two leases, or as the 2026-11-28 lease did, repeats (timeout_s=490) then test (timeout_s=190) where the other
+# sections' figures stand. Each copies into $OUT benchmarks/README.md (its GPU section replaced), results/gpu.json,
+# gpu.md and the logs: copy gpu.json back here before the next call, which continues it.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-session}
@@ -64,18 +65,24 @@ measure)
     ;;
 resume)  # the same machine: benchmarks/results/gpu.json is the first call's
     setup
-    timeout 235 $PY benchmarks/gpu.py --resume > "$OUT/gpu-resume.log" 2>&1
+    timeout 310 $PY benchmarks/gpu.py --resume > "$OUT/gpu-resume.log" 2>&1
     echo "exit $?" >> "$OUT/gpu-resume.log"
+    keep
+    ;;
+repeats)  # continues the committed gpu.json: the other sections keep their figures
+    setup
+    timeout 470 $PY benchmarks/gpu.py --only run_vs_loop,run_vs_loop_compiled > "$OUT/gpu.log" 2>&1
+    echo "exit $?" >> "$OUT/gpu.log"
     keep
     ;;
 test)
     setup
-    timeout 170 $PY -m pytest -q -m cuda -p no:randomly tests/ablations/test_train.py tests/models \
+    timeout 170 $PY -m pytest -q -m cuda -p no:randomly --durations=0 tests/ablations/test_train.py tests/models \
         > "$OUT/cuda-tests.log" 2>&1
     echo "exit $?" >> "$OUT/cuda-tests.log"
     ;;
 *)
-    sed -n 2,14p "$0"
+    sed -n "2,/^set -u/{/^set -u/!p}" "$0"
     exit 2
     ;;
 esac

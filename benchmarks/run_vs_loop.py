@@ -10,7 +10,9 @@ hyper-parameters and schedule, gradient clipping, the same precision (autocast f
 
 Both are timed over the same window of steps (after warm-up: compilation, allocator, first MLflow writes),
 from the end of one step to the end of another, waiting for the device at both ends; the tokens are the
-non-padding tokens of the window's batches. The two alternate, the order swapped every repeat (ours first, then
+non-padding tokens of the window's batches. Compiled, one untimed run of ours first fills torch.compile's cache
+(the window's shapes included: an epoch's last, smaller batch recompiles), which both sides then reuse; the graphs
+compiled inside each window are counted and reported (0 expected). The two alternate, the order swapped every repeat (ours first, then
 the loop first), so that drift of the machine falls on both. Reported: tokens/s of both (medians), the ratio as
 the median of the per-repeat ratios with their range (min, max), and the fixed cost per step ((time of ours -
 time of the loop) / steps).
@@ -92,39 +94,58 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def window_tokens(run, first: int, last: int) -> int:
-    """Non-padding tokens of the training batches of steps first+1 .. last (the loaders' order)."""
-    from models.tasks import PAD, TaskDataModule
+def training_batches(run, last: int):
+    """(step, batch) of the training loader's batches for steps 0 .. last, epochs following each other."""
+    from models.tasks import TaskDataModule
 
     data = TaskDataModule(run.task, run.training.batch_size, run.seed, run.training.eval_batch_size)
     data.setup()
-    total, step = 0, 0
+    step = 0
     while step <= last:
         for batch in data.train_dataloader():
-            if first < step <= last:
-                total += int((batch["tokens"] != PAD).sum())
+            yield step, batch
             step += 1
             if step > last:
-                break
-    return total
+                return
 
 
-def mark() -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process: every thread, MLflow's sender included)."""
+def window_tokens(run, first: int, last: int) -> int:
+    """Non-padding tokens of the training batches of steps first+1 .. last (the loaders' order)."""
+    from models.tasks import PAD
+
+    return sum(int((b["tokens"] != PAD).sum()) for step, b in training_batches(run, last) if first < step)
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far (a recompilation is one more)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def mark() -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of this process: every thread, MLflow's sender included, graphs compiled)."""
     sync()
-    return time.perf_counter(), time.process_time()
+    return time.perf_counter(), time.process_time(), graphs_compiled()
 
 
-def elapsed(marks: dict, first: int, last: int) -> tuple[float, float]:
-    return marks[last][0] - marks[first][0], marks[last][1] - marks[first][1]
+def elapsed(marks: dict, first: int, last: int) -> tuple[float, float, int]:
+    """(wall, CPU) seconds and the graphs compiled from the end of step ``first`` to the end of step ``last``."""
+    return marks[last][0] - marks[first][0], marks[last][1] - marks[first][1], marks[last][2] - marks[first][2]
 
 
-def ours(run, first: int, last: int, uri: str) -> tuple[tuple[float, float], dict]:
-    """(wall, CPU) seconds from the end of step ``first`` to the end of step ``last`` of ``ablate run``'s code
-    path, and its summary metrics."""
+def smaller_batches(run, last: int) -> list[int]:
+    """The steps up to ``last`` whose batch is smaller than the rest (an epoch's last): each is a recompilation of a
+    compiled model the first time it comes."""
+    return [step for step, b in training_batches(run, last) if len(b["tokens"]) < run.training.batch_size]
+
+
+def ours(run, first: int, last: int, uri: str) -> tuple[tuple[float, float, int], dict]:
+    """(wall, CPU) seconds and graphs compiled from the end of step ``first`` to the end of step ``last`` of
+    ``ablate run``'s code path, and its summary metrics."""
     from ablations.train import Tracking, train
 
-    marks: dict[int, tuple[float, float]] = {}
+    marks: dict[int, tuple[float, float, int]] = {}
 
     def hook(step: int, metrics: dict) -> None:  # called at the end of every logged step, by the Drain callback
         if "train/loss" in metrics and step in (first, last):
@@ -134,8 +155,8 @@ def ours(run, first: int, last: int, uri: str) -> tuple[tuple[float, float], dic
     return elapsed(marks, first, last), result.metrics
 
 
-def plain_loop(run, first: int, last: int) -> tuple[float, float]:
-    """(wall, CPU) seconds from the end of step ``first`` to the end of step ``last`` of a plain PyTorch loop."""
+def plain_loop(run, first: int, last: int) -> tuple[float, float, int]:
+    """(wall, CPU) seconds and graphs compiled from the end of step ``first`` to the end of step ``last`` of a plain PyTorch loop."""
     import lightning as L
     import torch
     import torch.nn.functional as F
@@ -168,7 +189,7 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float]:
     autocast = t.precision.startswith(("bf16", "16")) and t.precision.endswith("mixed")
     dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float16
     model.train()
-    marks: dict[int, tuple[float, float]] = {}
+    marks: dict[int, tuple[float, float, int]] = {}
     step = 0
     while step <= last:
         for batch in data.train_dataloader():
@@ -219,11 +240,16 @@ def measure(
     run = run_config(size, steps, warm, threads, precision, compile, fused, task)
     tokens = window_tokens(run, first, last)
     rows: dict[str, list[float]] = {"ours_s": [], "loop_s": [], "ours_cpu_s": [], "loop_cpu_s": [], "repeat_s": []}
+    rows |= {"ours_graphs": [], "loop_graphs": [], "warmup_s": []}
     reported: list = []
     metrics: dict = {}
     cut = ""
     with tempfile.TemporaryDirectory(prefix="run-vs-loop-") as tmp:
         uri = uri or f"sqlite:///{tmp}/mlflow.db"
+        if compile:  # untimed: whichever side ran first would otherwise compile inside its window
+            started = time.perf_counter()
+            ours(run, first, last, uri)
+            rows["warmup_s"].append(time.perf_counter() - started)
         for i in range(repeats):
             # the shortest repeat so far: the first holds the compilation, which later ones reuse
             if i and time_left is not None and time_left() < min(rows["repeat_s"]):
@@ -232,12 +258,13 @@ def measure(
             started = time.perf_counter()
             for side in ("ours", "loop") if i % 2 == 0 else ("loop", "ours"):  # the order swaps every repeat
                 if side == "ours":
-                    (wall, cpu), metrics = ours(run, first, last, uri)
+                    (wall, cpu, graphs), metrics = ours(run, first, last, uri)
                     reported.append(metrics.get("cost/tokens_per_s"))
                 else:
-                    wall, cpu = plain_loop(run, first, last)
+                    wall, cpu, graphs = plain_loop(run, first, last)
                 rows[f"{side}_s"].append(wall)
                 rows[f"{side}_cpu_s"].append(cpu)
+                rows[f"{side}_graphs"].append(graphs)
             rows["repeat_s"].append(time.perf_counter() - started)
             if on_repeat is not None:
                 on_repeat(summary(run, size, tokens, steps, rows, reported, metrics, cut="running"))
@@ -265,6 +292,7 @@ def summary(run, size: str, tokens: int, steps: int, rows: dict, reported: list,
         "threads": torch.get_num_threads(),
         "window_steps": steps,
         "window_tokens": tokens,
+        "graphs_compiled_in_windows": sum(rows["ours_graphs"]) + sum(rows["loop_graphs"]),
         "repeats": len(ratios),
         "cut": cut,
         "seconds": rows,
@@ -304,6 +332,15 @@ def markdown(r: dict, command: str) -> str:
             f"window (all its threads; unaffected by other load on the machine): ratio **{r['cpu_ratio']:.3f}x**, "
             f"{r['cpu_fixed_cost_per_step_ms']:.2f} ms per step.",
             "",
+            *(
+                [
+                    f"Graphs compiled inside the timed windows: {r['graphs_compiled_in_windows']} (a compilation was "
+                    "timed: the figures above are not the training's speed)",
+                    "",
+                ]
+                if r["graphs_compiled_in_windows"]
+                else []
+            ),
         ]
     )
 

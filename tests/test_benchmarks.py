@@ -153,6 +153,24 @@ def test_the_smoke_run_measures_every_section_on_the_cpu_through_the_gpu_code_pa
     assert (ROOT / "benchmarks" / "README.md").read_bytes() == readme
 
 
+def test_a_compiled_window_holds_no_compilation_where_an_epoch_ends_inside_it(store):
+    """torch.compile recompiles at an epoch's last, smaller batch; inside a timed window that compilation was timed as
+    training (0.05x on an H200, 2026-11-28, whichever side ran first paying it). The untimed compiled run before the
+    repeats keeps every compilation out of both sides' windows, as dynamo's own counter of graphs says."""
+    import torch
+
+    from benchmarks import run_vs_loop
+
+    task = {"max_chars": 10000}  # at batch 8 of 64 bytes, the first epoch's last batch is step 17
+    run = run_vs_loop.run_config("tiny", 10, 10, 1, "32-true", True, False, task)
+    assert [s for s in run_vs_loop.smaller_batches(run, 20) if 10 < s <= 20] == [17]
+    torch._dynamo.reset()  # the process's earlier compilations of the model would hide the recompilation
+    with gpu_module().compiler("aot_eager"):
+        r = run_vs_loop.measure("tiny", 10, 1, 1, "32-true", True, False, warm=10, task=task, uri=store)
+    assert r["seconds"]["ours_graphs"] == r["seconds"]["loop_graphs"] == [0]
+    assert r["graphs_compiled_in_windows"] == 0 and len(r["seconds"]["warmup_s"]) == 1
+
+
 def test_a_section_past_its_time_limit_is_stopped_and_keeps_what_it_measured(tmp_path, monkeypatch):
     """Stopped between measurements when its time is spent, or by the alarm inside one that holds it past its limit:
     either way its figures so far are written at once, the next section runs, and it is reported as cut off."""
@@ -225,6 +243,7 @@ def test_a_resumed_run_measures_the_sections_not_done():
         gpu.sections_named(["decoders"])
     # the session's two calls (benchmarks/gpu_session.sh) hold their sections' limits, with 15 s to start each
     script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
-    first, second = (int(s) for s in re.findall(r"timeout (\d+) \$PY benchmarks/gpu.py", script))
+    first, second, both = (int(s) for s in re.findall(r"timeout (\d+) \$PY benchmarks/gpu.py", script))
     assert sum(v for k, v in gpu.LIMITS.items() if k != "run_vs_loop_compiled") + 15 <= first
     assert gpu.LIMITS["run_vs_loop_compiled"] + 5 <= second
+    assert gpu.LIMITS["run_vs_loop"] + gpu.LIMITS["run_vs_loop_compiled"] + 15 <= both  # `repeats`: the two rows
