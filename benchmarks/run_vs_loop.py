@@ -12,8 +12,8 @@ Both are timed over the same window of steps (after warm-up: compilation, alloca
 from the end of one step to the end of another, waiting for the device at both ends; the tokens are the
 non-padding tokens of the window's batches. Compiled, one untimed run of ours first fills torch.compile's cache
 (the window's shapes included: an epoch's last, smaller batch recompiles), which both sides then reuse; the graphs
-compiled inside each window are counted and reported (0 expected). The two alternate, the order swapped every repeat (ours first, then
-the loop first), so that drift of the machine falls on both. Reported: tokens/s of both (medians), the ratio as
+compiled inside each window are counted and reported (0 expected). The two alternate, the order swapped every
+repeat (ours first, then the loop first), so that drift of the machine falls on both. Reported: tokens/s of both (medians), the ratio as
 the median of the per-repeat ratios with their range (min, max), and the fixed cost per step ((time of ours -
 time of the loop) / steps).
 
@@ -134,12 +134,6 @@ def elapsed(marks: dict, first: int, last: int) -> tuple[float, float, int]:
     return marks[last][0] - marks[first][0], marks[last][1] - marks[first][1], marks[last][2] - marks[first][2]
 
 
-def smaller_batches(run, last: int) -> list[int]:
-    """The steps up to ``last`` whose batch is smaller than the rest (an epoch's last): each is a recompilation of a
-    compiled model the first time it comes."""
-    return [step for step, b in training_batches(run, last) if len(b["tokens"]) < run.training.batch_size]
-
-
 def ours(run, first: int, last: int, uri: str) -> tuple[tuple[float, float, int], dict]:
     """(wall, CPU) seconds and graphs compiled from the end of step ``first`` to the end of step ``last`` of
     ``ablate run``'s code path, and its summary metrics."""
@@ -156,7 +150,8 @@ def ours(run, first: int, last: int, uri: str) -> tuple[tuple[float, float, int]
 
 
 def plain_loop(run, first: int, last: int) -> tuple[float, float, int]:
-    """(wall, CPU) seconds and graphs compiled from the end of step ``first`` to the end of step ``last`` of a plain PyTorch loop."""
+    """(wall, CPU) seconds and graphs compiled from the end of step ``first`` to the end of step ``last`` of a plain
+    PyTorch loop."""
     import lightning as L
     import torch
     import torch.nn.functional as F
@@ -251,7 +246,7 @@ def measure(
             ours(run, first, last, uri)
             rows["warmup_s"].append(time.perf_counter() - started)
         for i in range(repeats):
-            # the shortest repeat so far: the first holds the compilation, which later ones reuse
+            # the shortest repeat so far (compiled, the untimed run above held the compilations)
             if i and time_left is not None and time_left() < min(rows["repeat_s"]):
                 cut = f"{i} of {repeats} repeats: the time limit could not hold another"
                 break
