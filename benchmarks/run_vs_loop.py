@@ -13,9 +13,9 @@ from the end of one step to the end of another, waiting for the device at both e
 non-padding tokens of the window's batches. Compiled, one untimed run of ours first fills torch.compile's cache
 (the window's shapes included: an epoch's last, smaller batch recompiles), which both sides then reuse; the graphs
 compiled inside each window are counted and reported (0 expected). The two alternate, the order swapped every
-repeat (ours first, then the loop first), so that drift of the machine falls on both. Reported: tokens/s of both (medians), the ratio as
-the median of the per-repeat ratios with their range (min, max), and the fixed cost per step ((time of ours -
-time of the loop) / steps).
+repeat (ours first, then the loop first), so that drift of the machine falls on both. Reported: tokens/s of both
+(medians), the ratio as the median of the per-repeat ratios with their range (min, max), and the fixed cost per
+step ((time of ours - time of the loop) / steps).
 
     python benchmarks/run_vs_loop.py [--size tiny|cpu|gpu] [--steps 100] [--repeats 3] [--threads 1]
         [--precision 32-true] [--compile] [--fused-adamw]
@@ -35,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,19 +94,24 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def training_batches(run, last: int):
-    """(step, batch) of the training loader's batches for steps 0 .. last, epochs following each other."""
+def training_batches(run, last: int) -> Iterator[tuple[int, dict]]:
+    """(step, batch) of the training loader's batches for steps 0 .. last, epochs following each other (the data
+    is set up now, each epoch's loader made as the steps reach it, as the trainer does)."""
     from models.tasks import TaskDataModule
 
     data = TaskDataModule(run.task, run.training.batch_size, run.seed, run.training.eval_batch_size)
     data.setup()
-    step = 0
-    while step <= last:
-        for batch in data.train_dataloader():
-            yield step, batch
-            step += 1
-            if step > last:
-                return
+
+    def steps() -> Iterator[tuple[int, dict]]:
+        step = 0
+        while step <= last:
+            for batch in data.train_dataloader():
+                yield step, batch
+                step += 1
+                if step > last:
+                    return
+
+    return steps()
 
 
 def window_tokens(run, first: int, last: int) -> int:
@@ -156,7 +161,7 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float, int]:
     import torch
     import torch.nn.functional as F
 
-    from models.tasks import PAD, TaskDataModule
+    from models.tasks import PAD
     from models.training import lr_factor
     from models.transformer import Transformer
 
@@ -166,8 +171,7 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float, int]:
     L.seed_everything(run.seed, workers=True, verbose=False)
     torch.use_deterministic_algorithms(t.deterministic)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = TaskDataModule(run.task, t.batch_size, run.seed, t.eval_batch_size)
-    data.setup()
+    batches = training_batches(run, last)
     model = Transformer(run.model).to(device)
     if t.compile:
         model.compile()
@@ -185,25 +189,20 @@ def plain_loop(run, first: int, last: int) -> tuple[float, float, int]:
     dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float16
     model.train()
     marks: dict[int, tuple[float, float, int]] = {}
-    step = 0
-    while step <= last:
-        for batch in data.train_dataloader():
-            tokens = batch["tokens"].to(device, non_blocking=True)
-            inp, tgt = tokens[:, :-1], tokens[:, 1:]
-            with torch.autocast(device.type, dtype=dtype, enabled=autocast):
-                logits = model(inp)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.masked_fill(tgt == PAD, -100).flatten())
-            loss.backward()
-            if t.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            if step in (first, last):
-                marks[step] = mark()
-            step += 1
-            if step > last:
-                break
+    for step, batch in batches:
+        tokens = batch["tokens"].to(device, non_blocking=True)
+        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+            logits = model(inp)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.masked_fill(tgt == PAD, -100).flatten())
+        loss.backward()
+        if t.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step in (first, last):
+            marks[step] = mark()
     return elapsed(marks, first, last)
 
 
@@ -234,8 +233,8 @@ def measure(
     first, last = warm, warm + steps
     run = run_config(size, steps, warm, threads, precision, compile, fused, task)
     tokens = window_tokens(run, first, last)
-    rows: dict[str, list[float]] = {"ours_s": [], "loop_s": [], "ours_cpu_s": [], "loop_cpu_s": [], "repeat_s": []}
-    rows |= {"ours_graphs": [], "loop_graphs": [], "warmup_s": []}
+    names = ("ours_s", "loop_s", "ours_cpu_s", "loop_cpu_s", "ours_graphs", "loop_graphs", "repeat_s", "warmup_s")
+    rows: dict[str, list[float]] = {name: [] for name in names}
     reported: list = []
     metrics: dict = {}
     cut = ""

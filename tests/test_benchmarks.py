@@ -163,7 +163,7 @@ def test_a_compiled_window_holds_no_compilation_where_an_epoch_ends_inside_it(st
 
     task = {"max_chars": 10000}  # at batch 8 of 64 bytes, the first epoch's last batch is step 17
     run = run_vs_loop.run_config("tiny", 10, 10, 1, "32-true", True, False, task)
-    smaller = [step for step, b in run_vs_loop.training_batches(run, 20) if len(b["tokens"]) < 8]
+    smaller = [step for step, b in run_vs_loop.training_batches(run, 20) if len(b["tokens"]) < 8]  # batch 8
     assert [step for step in smaller if 10 < step <= 20] == [17]
     torch._dynamo.reset()  # the process's earlier compilations of the model would hide the recompilation
     with gpu_module().compiler("aot_eager"):
