@@ -354,17 +354,36 @@ SYSTEM_RETRIES = 2  # runs of a trial whose process or node died, before it is f
 def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, reason: str) -> int:
     """A trial's MLflow run is RUNNING only while its Optuna trial is: runs of this search whose trial has ended
     (interrupted, or lost with a dead process, then failed and asked again) are marked KILLED with ``reason``. A
-    trial another live process runs is RUNNING in Optuna too, and keeps its run. Returns how many were ended."""
+    trial another live process runs is RUNNING in Optuna too, and keeps its run. A run that finished after its
+    search process died, before Optuna was told, is not a result either: its trial was asked again, and the retry
+    is the result. Returns how many were ended."""
     from optuna.trial import TrialState
 
-    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    trials = study.get_trials(deepcopy=False)
+    states = {t.number: t.state for t in trials}
+    retries = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
     ended = 0
     for run in records.running_runs(uri, experiment, records.KIND_TRIAL, study=spec_name):
         number = run.data.tags.get(records.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
             records.mark_killed(uri, run, reason)
             ended += 1
+    for run in _finished_trial_runs(uri, experiment, spec_name):
+        number = run.data.tags.get(records.TAG_TRIAL, "")
+        if number.isdigit() and states.get(int(number)) == TrialState.FAIL and int(number) in retries:
+            retry = retries[int(number)]
+            why = f"finished after its search process stopped, before Optuna was told; asked again as trial {retry}"
+            records.mark_killed(uri, run, why)
+            ended += 1
     return ended
+
+
+def _finished_trial_runs(uri: str, experiment: str, spec_name: str) -> list:
+    exp = records.client(uri).get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    finished = records.kind_filter(records.KIND_TRIAL, study=spec_name) + " and attributes.status = 'FINISHED'"
+    return records.search_all(uri, [exp.experiment_id], finished)
 
 
 def end_dead_search_runs(uri: str, experiment: str, spec_name: str) -> int:

@@ -557,6 +557,38 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
     ), status
 
 
+def test_a_run_that_finished_after_its_search_process_died_is_not_a_result(tmp_path, store):
+    """The fault soak (2026-11-28) counted a duplicated trial: a trial's process finished its run just after its
+    search process was SIGKILLed, before Optuna was told; the next process failed the trial and asked it again, and
+    the orphan's FINISHED run stood beside its retry's. It is ended as killed; a trial that failed by itself (not
+    asked again) keeps its run."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from ablations import records, tracking
+    from ablations.search.driver import end_orphaned_trial_runs
+
+    study = optuna.create_study(study_name="srch", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
+    lr = {"training.lr": FloatDistribution(1.0e-5, 3.0e-2, log=True)}
+    for state, attrs in ((TrialState.FAIL, {}), (TrialState.COMPLETE, {"retry_of": 0}), (TrialState.FAIL, {})):
+        value = 1.0 if state == TrialState.COMPLETE else None
+        study.add_trial(
+            create_trial(params={"training.lr": 1e-3}, distributions=lr, value=value, state=state, user_attrs=attrs)
+        )
+    c, exp = client(store), tracking.experiment_id(store, "srch")
+    runs = {}
+    for number in (0, 1, 2):
+        tags = {records.TAG_KIND: KIND_TRIAL, records.TAG_STUDY: "srch", records.TAG_TRIAL: str(number)}
+        runs[number] = c.create_run(exp, tags=tags).info.run_id
+        records.end_run(store, runs[number], records.STATUS_FINISHED)
+    assert end_orphaned_trial_runs(store, "srch", study, "srch", "unused: no run is RUNNING") == 1
+    orphan = c.get_run(runs[0])
+    assert orphan.info.status == "KILLED" and orphan.data.tags["status_detail"] == (
+        "killed: finished after its search process stopped, before Optuna was told; asked again as trial 1"
+    )
+    assert [c.get_run(runs[n]).info.status for n in (1, 2)] == ["FINISHED", "FINISHED"]
+
+
 def test_a_killed_search_process_leaves_no_parent_run_running(tmp_path, store):
     """A search process SIGKILLed (or crashed) cannot end its MLflow parent run, and no later process did: it stayed
     RUNNING for good (found by the fault soak, benchmarks/soak.py). The next process on the search ends it as
