@@ -201,14 +201,10 @@ def registrations(uri: str, study: str) -> list[Registration]:
     import tempfile
 
     c = records.client(uri)
-    exp = c.get_experiment_by_name(study)
-    if exp is None:
-        return []
     out = []
     # A mirror is finished only once its artifact is written: one another submission is still writing (or one
     # whose writer stopped half-way) is not read; the claims store holds the version, and _history mirrors it.
-    finished = records.kind_filter(records.KIND_REGISTRATION) + " and attributes.status = 'FINISHED'"
-    for run in records.search_all(uri, [exp.experiment_id], finished):
+    for run in records.runs_in_status(uri, study, records.KIND_REGISTRATION, "FINISHED"):
         with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:
             path = c.download_artifacts(run.info.run_id, records.REGISTRATION_ARTIFACT, tmp)
             with open(path) as f:

@@ -211,12 +211,17 @@ def search_all(uri: str, experiment_ids: list[str], filter_string: str) -> list:
             return runs
 
 
-def running_runs(uri: str, experiment: str, kind: str, **tags: str) -> list:
-    """The runs of ``kind`` (with ``tags``) in ``experiment`` whose MLflow status is still RUNNING."""
+def runs_in_status(uri: str, experiment: str, kind: str, status: str, **tags: str) -> list:
+    """The runs of ``kind`` (with ``tags``) in ``experiment`` whose MLflow status is ``status`` (RUNNING, FINISHED...)."""
     exp = client(uri).get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return search_all(uri, [exp.experiment_id], kind_filter(kind, **tags) + " and attributes.status = 'RUNNING'")
+    return search_all(uri, [exp.experiment_id], kind_filter(kind, **tags) + f" and attributes.status = '{status}'")
+
+
+def running_runs(uri: str, experiment: str, kind: str, **tags: str) -> list:
+    """The runs of ``kind`` (with ``tags``) in ``experiment`` whose MLflow status is still RUNNING."""
+    return runs_in_status(uri, experiment, kind, "RUNNING", **tags)
 
 
 # --- the cell ledger -----------------------------------------------------------------------------------------

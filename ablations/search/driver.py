@@ -368,7 +368,7 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
             records.mark_killed(uri, run, reason)
             ended += 1
-    for run in _finished_trial_runs(uri, experiment, spec_name):
+    for run in records.runs_in_status(uri, experiment, records.KIND_TRIAL, "FINISHED", study=spec_name):
         number = run.data.tags.get(records.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) == TrialState.FAIL and int(number) in retries:
             retry = retries[int(number)]
@@ -376,14 +376,6 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
             records.mark_killed(uri, run, why)
             ended += 1
     return ended
-
-
-def _finished_trial_runs(uri: str, experiment: str, spec_name: str) -> list:
-    exp = records.client(uri).get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    finished = records.kind_filter(records.KIND_TRIAL, study=spec_name) + " and attributes.status = 'FINISHED'"
-    return records.search_all(uri, [exp.experiment_id], finished)
 
 
 def end_dead_search_runs(uri: str, experiment: str, spec_name: str) -> int:
