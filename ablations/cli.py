@@ -504,7 +504,12 @@ def _cluster(args: argparse.Namespace) -> int:
         return error(f"--host {args.host}: a cluster other machines reach needs --token (Ray's token authentication)")
     try:
         cluster = localcluster.up(
-            args.workers, cpus_per_node=args.cpus_per_node, token=args.token, host=args.host, dashboard=args.dashboard
+            args.workers,
+            cpus_per_node=args.cpus_per_node,
+            token=args.token,
+            host=args.host,
+            dashboard=args.dashboard,
+            gpus=args.gpus,
         )
     except localcluster.ClusterError as err:
         return error(str(err), EXIT_FAILED)
@@ -547,6 +552,13 @@ def _add_cluster(sub) -> None:
     )
     p.add_argument("--host", default=None, help="up --token: the address other machines reach the head at")
     p.add_argument("--dashboard", action="store_true", help="up: also start Ray's dashboard (on the head's address)")
+    p.add_argument(
+        "--gpus",
+        type=_whole,
+        default=None,
+        help="up: GPUs the head declares to Ray (default: those it finds; declared ones that are not there let a "
+        "machine without GPUs try a study's GPU placement, its trials training on the CPU)",
+    )
 
 
 def _whole(text: str) -> int:

@@ -161,10 +161,12 @@ def up(
     token: bool = False,
     host: str | None = None,
     dashboard: bool = False,
+    gpus: int | None = None,
     timeout: float = 120.0,
 ) -> LocalCluster:
     """Start a head and ``workers`` more nodes on this machine and wait until all are alive (ClusterError, with the
-    end of the failing node's log, if one is not; what was started is stopped again)."""
+    end of the failing node's log, if one is not; what was started is stopped again). ``gpus``: the GPUs the head
+    declares (default: those Ray finds; a machine without any may declare some to try a packing study's placement)."""
     host = host or (machine_address() if token else "127.0.0.1")
     if not token and host != "127.0.0.1":
         raise ClusterError(f"--host {host}: a cluster other machines reach needs --token (Ray's token authentication)")
@@ -190,6 +192,7 @@ def up(
         f"--include-dashboard={'true' if dashboard else 'false'}",
         f"--dashboard-host={host}",
         f"--dashboard-port={dash}",
+        *([] if gpus is None else [f"--num-gpus={gpus}"]),
     ]
     try:
         _add_node(cluster, [*head, *common], "head", env, False, timeout)

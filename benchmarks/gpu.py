@@ -79,6 +79,8 @@ LIMITS = {
     "encoder": 60,
     "run_vs_loop": 150,
     "run_vs_loop_compiled": 300,
+    "profile": 110,  # additive's fused kernels compile for each chunk size
+    "packed": 450,  # benchmarks/packing.py's levels: 150 + 80 + 100 + 100 s, and the calibration
 }
 SECTIONS = tuple(LIMITS)
 
@@ -113,6 +115,28 @@ GPU_PLAN: dict[str, dict[str, Any]] = {
         "precision": "bf16-mixed",
         "compile": True,
     },
+    "profile": {
+        "decoder": {
+            "tokens": 16384,
+            "d_model": 512,
+            "n_heads": 8,
+            "n_layers": 4,
+            "d_ff": 2048,
+            "window": WINDOW,
+            "repeats": 10,
+            "warmup": 3,
+        },
+        "additive": {
+            "n": 4096,
+            "d_model": 512,
+            "heads": 8,
+            "head_dim": 64,
+            "chunk_bits": [20, 22, 24, 26],
+            "repeats": 5,
+            "warmup": 2,
+        },
+    },  # fmt: skip
+    "packed": {"study": "norm_placement", "levels": [16, 1, 4, 8], "limits": {16: 150, 1: 80, 4: 100, 8: 100}},
 }
 QUICK_PLAN = {  # a short check on a GPU (not the measurement): results/quick/
     **GPU_PLAN,
@@ -122,6 +146,7 @@ QUICK_PLAN = {  # a short check on a GPU (not the measurement): results/quick/
     "encoder": {**GPU_PLAN["encoder"], "T": 512, "batch": 4, "repeats": 3},
     "run_vs_loop": {**GPU_PLAN["run_vs_loop"], "steps": 20, "repeats": 2},
     "run_vs_loop_compiled": {**GPU_PLAN["run_vs_loop_compiled"], "steps": 20, "repeats": 2},
+    "packed": {**GPU_PLAN["packed"], "levels": [4], "limits": {4: 60}},
 }
 SMOKE_PLAN: dict[str, dict[str, Any]] = {  # tiny sizes, the same code paths: results/smoke/
     "attention": {
@@ -164,6 +189,11 @@ SMOKE_PLAN: dict[str, dict[str, Any]] = {  # tiny sizes, the same code paths: re
         "compile": True,
     },
 }
+SMOKE_PLAN["profile"] = {
+    "decoder": SMOKE_PLAN["decoder"],
+    "additive": {**SMOKE_PLAN["additive"], "chunk_bits": [10, 12]},
+}
+SMOKE_PLAN["packed"] = {"study": "norm_placement", "levels": [2], "smoke": True}
 SMOKE_CUDA = {  # a smoke run on a GPU: the attention kernels at the measured head size and dtype (shared memory)
     "attention": {**SMOKE_PLAN["attention"], "heads": H, "head_dim": D, "dtype": "bfloat16", "lengths": [256, 320]},
 }
@@ -438,44 +468,50 @@ def _free(ctx: Context) -> None:
 # --- 2. a 16k-token decoder training step --------------------------------------------------------------------------
 
 
-def decoder(ctx: Context, p: dict) -> None:
+def decoder_steps(ctx: Context, p: dict, compiled: bool) -> dict[str, Callable[[], None]]:
+    """One training step of the decoder with full and with local attention (``compiled``: both compiled)."""
     import torch
     import torch.nn.functional as F
 
     from models import ModelConfig, Transformer
 
+    fns = {}
+    local = f"local w{p['window']}"
+    for name, pattern in (("full", {"pattern": "full"}), (local, {"pattern": "local", "window": p["window"]})):
+        ctx.check()
+        cfg = ModelConfig(
+            arch="decoder",
+            vocab_size=256,
+            d_model=p["d_model"],
+            n_heads=p["n_heads"],
+            n_layers=p["n_layers"],
+            d_ff=p["d_ff"],
+            max_len=p["tokens"],
+            **pattern,
+        )
+        model = Transformer(cfg).to(ctx.device)
+        if compiled:
+            model.compile()  # what training.compile does
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        x = torch.randint(4, 256, (1, p["tokens"] + 1), device=ctx.device)
+
+        def step(model=model, opt=opt, x=x) -> None:
+            with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
+                logits = model(x[:, :-1])
+            F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        fns[name + (" compiled" if compiled else "")] = step
+    return fns
+
+
+def decoder(ctx: Context, p: dict) -> None:
     if ctx.cpu:
         ctx.note("local attention trains on the tiled kernels on a CPU (FlexAttention there has no backward)")
-    local = f"local w{p['window']}"
     out: dict[str, Any] = {"tokens": p["tokens"], "window": p["window"]}
     for compiled in (False, True):  # eager first: a section cut off while compiling keeps it
-        fns = {}
-        for name, pattern in (("full", {"pattern": "full"}), (local, {"pattern": "local", "window": p["window"]})):
-            ctx.check()
-            cfg = ModelConfig(
-                arch="decoder",
-                vocab_size=256,
-                d_model=p["d_model"],
-                n_heads=p["n_heads"],
-                n_layers=p["n_layers"],
-                d_ff=p["d_ff"],
-                max_len=p["tokens"],
-                **pattern,
-            )
-            model = Transformer(cfg).to(ctx.device)
-            if compiled:
-                model.compile()  # what training.compile does
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-            x = torch.randint(4, 256, (1, p["tokens"] + 1), device=ctx.device)
-
-            def step(model=model, opt=opt, x=x) -> None:
-                with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
-                    logits = model(x[:, :-1])
-                F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            fns[name + (" compiled" if compiled else "")] = step
+        fns = decoder_steps(ctx, p, compiled)
         out.update(side_by_side(ctx, fns, p["repeats"], p["warmup"]))
         ctx.put(out)
         print("decoder step: " + ", ".join(f"{k} {v['ms']:.1f} ms {_mb(v['mb'])}" for k, v in _timed(out)), flush=True)
@@ -490,28 +526,172 @@ def _timed(d: dict) -> list[tuple[str, dict]]:
 # --- 3. additive against dot-product scores ------------------------------------------------------------------------
 
 
-def additive(ctx: Context, p: dict) -> None:
+def additive_fns(ctx: Context, p: dict, chunks: dict[str, int] | None = None) -> dict[str, Callable[[], None]]:
+    """Forward + backward of one attention layer with dot scores, and with additive scores (``chunks``: one per
+    name, with its ``chunk_elements``)."""
     import torch
 
-    from models import fused
     from models.attention import MultiHeadAttention
 
     fns = {}
-    for score in ("dot", "additive"):
-        attn = MultiHeadAttention(p["d_model"], p["heads"], p["head_dim"], score=score).to(ctx.device)
+    for name, score, chunk in [("dot", "dot", 1 << 20), *((k, "additive", v) for k, v in (chunks or {}).items())]:
+        attn = MultiHeadAttention(p["d_model"], p["heads"], p["head_dim"], score=score, chunk_elements=chunk)
+        attn = attn.to(ctx.device)
         x = torch.randn(1, p["n"], p["d_model"], device=ctx.device, requires_grad=True)
 
         def run(attn=attn, x=x) -> None:
             x.grad = None
             attn(x).sum().backward()
 
-        fns[score] = run
+        fns[name] = run
+    return fns
+
+
+def additive(ctx: Context, p: dict) -> None:
+    from models import fused
+
+    fns = additive_fns(ctx, p, {"additive": 1 << 20})
     # on a CPU the fused kernels run only when asked (``auto`` keeps them for CUDA)
     with fused.mode("compiled" if ctx.cpu else "auto"):
         out = side_by_side(ctx, fns, p["repeats"], p["warmup"])
     result = {"n": p["n"], **out, "ratio": out["additive"]["ms"] / out["dot"]["ms"]}
     ctx.put(result)
     print(f"additive vs dot n={p['n']}: {result['ratio']:.1f}x", flush=True)
+
+
+# --- 7. where the time of a step goes: kernel shares, attention alone, additive's chunks -----------------------------
+
+
+def kernel_table(fn: Callable[[], None], device, steps: int = 3, top: int = 10) -> dict[str, Any]:
+    """The kernels of ``steps`` calls of ``fn`` by their device time (on a CPU: the operators by CPU time): each
+    one's ms per call and share, the top ``top`` and the rest."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    for _ in range(2):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0 and (cuda or e.key.startswith("aten::")):
+            rows.append((us / 1000 / steps, e.key))
+    rows.sort(reverse=True)
+    total = sum(ms for ms, _ in rows) or 1.0
+    kept = [{"kernel": k[:90], "ms": ms, "share": ms / total} for ms, k in rows[:top]]
+    rest = sum(ms for ms, _ in rows[top:])
+    return {"total_ms": total, "kernels": kept, "rest_ms": rest, "n_kernels": len(rows)}
+
+
+def attention_alone(ctx: Context, p: dict) -> dict[str, dict]:
+    """The decoder's attention core alone (its heads, its length, bf16, forward + backward): flash causal against
+    ours local, what the decoder's step can gain at most from local attention (the rest of the step stays)."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.attention import DotScore
+    from models.config import LayerAttention
+    from models.patterns import LocalPattern
+
+    heads, head_dim = p["n_heads"], p["d_model"] // p["n_heads"]
+    dtype = torch.bfloat16 if not ctx.cpu else torch.float32
+    q, k, v = (
+        torch.randn(1, heads, p["tokens"], head_dim, device=ctx.device, dtype=dtype, requires_grad=True)
+        for _ in range(3)
+    )
+    local = LocalPattern(LayerAttention("local", p["window"], (1,) * heads))
+    score = DotScore(heads, head_dim).to(ctx.device)
+    fns = {
+        "full (flash causal)": fwd_bwd(
+            lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v, True
+        ),
+        "local": fwd_bwd(lambda a, b, c: local.attend(a, b, c, score, causal=True), q, k, v, True),
+    }
+    return side_by_side(ctx, fns, p["repeats"], p["warmup"])
+
+
+def profile(ctx: Context, p: dict) -> None:
+    """Named limits: where the decoder's step and additive attention spend their time."""
+    from models import fused
+
+    d = p["decoder"]  # local attention: FlexAttention on CUDA, the tiled kernels on a CPU (as in training)
+    out: dict[str, Any] = {"shape": {k: d[k] for k in ("tokens", "d_model", "n_heads", "n_layers", "window")}}
+    out["cpu"] = ctx.cpu  # a CPU's operators overlap nothing: no host time to name
+    out["attention_alone"] = alone = attention_alone(ctx, d)
+    ctx.put(out)
+    steps = decoder_steps(ctx, d, compiled=False)
+    timed = side_by_side(ctx, steps, d["repeats"], d["warmup"])
+    out["decoder_steps"] = timed
+    for name, fn in steps.items():
+        ctx.check()
+        out.setdefault("decoder_kernels", {})[name] = kernel_table(fn, ctx.device)
+        ctx.put(out)
+    full_step = timed["full"]["ms"]
+    full_attn, local_attn = (alone[k]["ms"] * d["n_layers"] for k in ("full (flash causal)", "local"))
+    out["decoder_bound"] = {
+        "rest_ms": full_step - full_attn,  # the step without its attention core
+        "predicted_local_ms": full_step - full_attn + local_attn,
+        "bound_with_this_local": full_step / (full_step - full_attn + local_attn),
+        "bound_with_free_attention": full_step / max(full_step - full_attn, 1e-9),
+    }
+    ctx.put(out)
+    del steps
+    _free(ctx)
+    a = p["additive"]
+    chunks = {f"additive chunk 2^{b}": 1 << b for b in a["chunk_bits"]}
+    with fused.mode("compiled" if ctx.cpu else "auto"):
+        fns = additive_fns(ctx, a, chunks)
+        out["additive_chunks"] = {"n": a["n"], **side_by_side(ctx, fns, a["repeats"], a["warmup"])}
+        ctx.put(out)
+        for name in ("dot", f"additive chunk 2^{a['chunk_bits'][0]}"):
+            ctx.check()
+            out.setdefault("additive_kernels", {})[name] = kernel_table(fns[name], ctx.device)
+            ctx.put(out)
+    b = out["decoder_bound"]
+    print(
+        f"profile: decoder rest of step {b['rest_ms']:.1f} ms; local bound {b['bound_with_this_local']:.2f}x "
+        f"(free attention {b['bound_with_free_attention']:.2f}x); additive "
+        + ", ".join(f"{k} {v['ms']:.1f} ms" for k, v in out["additive_chunks"].items() if isinstance(v, dict)),
+        flush=True,
+    )
+
+
+# --- 8. a study packed onto one GPU ---------------------------------------------------------------------------------
+
+
+def packed(ctx: Context, p: dict) -> None:
+    from benchmarks import packing
+
+    smoke = p.get("smoke", False)
+    if smoke:
+        from ablations import localcluster
+
+        cluster = localcluster.up(0, cpus_per_node=2, gpus=1)  # declared, not there: the placement on a CPU
+        try:
+            packing.measure(
+                p["study"],
+                tuple(p["levels"]),
+                smoke=True,
+                address=cluster.address,
+                on_level=ctx.put,
+                time_left=ctx.time_left,
+            )
+        finally:
+            localcluster.stop(cluster)
+        return
+    limits = {int(k): v for k, v in p["limits"].items()}
+    packing.measure(p["study"], tuple(p["levels"]), limits, time_left=ctx.time_left, on_level=ctx.put)
 
 
 # --- 4. an encoder against nn.TransformerEncoder -------------------------------------------------------------------
@@ -628,6 +808,8 @@ RUNS: dict[str, Callable[[Context, dict], None]] = {
     "encoder": encoder,
     "run_vs_loop": run_vs_loop,
     "run_vs_loop_compiled": run_vs_loop,
+    "profile": profile,
+    "packed": packed,
 }
 
 
@@ -641,6 +823,8 @@ TITLES = {
     "encoder": "4. Encoder",
     "run_vs_loop": "5. `ablate run` against a plain PyTorch loop",
     "run_vs_loop_compiled": "6. `ablate run` against a plain PyTorch loop, compiled, fused AdamW",
+    "profile": "7. Where the time goes",
+    "packed": "8. A study packed onto one GPU",
 }
 
 
@@ -665,7 +849,7 @@ def markdown(r: dict) -> str:
         if m.get("status") in ("failed", "cut", "running"):  # running: the process was stopped from outside
             why = m.get("error") or "the run was stopped while this section ran"
             lines += ["", f"({why}: the figures above are what it measured before.)"]
-        if m.get("device") and m["device"] != r["device"]:
+        if m.get("device") and (m["device"] != r["device"] or m.get("date", r["date"]) != r["date"]):
             lines += ["", f"(This section: {m['device']}, torch {m.get('torch')}, {m.get('date')}.)"]
     timed = [
         f"{n} {meta[n]['seconds']:.0f} s ({meta[n]['limit_s']:.0f})" for n in SECTIONS if "seconds" in meta.get(n, {})
@@ -755,7 +939,56 @@ _RENDER: dict[str, Callable[[Any], list[str]]] = {
     "encoder": _encoder_md,
     "run_vs_loop": _run_vs_loop_md,
     "run_vs_loop_compiled": lambda rows: _run_vs_loop_md(rows, TITLES["run_vs_loop_compiled"]),
+    "profile": lambda r: _profile_md(r),
+    "packed": lambda r: _packed_md(r),
 }
+
+
+def _kernels_md(name: str, t: dict) -> list[str]:
+    top = "; ".join(f"`{k['kernel'][:60]}` {k['ms']:.2f} ms ({k['share']:.0%})" for k in t["kernels"][:5])
+    return [f"- {name}: {t['total_ms']:.2f} ms of kernels a call ({t['n_kernels']} kinds); the largest: {top}"]
+
+
+def _profile_md(r: dict) -> list[str]:
+    lines = [f"**{TITLES['profile']}**:", ""]
+    if "attention_alone" in r:
+        a = r["attention_alone"]
+        sh = r["shape"]
+        lines.append(
+            f"- the decoder's attention core alone ({sh['n_heads']} heads of {sh['d_model'] // sh['n_heads']}, "
+            f"{sh['tokens']:,} tokens, window {sh['window']}, bf16, forward + backward, one layer of "
+            f"{sh['n_layers']}): " + ", ".join(f"{k} {v['ms']:.2f} ms" for k, v in a.items())
+        )
+    if "decoder_bound" in r:
+        b, steps = r["decoder_bound"], r["decoder_steps"]
+        lines.append(
+            f"- the decoder's step: full {steps['full']['ms']:.1f} ms, of which {b['rest_ms']:.1f} ms is not attention; "
+            f"with this local attention the step can be at best **{b['bound_with_this_local']:.2f}x** faster than "
+            f"full ({b['predicted_local_ms']:.1f} ms predicted), and {b['bound_with_free_attention']:.2f}x with "
+            "attention that cost nothing"
+        )
+    for name, t in r.get("decoder_kernels", {}).items():
+        lines += _kernels_md(f"decoder step, {name}", t)
+        wall = r.get("decoder_steps", {}).get(name, {}).get("ms")
+        if wall is not None and not r.get("cpu"):
+            lines[-1] += (
+                f"; the step takes {wall:.1f} ms: the GPU waits {max(0.0, wall - t['total_ms']):.1f} ms on the host"
+            )
+    if "additive_chunks" in r:
+        c = r["additive_chunks"]
+        lines.append(
+            f"- additive attention at n = {c['n']:,} by chunk size (fp32, forward + backward): "
+            + ", ".join(f"{k} {v['ms']:.2f} ms / {_mb(v['mb']) or '-'}" for k, v in c.items() if isinstance(v, dict))
+        )
+    for name, t in r.get("additive_kernels", {}).items():
+        lines += _kernels_md(name, t)
+    return lines
+
+
+def _packed_md(r: dict) -> list[str]:
+    from benchmarks import packing
+
+    return packing.markdown(r, "the device above", TITLES["packed"])
 
 
 def write_readme_section(text: str, readme: Path) -> None:

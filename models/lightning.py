@@ -274,11 +274,10 @@ class LitTransformer(L.LightningModule):
     def on_train_batch_start(self, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
 
-    def training_step(self, batch, batch_idx):
-        step = self.global_step
-        tf_p = teacher_forcing_p(self.training_cfg, step) if self.kind != "classify" else 1.0
-        if self.cfg.non_autoregressive:
-            tf_p = 1.0
+    def step_loss(self, batch: dict[str, torch.Tensor], step: int):
+        """(training loss, logits, targets) of a batch at optimisation step ``step``: what a training step
+        minimises (a packing calibration runs it outside Lightning's loop)."""
+        tf_p = self._teacher_forcing(step)
         if self.kind == "seq2seq" and self.cfg.non_autoregressive:
             logits, targets, length_logits, lengths = self._parallel(batch, sample_masks=True)
             loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
@@ -286,6 +285,16 @@ class LitTransformer(L.LightningModule):
         else:
             logits, targets = self.scored_logits(batch, tf_p)
             loss = self._loss(logits, targets, self.training_cfg.label_smoothing)
+        return loss, logits, targets
+
+    def _teacher_forcing(self, step: int) -> float:
+        if self.kind == "classify" or self.cfg.non_autoregressive:
+            return 1.0
+        return teacher_forcing_p(self.training_cfg, step)
+
+    def training_step(self, batch, batch_idx):
+        step = self.global_step
+        loss, logits, targets = self.step_loss(batch, step)
         self._losses.append((step, loss.detach()))
         if step % self.log_every == 0:
             if self._check_losses():
@@ -298,7 +307,7 @@ class LitTransformer(L.LightningModule):
                 "train/token_acc": float(acc),
                 "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
             }
-            if tf_p < 1.0:
+            if (tf_p := self._teacher_forcing(step)) < 1.0:
                 metrics["train/teacher_forcing_p"] = tf_p
             self.pending.append((step, metrics))
         return loss

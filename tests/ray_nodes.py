@@ -90,8 +90,9 @@ def wait_for_nodes(address: str, n: int, timeout: float = 90.0) -> None:
 
 
 @contextmanager
-def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard: bool = True):
-    """A head and ``nodes - 1`` more nodes on 127.0.0.1, free ports, a short temp dir of their own."""
+def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard: bool = True, head_gpus: int = 0):
+    """A head and ``nodes - 1`` more nodes on 127.0.0.1, free ports, a short temp dir of their own. ``head_gpus``:
+    GPUs the head declares to Ray (there or not: trials placed on them train on the CPU without CUDA)."""
     temp_dir = tempfile.mkdtemp(prefix="abl-rc-", dir="/tmp")  # Unix socket paths must stay short
     gcs, cli, aut, dsh, dash = _free_ports(5)
     env = {**ENV, "AUTOSCALER_METRIC_PORT": str(aut), "DASHBOARD_METRIC_PORT": str(dsh)}
@@ -102,7 +103,6 @@ def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard
         "--block",
         "--node-ip-address=127.0.0.1",
         f"--num-cpus={cpus_per_node}",
-        "--num-gpus=0",
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
@@ -121,6 +121,7 @@ def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard
                     "--dashboard-host=127.0.0.1",
                     f"--dashboard-port={dash}",
                     *_node_ports(),
+                    f"--num-gpus={head_gpus}",
                     *common,
                 ],
                 log,
@@ -132,7 +133,19 @@ def ray_cluster(log_dir: Path, nodes: int = 2, cpus_per_node: int = 1, dashboard
             log = log_dir / f"ray-node{i}.log"
             cluster.logs.append(log)
             cluster.nodes.append(
-                _start([sys.executable, __file__, "start", f"--address={address}", *_node_ports(), *common], log, env)
+                _start(
+                    [
+                        sys.executable,
+                        __file__,
+                        "start",
+                        f"--address={address}",
+                        *_node_ports(),
+                        "--num-gpus=0",
+                        *common,
+                    ],
+                    log,
+                    env,
+                )
             )
         wait_for_nodes(address, nodes)
         yield cluster

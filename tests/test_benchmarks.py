@@ -7,6 +7,7 @@ benchmarks/README.md in place, keeping everything around it."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import re
 import subprocess
@@ -149,6 +150,13 @@ def test_the_smoke_run_measures_every_section_on_the_cpu_through_the_gpu_code_pa
     (compiled,) = r["run_vs_loop_compiled"]
     assert compiled["compile"] and compiled["fused_adamw"] and compiled["precision"] == "bf16-mixed"
     assert compiled["last_metrics"]["cost/steps"] == 21  # every step trained: the clip was not refused
+    profile = r["profile"]
+    assert set(profile["decoder_kernels"]) == {"full", "local w64"} and profile["decoder_bound"]["rest_ms"] > 0
+    assert {"dot", "additive chunk 2^10", "additive chunk 2^12"} <= set(profile["additive_chunks"])
+    # a packed study on a Ray whose head declares one GPU (none here): 2 cells at once, each cell exactly once
+    (level,) = r["packed"]["levels"]
+    assert level["cells_per_gpu"] == 2 and level["cells_done"] == level["cells_started"] == 4, level
+    assert any("packing: 2 cell(s) at once per GPU (resources.gpus 0.5)" in x for x in level["packing_lines"])
     assert "not shown on a CPU" in out.stdout and "two (4,) slopes and no table" in out.stdout
     assert (ROOT / "benchmarks" / "README.md").read_bytes() == readme
 
@@ -233,7 +241,7 @@ def test_a_resumed_run_measures_the_sections_not_done():
     gpu = gpu_module()
     r = result()  # written before sections carried their status: present is done
     r["additive"] = {"error": "OutOfMemoryError: CUDA out of memory."}
-    assert gpu.sections_to_run(r, [], resume=True) == ["additive", "run_vs_loop_compiled"]
+    assert gpu.sections_to_run(r, [], resume=True) == ["additive", "run_vs_loop_compiled", "profile", "packed"]
     r["sections"] = {"attention": {"status": "cut"}, "decoder": {"status": "done"}, "encoder": {"status": "failed"}}
     assert gpu.sections_to_run(r, [], resume=True)[:2] == ["attention", "additive"]
     assert "decoder" not in gpu.sections_to_run(r, [], resume=True)
@@ -242,9 +250,16 @@ def test_a_resumed_run_measures_the_sections_not_done():
     assert gpu.sections_named(["decoder,encoder", "additive"]) == ["decoder", "encoder", "additive"]
     with pytest.raises(SystemExit, match="unknown section"):
         gpu.sections_named(["decoders"])
-    # the session's two calls (benchmarks/gpu_session.sh) hold their sections' limits, with 15 s to start each
+    # each call of the session (benchmarks/gpu_session.sh) holds its sections' limits, with 10 s to start
     script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
-    first, second, both = (int(s) for s in re.findall(r"timeout (\d+) \$PY benchmarks/gpu.py", script))
-    assert sum(v for k, v in gpu.LIMITS.items() if k != "run_vs_loop_compiled") + 15 <= first
-    assert gpu.LIMITS["run_vs_loop_compiled"] + 5 <= second
-    assert gpu.LIMITS["run_vs_loop"] + gpu.LIMITS["run_vs_loop_compiled"] + 15 <= both  # `repeats`: the two rows
+    calls = re.findall(r"timeout (\d+) \$PY benchmarks/gpu.py ([^>\\\n]*)", script)
+    assert len(calls) == 6, calls
+    for timeout, args in calls:
+        words = args.split()
+        limits = gpu.parse_limits(words[words.index("--limits") + 1] if "--limits" in words else None)
+        if "--only" not in words:  # --resume: what `measure` leaves
+            words += ["--only", "run_vs_loop_compiled"]
+        sections = gpu.sections_named(
+            list(itertools.takewhile(lambda w: not w.startswith("--"), words[words.index("--only") + 1 :]))
+        )
+        assert sum(limits[s] for s in sections) + 10 <= int(timeout), (args, timeout)

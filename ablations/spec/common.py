@@ -237,9 +237,17 @@ class Resources(Strict):
     gpus: float = Field(0.0, ge=0)
     workers: int = Field(1, ge=1)
     share_gpus: bool = False  # data-parallel workers may share a GPU (slow, and NCCL refuses it: gloo only)
+    # each GPU's memory, for the packing check (ablations/packing.py); default: read from the GPU itself
+    gpu_memory_gb: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _fits(self) -> Resources:
+        if self.gpu_memory_gb is not None and not self.gpus:
+            raise KeyedError(
+                ("gpu_memory_gb",),
+                "says how much memory each GPU holds, for packing cells onto GPUs, but no trial asks for a GPU "
+                "(resources.gpus is 0): remove it, or set resources.gpus",
+            )
         if self.workers > 1 and self.cpus < self.workers:
             raise KeyedError(
                 ("cpus",), f"{self.cpus:g} CPUs cannot feed {self.workers} workers; give at least one per worker"

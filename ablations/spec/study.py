@@ -17,7 +17,8 @@ constraints:                           # skip (or refuse) cells, with the reason
   - skip: {model.norm: post, training.warmup_steps: 0}
     reason: Post-LN without warm-up is known to diverge here
 skip_invalid: false                    # true: cells the model refuses are skipped with its reason
-resources: {cpus: 1, gpus: 0, workers: 1}   # per trial; fractions of GPUs allowed; workers > 1: DDP
+resources: {cpus: 1, gpus: 0, workers: 1}   # per trial; fractions of GPUs pack cells onto one (gpus: 0.125: 8 per GPU,
+                                       # memory checked: gpu_memory_gb or the GPU's own); workers > 1: DDP
 max_concurrent: 2                      # trials at once (default: as many as the resources allow)
 budget: {steps: 400}                   # per trial: steps and/or time (seconds)
 retries: 1                             # an exception is retried this often, then recorded as failed
@@ -562,7 +563,9 @@ def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> Tune | None:
     if file.tune is None:
         return None
     tune = dict(file.tune)
-    tune.setdefault("resources", {"cpus": file.resources.cpus, "gpus": file.resources.gpus})
+    tune.setdefault(
+        "resources", file.resources.model_dump(include={"cpus", "gpus", "gpu_memory_gb"}, exclude_none=True)
+    )
     tune.setdefault("budget", file.budget.as_dict())
     load_search(origin.under("tune"), {**tune, "name": f"{file.name}.tune"}, base=base)
     return Tune(tune)

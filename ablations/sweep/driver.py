@@ -29,6 +29,7 @@ from typing import Any
 from ablations import claims as cl
 from ablations import records, tracking
 from ablations.claims import Claim, Claims
+from ablations.packing import check_before, check_on_cluster
 from ablations.register import register
 from ablations.secrets import Credentials
 from ablations.shell import close_ray, cluster_address, open_ray, refuse_unreachable
@@ -154,7 +155,13 @@ def run_study(
     reuse_any_code = reuse_any_code or study.reuse_any_code
     code = None if reuse_any_code else fingerprint
     claims = Claims(cl.claims_url(uri, claims_url))
-    fits = lambda: check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)  # noqa: E731
+    packing: list = []  # a packing study's calibration, once (ablations.packing)
+
+    def fits() -> None:
+        check_fits(address, num_cpus, study.resources.cpus, study.resources.gpus)
+        if not packing:
+            packing.append(check_before(study, address, out))
+
     registered = None
     if study.tune:  # each variant's own search first; the cells then run at each variant's best parameters
         fits()  # before the searches, and before anything is recorded
@@ -174,6 +181,7 @@ def run_study(
         out(f"all {len(study.cells)} cells of {study.name!r} are done in MLflow; nothing to train")
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
     run = _Submission(study, uri, code, claims, out, next_cells)
+    run.calibration = packing[0] if packing else None
     run.open(p, fingerprint, reuse_any_code, registration.version)
     return run.train(p.todo, address, num_cpus, max_concurrent)
 
@@ -216,6 +224,7 @@ class _Submission:
         self.key = code or cl.ANY_CODE  # what its cells' claims are keyed by (ablations.claims)
         self.held: dict[str, Claim] = {}
         self.conn = None
+        self.calibration = None  # a packing study's (ablations.packing), checked on a cluster once connected
 
     def open(self, p: Plan, fingerprint: str, reuse_any_code: bool, registration: int) -> None:
         """The parent run, the claim that says it is alive, and what every trial is given."""
@@ -304,6 +313,12 @@ class _Submission:
             stores = {"the MLflow store": self.uri, "the claims store": self.claims.url}
             stores["Ray Train's storage"] = self.ctx.storage
             self.conn = open_ray(address, num_cpus, study.resources, stores, dashboard=study.resources.workers > 1)
+            if address is not None:
+                try:
+                    check_on_cluster(study.resources, self.calibration, self.out)
+                except BaseException:
+                    self.conn.close()
+                    raise
             self.slots = trial_slots(study.resources, limit)
             self.out(f"Ray: {self.conn.describe()} ({describe_cluster()}); up to {self.slots} trial(s) at once")
         self.ctx.tokens = {c: k.token for c, k in self.held.items()}

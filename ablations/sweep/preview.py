@@ -36,6 +36,7 @@ def dry_run(
         out(said)
     for line in warning_lines(study):  # variants that compare one model family under two names
         out(line)
+    problems += _packing(study, out)
     if study.tune:  # the searches come first, and the cells' ids hold the values they choose
         from ablations.search.tuned import preview_tuning
 
@@ -59,6 +60,19 @@ def dry_run(
     for note in live_notes(study, uri, claims_url):
         out(f"note: {note}")
     return problems
+
+
+def _packing(study: Study, out: Callable[[str], None]) -> list[str]:
+    """Cells sharing a GPU: how many at once, the memory one needs (a calibration step), and whether they fit."""
+    from ablations.cluster import DoesNotFit
+    from ablations.packing import check_before
+    from ablations.shell import cluster_address
+
+    try:
+        check_before(study, cluster_address(None), out)
+    except DoesNotFit as err:
+        return [str(err)]
+    return []
 
 
 def _first_batch(study: Study) -> Study:
