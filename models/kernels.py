@@ -59,6 +59,13 @@ def additive_blocks(A: int, H: int, T: int, S: int, E: int, budget: int) -> Iter
                     yield slice(a0, a0 + a), slice(h0, h0 + h), slice(t0, t0 + t), slice(s0, s0 + s)
 
 
+def _tanh_of_sum(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """tanh(q + k) broadcast, written into a new contiguous tensor whatever the strides of q and k (a sum follows its
+    inputs' layout: a transposed q made it non-contiguous, and the views below of it failed)."""
+    x = q.new_empty(torch.broadcast_shapes(q.shape, k.shape))
+    return torch.add(q, k, out=x).tanh_()
+
+
 class _AdditiveScores(torch.autograd.Function):
     """scores[a, h, t, s] = sum_e v[h, e] * tanh(q[a, h, t, e] + k[a, h, s, e]).
 
@@ -74,8 +81,8 @@ class _AdditiveScores(torch.autograd.Function):
         S = k.shape[2]
         out = q.new_empty(A, H, T, S)
         for a, h, t, s in additive_blocks(A, H, T, S, E, budget):
-            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
-            out[a, h, t, s] = torch.matmul(x, v[h].view(1, x.shape[1], 1, E, 1)).squeeze(-1)
+            x = _tanh_of_sum(q[a, h, t, None, :], k[a, h, None, s, :])  # (a, h, t, s, E)
+            out[a, h, t, s] = torch.matmul(x, v[h].reshape(1, x.shape[1], 1, E, 1)).squeeze(-1)
             del x  # before the next block is allocated
         ctx.save_for_backward(q, k, v)
         ctx.budget = budget
@@ -88,12 +95,12 @@ class _AdditiveScores(torch.autograd.Function):
         S = k.shape[2]
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for a, h, t, s in additive_blocks(A, H, T, S, E, ctx.budget):
-            x = torch.tanh_(q[a, h, t, None, :] + k[a, h, None, s, :])  # (a, h, t, s, E)
+            x = _tanh_of_sum(q[a, h, t, None, :], k[a, h, None, s, :])  # (a, h, t, s, E)
             na, nh, nt, ns = x.shape[:4]
             g = grad[a, h, t, s]  # (a, h, t, s)
             # dv[h] = sum over a, t, s of g * tanh(.): a product, no second (a, h, t, s, E) tensor
             dv[h] += torch.matmul(g.reshape(na, nh, 1, nt * ns), x.view(na, nh, nt * ns, E)).sum(0).squeeze(1)
-            x.mul_(x).neg_().add_(1.0).mul_(g[..., None]).mul_(v[h].view(1, nh, 1, 1, E))  # dL/d(q + k), in place
+            x.mul_(x).neg_().add_(1.0).mul_(g[..., None]).mul_(v[h].reshape(1, nh, 1, 1, E))  # dL/d(q + k), in place
             dq[a, h, t] += x.sum(3)
             dk[a, h, s] += x.sum(2)
             del x  # before the next block is allocated
@@ -283,7 +290,7 @@ def _tiled_columns(columns: Columns, N: int, b: int) -> Columns:
     B, H, G, _ = k_g.shape
     per_tile = lambda t: t[:, None].expand(B, N, *t.shape[1:]).reshape(B * N, *t.shape[1:])  # noqa: E731
     add = F.pad(add, (0, 0, 0, N * b - add.shape[2]))  # queries past the end: finite, ignored
-    add = add.view(B, add.shape[1], N, b, G).transpose(1, 2).reshape(B * N, add.shape[1], b, G)
+    add = add.reshape(B, add.shape[1], N, b, G).transpose(1, 2).reshape(B * N, add.shape[1], b, G)
     return per_tile(k_g), per_tile(v_g), add
 
 
@@ -374,7 +381,7 @@ def local_attention(
             columns=columns,
         )
     R = N * b  # padded row length
-    qt = F.pad(q, (0, 0, 0, R - T)).view(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
+    qt = F.pad(q, (0, 0, 0, R - T)).reshape(B, H, N, b, D).transpose(1, 2).reshape(B * N, H, b, D)
     kt, vt = _key_tiles(k, b, back, ahead), _key_tiles(v, b, back, ahead)
 
     allowed, rel = _tile_mask(B, T, b, K, back, window, causal, key_padding, q.device)
@@ -384,7 +391,7 @@ def local_attention(
     else:  # the global keys as G more columns of every tile (a copy of the tiles' keys: K + G per query)
         out = _with_columns(qt, kt, vt, score, allowed, b_, _tiled_columns(columns, N, b), dropout_p)
     Dv = out.shape[-1]
-    return out.view(B, N, H, b, Dv).transpose(1, 2).reshape(B, H, R, Dv)[:, :, :T]
+    return out.reshape(B, N, H, b, Dv).transpose(1, 2).reshape(B, H, R, Dv)[:, :, :T]
 
 
 def dilated_attention(
@@ -420,9 +427,9 @@ def dilated_attention(
 
     def split(t):  # (B, H, M*d, D) -> (B*d, H, M, D): position m*d + r goes to class r, index m
         h, E = t.shape[1], t.shape[-1]
-        return t.view(B, h, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, h, M, E)
+        return t.reshape(B, h, M, d, E).permute(0, 3, 1, 2, 4).reshape(B * d, h, M, E)  # any strides
 
-    kp = None if key_padding is None else key_padding.view(B, M, d).transpose(1, 2).reshape(B * d, M)
+    kp = None if key_padding is None else key_padding.reshape(B, M, d).transpose(1, 2).reshape(B * d, M)
     if columns is not None:  # every class sees the same global keys; their terms follow their queries
         k_g, v_g, add = columns
         add = split(F.pad(add.expand(B, -1, -1, -1), (0, 0, 0, M * d - T)))
@@ -438,5 +445,5 @@ def dilated_attention(
         **kw,
     )  # (B*d, H, M, D)
     Dv = out.shape[-1]
-    out = out.view(B, d, H, M, Dv).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, Dv)
+    out = out.reshape(B, d, H, M, Dv).permute(0, 2, 3, 1, 4).reshape(B, H, M * d, Dv)
     return out[:, :, :T]
