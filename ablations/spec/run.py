@@ -435,22 +435,32 @@ def override_origin(doc: Document, overrides: list[str], parsed: list[tuple[list
     return Origin(doc.source, doc, {tuple(path): item for item, (path, _) in zip(overrides, parsed)})
 
 
+def _resolve_blaming(doc: Document, each: list, errors: list[SpecError]) -> tuple[RunConfig | None, list[SpecError]]:
+    """Resolve the file with the options ``each``; a section stops at its first mistake (the model's n_heads hides
+    its d_model), so the options blamed are set aside and the rest resolved again, until nothing new is found: every
+    bad option is named at once, each judged beside the options given with it (window=2 with pattern=local is no
+    mistake; tried alone, it was one)."""
+    remaining, said = list(each), set()
+    while True:
+        items, parsed = [item for item, _ in remaining], [one for _, one in remaining]
+        try:
+            return resolve_run(apply_overrides(doc.data, parsed), override_origin(doc, items, parsed)), errors
+        except SpecError as err:
+            new = [e for e in err.every() if str(e) not in said]
+            said |= {str(e) for e in new}
+            errors = errors + new
+            blamed = {e.key for e in new if e.source == "--set"}
+            left = [(item, one) for item, one in remaining if item not in blamed]
+            if len(left) == len(remaining):
+                return None, errors
+            remaining = left
+
+
 def load_run(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override (``--set section.key=value``), check and resolve a run file."""
     doc = read_document(path)
     each, errors = _parse_each(overrides or [])
-    items, parsed = [item for item, _ in each], [one for _, one in each]
-    try:
-        run = resolve_run(apply_overrides(doc.data, parsed), override_origin(doc, items, parsed))
-    except SpecError as err:
-        errors += err.every()
-        # a section stops at its first mistake (the model's n_heads hides its d_model): each option is tried alone
-        # too, and what it gets wrong by itself is said beside the rest, so that every bad option is named at once
-        for item, one in each if len(each) > 1 else ():
-            try:
-                resolve_run(apply_overrides(doc.data, [one]), override_origin(doc, [item], [one]))
-            except SpecError as alone:
-                errors += [e for e in alone.every() if e.source == "--set"]
+    run, errors = _resolve_blaming(doc, each, errors)
     if errors:  # the file's first, then the options in the order given
         order = {item: i for i, item in enumerate(overrides or [])} | {
             repr(item): i for i, item in enumerate(overrides or [])

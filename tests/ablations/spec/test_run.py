@@ -327,12 +327,17 @@ def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_pa
         ("model.n_heads", "n_heads=-1"),
         ("training.lr", "lr=-1"),
     ]
-    # overrides are blamed on --set, each of them
+    # overrides are blamed on --set, each of them; set aside, they no longer hide the file's own mistakes
     with pytest.raises(SpecError) as info:
         load_run(path, ["model.n_head=2", "training.l=3"])
-    assert [(e.source, e.key) for e in info.value.every()] == [("--set", "model.n_head=2"), ("--set", "training.l=3")]
-    assert "did you mean model.n_heads?" in info.value.message
-    assert "did you mean training.lr?" in info.value.also[0].message
+    assert [(e.source, e.key) for e in info.value.every()] == [
+        (str(path), "model.n_heads"),
+        (str(path), "training.lr"),
+        ("--set", "model.n_head=2"),
+        ("--set", "training.l=3"),
+    ]
+    assert "did you mean model.n_heads?" in info.value.also[1].message
+    assert "did you mean training.lr?" in info.value.also[2].message
 
 
 def test_catalogue_run_files_are_valid():
@@ -367,3 +372,16 @@ def test_a_task_given_whole_by_set_is_another_task(tmp_path):
     path.write_text(yaml.safe_dump({**GOOD, "task": {"name": "reverse", "max_len": 5, "train_size": 64}}))
     run = load_run(path, ["task={name: copy}"])
     assert run.task_spec["name"] == "copy" and run.task_spec["train_size"] != 64
+
+
+def test_options_are_judged_together_and_only_the_one_at_fault_is_named(tmp_path):
+    """`--set model.pattern=local model.window=2 model.dilation=2`: a dilation needs pattern dilated, and that is the
+    one mistake. Each option was also tried alone, which named three false ones beside it (a window with the file's
+    full pattern, local without its window, the dilation against full)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    with pytest.raises(SpecError) as info:
+        load_run(path, ["model.pattern=local", "model.window=2", "model.dilation=2"])
+    assert [(e.source, e.key) for e in info.value.every()] == [("--set", "model.dilation=2")]
+    assert "got pattern='local'" in info.value.message
+    assert load_run(path, ["model.pattern=local", "model.window=2"]).model.window == 2
