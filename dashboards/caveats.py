@@ -17,15 +17,16 @@ from typing import Any
 import numpy as np
 
 from ablations.spec.analysis import Warn
-from ablations.spec.equivalence import equivalent_pairs, sentence
+from ablations.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
 from dashboards import stats
 from models.tasks.base import BOS, PAD, SEP
 
 
 @dataclass(frozen=True)
 class Caveat:
-    """One warning: ``kind`` chance | convergence | params | seeds | resolution | family; ``variants``: those it names;
-    ``contrasts``: the labels of the contrasts it concerns (empty: every contrast of the table)."""
+    """One warning: ``kind`` chance | convergence | params | seeds | resolution | family | self_states;
+    ``variants``: those it names; ``contrasts``: the labels of the contrasts it concerns (empty: every contrast of
+    the table)."""
 
     kind: str
     text: str
@@ -357,6 +358,17 @@ def same_family(models: dict[str, dict[str, str]]) -> Caveat | None:
     return Caveat("family", text, tuple(dict.fromkeys(v for a, b, _ in pairs for v in (a, b))), labels)
 
 
+def coinciding_scores(models: dict[str, dict[str, str]]) -> Caveat | None:
+    """``models``: variant -> its model's fields (a cell's ``params.model.*``). A caveat naming the variants that
+    compare scores in self-attention over the states themselves (``ablations.spec.equivalence``), where q and k are
+    one tensor and a token scores itself |x|^2, as the dry run and the sweep said before the runs."""
+    pairs = coinciding_pairs(models)
+    if not pairs:
+        return None
+    labels = tuple(f"{a} vs {b}" for a, b in pairs) + tuple(f"{b} vs {a}" for a, b in pairs)
+    return Caveat("self_states", coinciding_sentence(pairs), tuple(dict.fromkeys(v for p in pairs for v in p)), labels)
+
+
 # --- best ----------------------------------------------------------------------------------------------------
 
 
@@ -401,6 +413,7 @@ __all__ = [
     "best_variant",
     "chance_kind",
     "chance_share",
+    "coinciding_scores",
     "few_seeds",
     "near_chance",
     "not_converged",

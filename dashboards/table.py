@@ -673,7 +673,9 @@ def _caveats(
             mean = {k: float(x.mean()) if x.size else math.nan for k, x in at.items()}
             compared.append((c.label, f"{axis}={c.a}", f"{axis}={c.b}", mean[c.a], mean[c.b]))
     found.append(caveats.param_ratio(compared, warn))
-    found.append(caveats.same_family(_models(by_variant)))
+    models = _models(by_variant)
+    found.append(caveats.same_family(models))
+    found.append(caveats.coinciding_scores(models))  # scores compared in self-attention where q and k are one tensor
     intervals = [(r.variant, (r.variant,), r.summary.n) for r in rows if r.summary.n >= 2 and r.summary.spread]
     intervals += [
         (c.label, (c.a, c.b), c.n)

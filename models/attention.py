@@ -6,13 +6,15 @@ Score functions (``SCORES``, registered here):
   dot           q.k / sqrt(D)                        (Vaswani et al. 2017)
   dot_unscaled  q.k                                  (Vaswani section 3.2.1's unscaled variant)
   general       (q W_h).k / sqrt(D), W_h learned     (Luong et al. 2015, bilinear; W = I + delta, delta starts at 0)
-  cosine        tau_h cos(q, k), tau_h learned       (Henry et al. 2020; Swin v2)
+  cosine        tau_h cos(q, k), tau_h learned       (Henry et al. 2020; Swin v2's per-head temperature)
   additive      v_h . tanh(q + k)                    (Bahdanau et al. 2015; q, k are W_q x, W_k x)
 With ``qk_projections`` (the default) q and k are learned projections of the states (Vaswani et al.): then
 ``general`` is ``dot`` with W_h folded into the query projection, the same bilinear family. Without them
 (``qk_projections=False``) each head scores its slice of the states themselves, as Luong et al. scored a
 decoder state against encoder states: ``dot`` has no parameter, ``general`` one matrix W_h, and ``additive`` is
-Luong's ``concat`` v_h . tanh(W1_h q + W2_h k) with maps of its own (``Score.over_states``).
+Luong's ``concat`` v_h . tanh(W1_h q + W2_h k) with maps of its own (``Score.over_states``). Luong's setting is
+the cross-attention (a model's ``cross_score``, ``cross_qk_projections``), whose values are then the source
+states too; in self-attention over the states q and k are one tensor, and a token scores itself |x|^2.
 The dot-like scores reduce to torch's scaled_dot_product_attention on transformed q and k (flash kernels
 where the inputs allow: no mask is passed where none is needed). Additive scores go through
 ``additive_scores``, an autograd function that never holds more than ``chunk_elements`` elements of its
@@ -327,7 +329,15 @@ class MultiHeadAttention(nn.Module):
     and the attention part of a position scheme (``AttentionPositions``: rotary, ALiBi, or nothing).
 
     ``pattern`` applies to self-attention; cross-attention is always full and position-free. Without
-    ``qk_projections`` q and k are the states themselves, split into heads (only values are projected).
+    ``qk_projections`` q and k are the states themselves, split into heads: self-attention projects its values,
+    cross-attention does not (Luong et al.'s context vector is the attention-weighted mean of the source states
+    themselves, c_t = sum_s a_t(s) h_s); the output is projected in both (cross: the c_t half of Luong's W_c).
+
+    ``global_projections``: the global attention of the pattern's global tokens (Longformer section 3.1) has
+    projections of its own: ``global_qkv_proj`` (Q_g, K_g, V_g), or ``global_v_proj`` (V_g) without
+    ``qk_projections`` (q and k are the states), copies of the window's at construction
+    (``copy_global_projections``). A query's window and the global columns use the window's q, k, v; the global
+    rows use Q_g of the global tokens against K_g, V_g of every position.
     """
 
     def __init__(
@@ -345,6 +355,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         chunk_elements: int = 1 << 20,
         qk_projections: bool = True,
+        global_projections: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.head_dim = n_heads, head_dim
@@ -354,10 +365,11 @@ class MultiHeadAttention(nn.Module):
         self.cross = cross
         self.dropout = dropout
         inner = n_heads * head_dim
-        if not qk_projections:  # Luong's setting: the scores read the states; only values are projected
+        if not qk_projections:  # the scores read the states; self-attention projects its values, cross does not
             if inner != d_model:
                 raise ValueError(f"without q/k projections n_heads * head_dim ({inner}) must equal d_model ({d_model})")
-            self.v_proj = nn.Linear(d_model, inner, bias=bias)
+            if not cross:
+                self.v_proj = nn.Linear(d_model, inner, bias=bias)
         elif cross:
             self.q_proj = nn.Linear(d_model, inner, bias=bias)
             self.kv_proj = projections(nn.Linear(d_model, 2 * inner, bias=bias), 2)
@@ -369,6 +381,45 @@ class MultiHeadAttention(nn.Module):
             self.score.over_states()
         self.positions = positions if positions is not None and not cross else AttentionPositions()
         self.head_gate: torch.Tensor | None = None  # (H,) set by Transformer.set_head_mask
+        layer = getattr(self.pattern, "layer", None)
+        if global_projections and not self.causal and not cross and layer is not None and layer.global_tokens:
+            local = self.global_source()
+            # Longformer's Q_g, K_g, V_g (or V_g alone): allocated without drawing from the generator (the model's
+            # other weights stay those of the same seed), then set to the window's
+            glob = nn.utils.skip_init(nn.Linear, d_model, local.out_features, bias=bias, device=local.weight.device)
+            glob.fused_outputs = getattr(local, "fused_outputs", 1)
+            if qk_projections:
+                self.global_qkv_proj = glob
+            else:
+                self.global_v_proj = glob
+            self.copy_global_projections()
+
+    @property
+    def global_proj(self) -> nn.Linear | None:
+        """The global projections (``global_qkv_proj`` or ``global_v_proj``), or None (none, or shared)."""
+        glob = getattr(self, "global_qkv_proj", None)
+        return glob if glob is not None else getattr(self, "global_v_proj", None)
+
+    def global_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the global projections (none without them)."""
+        glob = self.global_proj
+        return [] if glob is None else list(glob.parameters())
+
+    def global_source(self) -> nn.Linear:
+        """The window's projection that the global one mirrors: ``qkv_proj``, or ``v_proj`` over the states."""
+        return self.qkv_proj if self.qk_projections else self.v_proj
+
+    @torch.no_grad()
+    def copy_global_projections(self) -> None:
+        """Set the global projections to the window's (Longformer section 3.1: "Q_g, K_g, V_g are all initialized
+        with values that match Q_s, K_s, V_s"): the layer then computes what shared projections compute."""
+        glob = self.global_proj
+        if glob is None:
+            return
+        source = self.global_source()
+        glob.weight.copy_(source.weight)
+        if source.bias is not None:
+            glob.bias.copy_(source.bias)
 
     def _heads(self, t: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         B, T, _ = t.shape
@@ -417,6 +468,8 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.end > 0:
                 out = self._cached_step(q, k, v, cache, start, key_padding)
             else:
+                idx = None if self.global_proj is None else self.pattern.global_index(q, self.causal)
+                extra = {} if idx is None else {"global_qkv": self._global_qkv(x, q, k, idx, start, position_ids)}
                 out = self.pattern.attend(
                     q,
                     k,
@@ -426,6 +479,7 @@ class MultiHeadAttention(nn.Module):
                     key_padding=key_padding,
                     bias=self._bias(),
                     dropout_p=self._p(),
+                    **extra,
                 )
                 if cache is not None:
                     cache.write(k, v, start, key_padding, ring=self._ring())
@@ -433,12 +487,25 @@ class MultiHeadAttention(nn.Module):
             out = out * self.head_gate.to(out.dtype).view(-1 if self.head_gate.dim() > 1 else 1, self.n_heads, 1, 1)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
+    def _global_qkv(self, x, q, k, idx, start: int, position_ids):
+        """Longformer's global projections: Q_g of the global tokens ``idx`` (B, H, G, D), K_g and V_g of every
+        position (B, H, T, D), prepared by the score and rotated like the window's q and k. Without
+        ``qk_projections`` Q_g and K_g are the states (the window's q and k) and only V_g is projected."""
+        if not self.qk_projections:
+            (v_g,) = self._heads(self.global_v_proj(x), 1)
+            return q[:, :, idx], k, v_g
+        q_g, k_g, v_g = self._heads(self.global_qkv_proj(x), 3)  # (B, H, T, D) each; Q_g is kept at idx only
+        q_g, k_g = self.score.prepare(q_g, k_g)
+        q_g, k_g = self.positions.rotate(q_g, k_g, start, position_ids)
+        return q_g[:, :, idx], k_g, v_g
+
     def _keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention's keys and values (B', H, S, D) of the encoder memory (B', S, C)."""
         if self.qk_projections:
             k, v = self._heads(self.kv_proj(memory), 2)
             return k, v
-        return self._heads(memory, 1)[0], self._heads(self.v_proj(memory), 1)[0]
+        (h,) = self._heads(memory, 1)  # Luong et al.: the source states are the keys and the values
+        return h, h
 
     def _ring(self) -> int | None:
         """Slots a cache needs: reach + 1 for a causal layer whose pattern sees a bounded distance back."""

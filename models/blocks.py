@@ -16,6 +16,8 @@ from torch import nn
 
 from models.attention import KVCache, MultiHeadAttention, projections
 from models.config import LayerAttention, ModelConfig
+from models.nat import PositionalAttention, WithoutSelf
+from models.positions import AttentionPositions
 from models.registry import FEED_FORWARDS, NORMS, PATTERNS, POSITIONS
 
 
@@ -89,8 +91,14 @@ def layer_attention(cfg: ModelConfig, attention: LayerAttention | str) -> LayerA
     return LayerAttention(attention, cfg.window if kind.windowed else None, (1,) * (H - n) + (cfg.dilation,) * n)
 
 
-def self_attention(cfg: ModelConfig, attention: LayerAttention | str, causal: bool) -> MultiHeadAttention:
+def self_attention(
+    cfg: ModelConfig, attention: LayerAttention | str, causal: bool, exclude_self: bool = False
+) -> MultiHeadAttention:
+    """``exclude_self``: each query masked from its own position (Gu et al. 2018's decoder, ``models.nat``)."""
     layer = layer_attention(cfg, attention)
+    positions = POSITIONS[cfg.positions].in_attention(cfg, causal)
+    if exclude_self:
+        positions = WithoutSelf(positions if positions is not None else AttentionPositions(), cfg.n_heads)
     return MultiHeadAttention(
         cfg.d_model,
         cfg.n_heads,
@@ -98,25 +106,28 @@ def self_attention(cfg: ModelConfig, attention: LayerAttention | str, causal: bo
         score=cfg.score,
         pattern=PATTERNS[layer.pattern](layer),
         causal=causal,
-        positions=POSITIONS[cfg.positions].in_attention(cfg, causal),
+        positions=positions,
         dropout=cfg.attn_dropout,
         bias=cfg.bias,
         chunk_elements=cfg.chunk_elements,
         qk_projections=cfg.qk_projections,
+        global_projections=cfg.global_projections == "separate",  # Q_g, K_g, V_g where the layer has global tokens
     )
 
 
 def cross_attention(cfg: ModelConfig) -> MultiHeadAttention:
+    """The decoder's attention over the encoder's states, with its own score and projections (``cross_score``,
+    ``cross_qk_projections``; by default the self-attention's)."""
     return MultiHeadAttention(
         cfg.d_model,
         cfg.n_heads,
         cfg.head_size,
-        score=cfg.score,
+        score=cfg.cross_attention_score,
         cross=True,
         dropout=cfg.attn_dropout,
         bias=cfg.bias,
         chunk_elements=cfg.chunk_elements,
-        qk_projections=cfg.qk_projections,
+        qk_projections=cfg.cross_attention_projected,
     )
 
 
@@ -133,20 +144,55 @@ class EncoderLayer(nn.Module):
         return self.ff(x)
 
 
+def positional_attention(cfg: ModelConfig) -> PositionalAttention:
+    """Gu et al. (2018)'s positional attention, with the model's score and projections (``models.nat``)."""
+    return PositionalAttention(
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.head_size,
+        score=cfg.score,
+        dropout=cfg.attn_dropout,
+        bias=cfg.bias,
+        chunk_elements=cfg.chunk_elements,
+        qk_projections=cfg.qk_projections,
+    )
+
+
+class Skip(nn.Module):
+    """An empty sub-layer slot: the states pass unchanged (a decoder layer without positional attention)."""
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return x
+
+
 class DecoderLayer(nn.Module):
     """Self-attention (causal, or not for non-autoregressive decoding), cross-attention over the encoder
-    memory, feed-forward."""
+    memory, feed-forward. Gu et al.'s decoder (``decoding='nat_gu'``, their section 3.1 and Figure 2) masks each
+    query's own position in the self-attention and adds positional attention after it (queries and keys the
+    positional encodings ``pos_encoding`` (T, C), values the states), before the cross-attention."""
 
     def __init__(self, cfg: ModelConfig, attention: LayerAttention | str = "full", causal: bool = True) -> None:
         super().__init__()
-        self.attn = Residual(cfg, self_attention(cfg, attention, causal))
+        gu = cfg.positional_attention and not causal
+        self.attn = Residual(cfg, self_attention(cfg, attention, causal, exclude_self=gu))
+        self.pos_attn = Residual(cfg, positional_attention(cfg)) if gu else Skip()
         self.cross = Residual(cfg, cross_attention(cfg))
         self.ff = Residual(cfg, FEED_FORWARDS[cfg.ffn](cfg))
 
     def forward(
-        self, x, memory, *, memory_padding=None, key_padding=None, start: int = 0, position_ids=None, cache=None
+        self,
+        x,
+        memory,
+        *,
+        memory_padding=None,
+        key_padding=None,
+        start: int = 0,
+        position_ids=None,
+        cache=None,
+        pos_encoding=None,
     ):
         self_cache, cross_cache = cache if cache is not None else (None, None)
         x = self.attn(x, key_padding=key_padding, start=start, position_ids=position_ids, cache=self_cache)
+        x = self.pos_attn(x, pos_encoding, key_padding=key_padding)  # Gu et al.'s positional attention, or nothing
         x = self.cross(x, memory, key_padding=memory_padding, cache=cross_cache)  # memory (B, S, C)
         return self.ff(x)

@@ -27,16 +27,39 @@ ARCHS = ("encoder", "decoder", "encoder_decoder")
 NORM_PLACEMENTS = ("pre", "post")
 CLASSIFIERS = ("mean", "first", "token")
 SCHEDULES = ("fixed", "increasing", "decreasing")
-# autoregressive; nat: Gu et al. (2018)'s Non-Autoregressive Transformer (decoder inputs copied uniformly from the
-# source embeddings, one pass); mask_predict: Ghazvininejad et al. (2019) ([MASK] inputs, a conditional masked LM,
-# nat_iterations passes at evaluation)
-DECODINGS = ("autoregressive", "nat", "mask_predict")
-SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "dilation", "chunk_elements", "nat_iterations")
+# autoregressive; nat_gu: Gu et al. (2018)'s Non-Autoregressive Transformer decoder (inputs copied uniformly from the
+# source embeddings, positional attention, self-attention without each query's own position; one pass);
+# uniform_copy: its inputs alone, on a plain non-causal decoder (what ``nat`` built until 2026-11-28; ``nat`` is
+# refused); mask_predict: Ghazvininejad et al. (2019) ([MASK] inputs, a conditional masked LM, nat_iterations passes
+# and length_candidates lengths at evaluation)
+DECODINGS = ("autoregressive", "nat_gu", "uniform_copy", "mask_predict")
+SIZES = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "max_len",
+    "dilation",
+    "chunk_elements",
+    "nat_iterations",
+    "length_candidates",
+)
 COUNTS = {"n_layers": 256, "n_decoder_layers": 256, "n_heads": 256}  # twice the largest models' (PaLM: 118 layers)
 OPTIONAL_SIZES = ("tgt_vocab_size", "n_classes", "n_decoder_layers", "head_dim", "d_ff", "window", "dilated_heads")
 # Fields left out of a config's dictionary at these defaults, so that a configuration written before they existed
 # keeps its dictionary, hence its cell id (as ``models.training.OMITTED_AT_DEFAULT`` does for training fields).
-OMITTED_AT_DEFAULT: dict[str, Any] = {"qk_projections": True, "global_tokens": None}
+OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "qk_projections": True,
+    "global_tokens": None,
+    "global_projections": "separate",
+    "length_candidates": 1,
+}
+# Fields left out of a config's dictionary when None or equal to what leaving them out means (``implied``): the
+# cross-attention's own score and projections, as the self-attention's unless given.
+OMITTED_AT_IMPLIED = ("cross_score", "cross_qk_projections")
+# Longformer section 3.1: global attention has projections of its own (Q_g, K_g, V_g, initialised as copies of the
+# window's), or, departing from the paper, shares the window's.
+GLOBAL_PROJECTIONS = ("separate", "shared")
 
 
 def _name(field: str, at: int | None) -> str:
@@ -214,6 +237,11 @@ class ModelConfig:
     # False: q and k are the states themselves, split into heads (Luong et al. 2015 scored unprojected states:
     # dot has no parameter, general one matrix, additive is their concat with its own maps); only v is projected.
     qk_projections: bool = True
+    # encoder_decoder: the cross-attention's score and q/k projections (None: as score and qk_projections). A target
+    # state scored against the source states themselves, cross_qk_projections false, is Luong et al. (2015)'s
+    # setting: there their dot, general and concat (additive) differ; the values are then the source states too.
+    cross_score: str | None = None
+    cross_qk_projections: bool | None = None
     pattern: str = "full"
     # local/dilated: keys at distance <= window are seen (one-sided: 2 * window + 1 keys, window + 1 when
     # causal; Longformer's w is 2 * window, Mistral's W is window). With a schedule: the mean over layers.
@@ -230,6 +258,9 @@ class ModelConfig:
     # Longformer's global attention (Beltagy et al. 2020, section 3.1): these positions attend to every key and
     # every query attends to them, in the windowed layers of bidirectional stacks (e.g. [0] for classifier: first).
     global_tokens: tuple[int, ...] | None = None
+    # separate (the paper): global rows use Q_g, K_g, V_g of their own, copies of the window's at initialisation;
+    # shared (a departure from the paper): the window's projections serve global attention too
+    global_projections: str = "separate"
     # Optional per-layer patterns of the self-attention, bottom to top (e.g. local below, full above).
     layer_patterns: tuple[str, ...] | None = None
     ffn: str = "relu"
@@ -242,11 +273,15 @@ class ModelConfig:
     # (2^20: 4 MB blocks, within 1% of the fastest on CPU; raise it on GPUs, where larger blocks mean fewer launches).
     chunk_elements: int = 1 << 20
     # encoder_decoder: autoregressive (left to right), or every target position at once from a predicted length:
-    # ``nat`` (Gu et al. 2018: the decoder reads the source embeddings copied uniformly, one pass) or
-    # ``mask_predict`` (Ghazvininejad et al. 2019: [MASK] inputs, trained as a conditional masked LM; nat_iterations
-    # passes at evaluation, which leave the training unchanged).
+    # ``nat_gu`` (Gu et al. 2018's decoder: the source embeddings copied uniformly, positional attention, each query
+    # masked from its own position; one pass), ``uniform_copy`` (its copied inputs alone, on a plain non-causal
+    # decoder) or ``mask_predict`` (Ghazvininejad et al. 2019: [MASK] inputs, trained as a conditional masked LM;
+    # nat_iterations passes and length_candidates lengths at evaluation, which leave the training unchanged).
     decoding: str = "autoregressive"
     nat_iterations: int = 1
+    # mask_predict: the top-l predicted lengths decoded in parallel, the one of highest average log-probability
+    # kept (Ghazvininejad et al. section 3.3; their main results use 5). 1: the most probable length alone.
+    length_candidates: int = 1
 
     def __post_init__(self) -> None:
         for name in ("layer_patterns", "layer_windows", "layer_dilations", "head_dilations", "global_tokens"):
@@ -270,6 +305,9 @@ class ModelConfig:
             "position_init_std": (1.0 if self.scale_embeddings else self.d_model**-0.5)
             if self.positions == "learned"
             else None,
+            # the cross-attention (encoder_decoder only) scores as the self-attention does unless told otherwise
+            "cross_score": self.score if self.arch == "encoder_decoder" else None,
+            "cross_qk_projections": self.qk_projections if self.arch == "encoder_decoder" else None,
         }
 
     def _given(self, name: str) -> Any:
@@ -279,6 +317,17 @@ class ModelConfig:
     @property
     def head_size(self) -> int:
         return self._given("head_dim")
+
+    @property
+    def cross_attention_score(self) -> str | None:
+        """The score of the encoder_decoder's cross-attention (``cross_score``, else ``score``); None without one."""
+        return self._given("cross_score")
+
+    @property
+    def cross_attention_projected(self) -> bool | None:
+        """Whether the cross-attention's q and k are projections (``cross_qk_projections``, else
+        ``qk_projections``); False: the target and source states themselves (Luong et al. 2015); None without one."""
+        return self._given("cross_qk_projections")
 
     @property
     def ff_size(self) -> int:
@@ -298,8 +347,19 @@ class ModelConfig:
 
     @property
     def non_autoregressive(self) -> bool:
-        """Every target position predicted at once (``nat`` or ``mask_predict``)."""
+        """Every target position predicted at once (``nat_gu``, ``uniform_copy`` or ``mask_predict``)."""
         return self.decoding != "autoregressive"
+
+    @property
+    def copies_source(self) -> bool:
+        """The decoder reads the source embeddings copied uniformly (Gu et al. 2018: ``nat_gu``, ``uniform_copy``)."""
+        return self.decoding in ("nat_gu", "uniform_copy")
+
+    @property
+    def positional_attention(self) -> bool:
+        """Gu et al.'s decoder (``nat_gu``): positional attention in every decoder layer, and a self-attention that
+        masks each query's own position."""
+        return self.decoding == "nat_gu"
 
     @property
     def dot_like_score(self) -> bool:
@@ -352,10 +412,15 @@ class ModelConfig:
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, except those of ``OMITTED_AT_DEFAULT`` left at their defaults (older cell ids stay)."""
+        """Every field, except those of ``OMITTED_AT_DEFAULT`` left at their defaults and those of
+        ``OMITTED_AT_IMPLIED`` left out or equal to what leaving them out means (older cell ids stay)."""
         out = {f.name: _show(getattr(self, f.name)) for f in fields(self)}
         for name, default in OMITTED_AT_DEFAULT.items():
             if out[name] == default:
+                del out[name]
+        implied = self.implied()
+        for name in OMITTED_AT_IMPLIED:  # one spelling: cross_score equal to score is cross_score left out
+            if out[name] is None or out[name] == implied[name]:
                 del out[name]
         return out
 
@@ -386,11 +451,40 @@ class ModelConfig:
         self._validate_scalars()
         self._validate_heads()
         self._validate_arch()
+        self._validate_cross()
         self._validate_decoding()
         self._validate_patterns(REGISTRIES["pattern"])
         spelling.check(self)  # one spelling per model: a simpler spelling of the same attention is asked for
         self._validate_global_tokens(REGISTRIES["pattern"])
         self._validate_components()
+        self._validate_read()
+
+    def _validate_read(self) -> None:
+        """A size no part of this model reads is refused unless left at its default (two spellings of one model):
+        the additive score's block size, and the table and length head of ``max_len``."""
+        scores = {self.score, getattr(self, "cross_score", None) or self.score}
+        chunked = any(getattr(REGISTRIES["score"].traits(s), "chunked", False) for s in scores)
+        defaults = {f.name: f.default for f in fields(self)}
+        if self.chunk_elements != defaults["chunk_elements"] and not chunked:
+            raise ConfigError(
+                f"chunk_elements={self.chunk_elements} bounds the blocks of additive scores; score={self.score!r} "
+                "computes none (remove chunk_elements)",
+                field="chunk_elements",
+                value=self.chunk_elements,
+                fix="remove chunk_elements",
+                related=("score",),
+            )
+        takes = getattr(REGISTRIES["positions"].traits(self.positions), "takes_max_len", False)  # (a plugin's: no)
+        if self.max_len != defaults["max_len"] and not takes and not self.non_autoregressive:
+            raise ConfigError(
+                f"max_len={self.max_len} sizes a learned position table or a non-autoregressive length head; "
+                f"positions={self.positions!r} with decoding={self.decoding!r} has neither and reads positions at "
+                "any length (remove max_len)",
+                field="max_len",
+                value=self.max_len,
+                fix="remove max_len, or use positions='learned'",
+                related=("positions", "decoding"),
+            )
 
     def _validate_choices(self) -> None:
         """Every field that names a choice: the fixed ones and those a registry holds."""
@@ -401,6 +495,9 @@ class ModelConfig:
         _choice("classifier", self.classifier, CLASSIFIERS)
         _choice("window_schedule", self.window_schedule, SCHEDULES)
         _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
+        _choice("global_projections", self.global_projections, GLOBAL_PROJECTIONS)
+        if self.cross_score is not None:  # None: the cross-attention scores as ``score``
+            _choice("cross_score", self.cross_score, REGISTRIES["score"].names())
         self._validate_decoding_name()
 
     def _validate_numbers(self) -> None:
@@ -435,6 +532,13 @@ class ModelConfig:
                 f"tie_embeddings={self.tie_embeddings!r} must be true, false or null (auto)",
                 field="tie_embeddings",
                 value=self.tie_embeddings,
+                fix="write true, false or null",
+            )
+        if self.cross_qk_projections is not None and not isinstance(self.cross_qk_projections, bool):
+            raise ConfigError(
+                f"cross_qk_projections={self.cross_qk_projections!r} must be true, false or null (as qk_projections)",
+                field="cross_qk_projections",
+                value=self.cross_qk_projections,
                 fix="write true, false or null",
             )
 
@@ -548,6 +652,33 @@ class ModelConfig:
                 related=("tgt_vocab_size",),
             )
 
+    def _validate_cross(self) -> None:
+        """The cross-attention's own keys: read by an encoder_decoder only (elsewhere they would change nothing);
+        over the states themselves, the heads' slices must tile d_model."""
+        if self.arch != "encoder_decoder":
+            for name in ("cross_score", "cross_qk_projections"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        f"{name} sets the cross-attention of arch='encoder_decoder'; arch={self.arch!r} has none, "
+                        "so it would change nothing: remove it (the self-attention's keys are score and qk_projections)",
+                        field=name,
+                        value=getattr(self, name),
+                        fix=f"remove {name}, or use arch='encoder_decoder'",
+                        related=("arch",),
+                    )
+            return
+        if self.qk_projections and not self.cross_attention_projected and self.head_size * self.n_heads != self.d_model:
+            raise ConfigError(
+                f"cross_qk_projections=false scores target states against source states themselves, each of the "
+                f"n_heads={self.n_heads} heads over its slice of head_dim={self.head_size}, which must cover "
+                f"d_model={self.d_model}; remove head_dim or set it to d_model / n_heads (Luong et al.'s single "
+                "attention: n_heads 1)",
+                field="head_dim",
+                value=self.head_dim,
+                fix="remove head_dim, or set it to d_model / n_heads",
+                related=("cross_qk_projections", "n_heads", "d_model"),
+            )
+
     def _validate_components(self) -> None:
         """Each chosen component's own checks (e.g. rotary needs a dot-product score), patterns included."""
         for name in ("positions", "score", "norm_type", "ffn"):
@@ -560,14 +691,25 @@ class ModelConfig:
                 check(self)
 
     def _validate_decoding_name(self) -> None:
+        """Names retired because they named another model than they built: refused with the names to choose from."""
         if self.decoding == "non_autoregressive":  # what it meant is mask_predict's model, under Gu et al.'s name
             raise ConfigError(
                 "decoding='non_autoregressive' named one-pass mask-predict after Gu et al. (2018); say which paper: "
-                "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat' "
-                "(Gu et al. 2018: decoder inputs copied uniformly from the source embeddings)",
+                "decoding='mask_predict' (Ghazvininejad et al. 2019: [MASK] inputs, what it was) or decoding='nat_gu' "
+                "(Gu et al. 2018's decoder: decoder inputs copied uniformly from the source embeddings)",
                 field="decoding",
                 value=self.decoding,
-                fix="write decoding='mask_predict' or decoding='nat'",
+                fix="write decoding='mask_predict' or decoding='nat_gu'",
+            )
+        if self.decoding == "nat":  # until 2026-11-28: Gu et al.'s name on their decoder inputs alone
+            raise ConfigError(
+                "decoding='nat' named Gu et al. (2018)'s Non-Autoregressive Transformer but built only its decoder "
+                "inputs (the source embeddings copied uniformly), without their positional attention and without "
+                "masking each query's own position; say which: decoding='uniform_copy' (what 'nat' built) or "
+                "decoding='nat_gu' (Gu et al.'s decoder as their section 3.1 defines it)",
+                field="decoding",
+                value=self.decoding,
+                fix="write decoding='uniform_copy' (what it was) or decoding='nat_gu'",
             )
         _choice("decoding", self.decoding, DECODINGS)
 
@@ -585,11 +727,55 @@ class ModelConfig:
             raise ConfigError(
                 f"nat_iterations={self.nat_iterations} is the number of mask-predict passes at evaluation "
                 f"(Ghazvininejad et al. 2019); it needs decoding='mask_predict' (got decoding={self.decoding!r}"
-                + (": Gu et al.'s NAT decodes in one pass)" if self.decoding == "nat" else ")"),
+                + (": Gu et al.'s decoder decodes in one pass)" if self.copies_source else ")"),
                 field="nat_iterations",
                 value=self.nat_iterations,
                 fix="remove nat_iterations, or use decoding='mask_predict'",
                 related=("decoding",),
+            )
+        self._validate_length_candidates()
+        if self.positional_attention and not getattr(REGISTRIES["positions"].traits(self.positions), "absolute", False):
+            raise ConfigError(
+                "decoding='nat_gu' gives every decoder layer Gu et al.'s positional attention, whose queries and keys "
+                f"are the positional encodings the decoder adds to its inputs; positions={self.positions!r} adds none "
+                "(rotary and alibi act inside attention, none has no positions): use positions 'sinusoidal' or "
+                "'learned', or decoding='uniform_copy' (Gu et al.'s inputs without positional attention)",
+                field="decoding",
+                value=self.decoding,
+                fix="use positions='sinusoidal' or 'learned', or decoding='uniform_copy'",
+                related=("positions",),
+            )
+
+    def _validate_length_candidates(self) -> None:
+        """Mask-predict's length beam (Ghazvininejad et al. section 3.3): refused where it would change nothing or
+        where the paper of the decoding does not decode several lengths."""
+        n = self.length_candidates
+        if n > 1 and self.decoding != "mask_predict":
+            why = {
+                "autoregressive": "an autoregressive decoder ends its output with its own end of sequence; its search "
+                "is training.beam_size",
+            }.get(
+                self.decoding,
+                "Gu et al. decode one length: their noisy parallel decoding samples fertilities and rescores the "
+                "candidates with an autoregressive teacher, neither of which is built",
+            )
+            raise ConfigError(
+                f"length_candidates={n} decodes the {n} most probable target lengths and keeps the output of highest "
+                "average log-probability, mask-predict's length beam (Ghazvininejad et al. 2019, section 3.3); it "
+                f"needs decoding='mask_predict' (got decoding={self.decoding!r}: {why})",
+                field="length_candidates",
+                value=n,
+                fix="remove length_candidates, or use decoding='mask_predict'",
+                related=("decoding",),
+            )
+        if n > self.max_len + 1:
+            raise ConfigError(
+                f"length_candidates={n} is more than the {self.max_len + 1} target lengths the length predictor knows "
+                f"(0 .. max_len={self.max_len})",
+                field="length_candidates",
+                value=n,
+                fix=f"give length_candidates <= {self.max_len + 1}, or raise max_len",
+                related=("max_len",),
             )
 
     def _validate_patterns(self, registry) -> None:
@@ -873,6 +1059,15 @@ class ModelConfig:
     def _validate_global_tokens(self, patterns_registry) -> None:
         g = self.global_tokens
         if g is None:
+            if self.global_projections != "separate":
+                raise ConfigError(
+                    f"global_projections={self.global_projections!r} says how global tokens are projected; there are "
+                    "none: remove global_projections, or set global_tokens",
+                    field="global_projections",
+                    value=self.global_projections,
+                    fix="remove global_projections, or set global_tokens",
+                    related=("global_tokens",),
+                )
             return
         if (
             not isinstance(g, tuple)
@@ -922,9 +1117,14 @@ class ModelConfig:
             self.positions,
             self.score if self.qk_projections else f"{self.score}-states",
         ]
+        cross = (self.cross_attention_score, self.cross_attention_projected)
+        if self.arch == "encoder_decoder" and cross != (self.score, self.qk_projections):
+            parts.append(f"cross{cross[0]}" if cross[1] else f"cross{cross[0]}-states")
         parts.append(self.pattern if self.window is None else f"{self.pattern}{self.window}")
-        if self.decoding == "nat":
-            parts.append("nat")
+        if self.copies_source:
+            parts.append(self.decoding.replace("_", ""))
         elif self.decoding == "mask_predict":
             parts.append(f"maskpredict{self.nat_iterations}")
+            if self.length_candidates > 1:
+                parts.append(f"lengths{self.length_candidates}")
         return "-".join(parts)

@@ -13,9 +13,12 @@ cosine: each is ``scale * q.k`` of prepared q and k) to ``window_attention``: on
   (a "full" block skips the ``mask_mod``).
 - ALiBi as a ``score_mod`` that computes the bias from two slopes per head (past and future keys); a bias
   that is not linear in the distance stays on the tiled kernels.
-- Longformer's global tokens (section 3.1): the ``mask_mod`` allows their rows and columns, and the block
-  structure lists every key block for a query block that holds one, and their key blocks for every query block
-  (partial blocks: O(N * (window blocks + G)) blocks, so the window's cost stays).
+- Longformer's global tokens (section 3.1): the ``mask_mod`` allows their columns (every query reads a global
+  key), the ``score_mod`` adds no bias there (a global key is read alike from any distance), and the block
+  structure lists their key blocks for every query block (partial blocks: O(N * (window blocks + G)) blocks, so
+  the window's cost stays). Their rows use the global projections (Q_g of the global tokens, K_g and V_g of every
+  position), which one call with the window's q, k, v cannot read: ``models.patterns`` computes them apart, a
+  (G, T) dense call whose rows replace these.
 
 Where a window saves nothing (it covers the sequence) the caller runs full attention without a mask
 (flash kernels). Dropout on the attention probabilities, additive scores, float64 and head sizes that are
@@ -143,7 +146,7 @@ def block_structure(
 
     Written here because the structure depends on the block offset only (plus the ragged last block): a tile
     per offset gives it exactly, where ``create_block_mask`` evaluates every pair. ``global_tokens`` add the
-    blocks of their rows and columns (``_with_globals``)."""
+    blocks of their columns (``_with_globals``)."""
     rows = dilations if len(set(dilations)) > 1 else dilations[:1]
     dil = torch.tensor(rows)
     H = len(rows)
@@ -201,8 +204,8 @@ def _cut_tiles(T: int, block: int, j, inside, some, every, allowed) -> None:
 
 def _with_globals(T, block, j, inside, partial, every, global_tokens, causal: bool, split_full: bool):
     """The block structure of ``block_structure`` (``partial``, ``every``: (H, N, offsets) at key blocks ``j``)
-    with the rows and columns of the global tokens: every key block of a query block holding one, and the key
-    blocks holding one for every query block (the past ones only when causal), as partial blocks unless full."""
+    with the columns of the global tokens: the key blocks holding one, for every query block (the past ones only
+    when causal), as partial blocks unless full. Their rows are computed apart (``models.patterns``)."""
     H, N = partial.shape[:2]
 
     def dense(chosen: torch.Tensor) -> torch.Tensor:  # (H, N, offsets) -> (H, N, N) by key block
@@ -213,7 +216,6 @@ def _with_globals(T, block, j, inside, partial, every, global_tokens, causal: bo
     full, part = dense(every), dense(partial)
     g = torch.tensor(sorted({t // block for t in global_tokens if t < T}), dtype=torch.long)
     extra = torch.zeros(N, N, dtype=torch.bool)
-    extra[g, :] = True
     extra[:, g] = True
     if causal:
         extra &= torch.ones(N, N, dtype=torch.bool).tril()
@@ -236,8 +238,8 @@ def _mask_mod(
     is_global: torch.Tensor | None = None,
 ):
     """FlexAttention's mask_mod: the window (a 0-d tensor, so that a compiled kernel serves every window),
-    each head's dilation (``dilations`` (H,), None: all 1), the rows and columns of global tokens (``is_global``
-    (T,) bool, None: none), the causal rule and key padding (B, S) True at padding."""
+    each head's dilation (``dilations`` (H,), None: all 1), the columns of global tokens (``is_global`` (T,)
+    bool, None: none; their rows are computed apart), the causal rule and key padding (B, S) True at padding."""
 
     def mod(b, h, q_idx, kv_idx):
         dist = q_idx - kv_idx
@@ -248,7 +250,7 @@ def _mask_mod(
             a = dist.abs()
             ok = (a <= window * d) & (a % d == 0)
         if is_global is not None:
-            ok = ok | is_global[q_idx] | is_global[kv_idx]
+            ok = ok | is_global[kv_idx]
         if causal:
             ok = ok & (dist >= 0)
         if padding is not None:
@@ -313,16 +315,25 @@ def _block_mask(T, window, dilations, causal, device, key_padding, global_tokens
 # The call
 
 
-def _linear_bias_mod(past: torch.Tensor, future: torch.Tensor):
+def _linear_bias_mod(past: torch.Tensor, future: torch.Tensor, is_global: torch.Tensor | None = None):
     """score_mod adding -past[h] * d for distances d = q - k >= 0 and future[h] * d below (ALiBi): two loads per
     head, no table. A gather from a table of distances made the H100's kernel for bf16 and heads of 64 need
-    240 KB of shared memory, more than the 227 KB there are ("No valid triton configs", torch 2.11)."""
+    240 KB of shared memory, more than the 227 KB there are ("No valid triton configs", torch 2.11).
+    ``is_global`` (T,) bool: the global tokens' columns, which take no bias (Longformer's global attention)."""
 
-    def mod(score, b, h, q_idx, kv_idx):
+    if is_global is None:
+
+        def mod(score, b, h, q_idx, kv_idx):
+            d = (q_idx - kv_idx).to(past.dtype)
+            return score + torch.where(d >= 0, -past[h] * d, future[h] * d)
+
+        return mod
+
+    def global_mod(score, b, h, q_idx, kv_idx):
         d = (q_idx - kv_idx).to(past.dtype)
-        return score + torch.where(d >= 0, -past[h] * d, future[h] * d)
+        return torch.where(is_global[kv_idx], score, score + torch.where(d >= 0, -past[h] * d, future[h] * d))
 
-    return mod
+    return global_mod
 
 
 # Compilations of flex_attention one process may hold. Every distinct call compiles its own kernel (a scale, a
@@ -356,10 +367,12 @@ def compiled(device: torch.device | str) -> Callable:
     return _flex(torch.device(device))
 
 
-def alibi_score_mod(bias: Callable, device: torch.device, dtype: torch.dtype) -> Callable:
+def alibi_score_mod(
+    bias: Callable, device: torch.device, dtype: torch.dtype, is_global: torch.Tensor | None = None
+) -> Callable:
     """The score_mod of a bias linear in the distance (ALiBi's ``bias``, ``linear_slopes``): it loads two slopes per
-    head, (H,) each, and no table (``_linear_bias_mod``)."""
-    return _linear_bias_mod(*(s.to(device, dtype) for s in linear_slopes(bias)()))
+    head, (H,) each, and no table (``_linear_bias_mod``); none at the global columns ``is_global`` (T,) bool."""
+    return _linear_bias_mod(*(s.to(device, dtype) for s in linear_slopes(bias)()), is_global)
 
 
 def window_attention(
@@ -377,15 +390,16 @@ def window_attention(
 ) -> torch.Tensor:
     """Self-attention of prepared q, k, v (B, H, T, D) over keys at distances that are multiples of each
     head's dilation up to window x dilation (only the past when causal); key_padding (B, T) True at
-    padding; bias: ALiBi's (a bound ``bias`` whose scheme has ``slopes()``), added to the scores;
-    global_tokens: positions that see every key and that every query sees (Longformer section 3.1)."""
+    padding; bias: ALiBi's (a bound ``bias`` whose scheme has ``slopes()``), added to the scores but for the
+    global columns; global_tokens: positions every query sees (Longformer section 3.1: the global columns; their
+    own rows, which see every key through the global projections, are computed apart by the caller)."""
     T = q.shape[-2]
     dilations = tuple(int(d) for d in dilations)
     mask = block_mask(T, window, dilations, causal, q.device, key_padding, tuple(global_tokens))
     score_mod = None
     if bias is not None:  # linear in the distance (``usable`` sends no other bias here)
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        score_mod = alibi_score_mod(bias, q.device, dtype)
+        score_mod = alibi_score_mod(bias, q.device, dtype, mask.ablate_geometry[2])
     if current_mode() == "eager":  # a test mode: torch's warning that it materialises the scores is expected
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

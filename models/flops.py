@@ -7,7 +7,8 @@ the sequence when causal; about the window for local and dilated patterns). Addi
 multiply-add of q.k (2 operations per query, key and dimension) by add, tanh, multiply and sum (4, counting
 tanh as one): 6 per (query, key, dimension) with the weighted sum of values, against 4 for dot products. In encoder_decoder models a
 source token passes through the encoder, a target token through the decoder (self- and cross-attention)
-and the output projection (a non-autoregressive decoder's self-attention is not causal). Training costs about three forward passes (backward is twice the forward).
+and the output projection (a non-autoregressive decoder's self-attention is not causal; Gu et al.'s adds positional
+attention over the target). Training costs about three forward passes (backward is twice the forward).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ def _params(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def _per_key(cfg: ModelConfig) -> float:
-    return (6 if cfg.score == "additive" else 4) * cfg.n_heads * cfg.head_size
+def _per_key(cfg: ModelConfig, score: str | None = None) -> float:
+    """FLOPs per (query, key) pair of one layer scored by ``score`` (default: the self-attention's)."""
+    return (6 if (score or cfg.score) == "additive" else 4) * cfg.n_heads * cfg.head_size
 
 
 def _attention(cfg: ModelConfig, layers, length: int, causal: bool) -> float:
@@ -47,7 +49,11 @@ def forward_flops_per_token(model: nn.Module, length: int, source_length: int = 
                 length,
                 not cfg.non_autoregressive,
             )
-            + _per_key(cfg) * source_length * cfg.decoder_layers  # cross-attention sees every source token
+            # cross-attention sees every source token, with its own score
+            + _per_key(cfg, cfg.cross_attention_score) * source_length * cfg.decoder_layers
+            # Gu et al.'s positional attention (nat_gu) sees every target position (its q and k projections read the
+            # positional encodings, counted in the layers' parameters like every projection)
+            + (_per_key(cfg) * length * cfg.decoder_layers if cfg.positional_attention else 0)
         )
         return (source_length * src + length * tgt) / max(source_length + length, 1)
     causal = cfg.arch == "decoder"

@@ -20,11 +20,12 @@ dot-like, ``scores(q, k)``. Position biases are functions of signed distances (q
   ``dilated_attention``  keys at distances that are multiples of d up to W*d: the sequence is split into d
                          interleaved residue classes and each runs local attention, in O(T * W).
   ``additive_scores``    v_h . tanh(q + k) in blocks of at most ``budget`` elements, forward and backward.
-  ``global_columns``, ``global_rows``  Longformer's global tokens (section 3.1) for the windowed kernels: the G
-                         global keys become G extra columns of every tile (masked where a query's window already
-                         holds them, so each key counts once), and the G global queries attend to every key in one
-                         small dense call whose rows replace theirs: O(T * (W + G)), one softmax per query, no
-                         merging of partial softmaxes.
+  ``global_columns``, ``global_rows``  Longformer's global attention (section 3.1) for the windowed kernels: the G
+                         global keys become G extra columns of every tile, seen by every query with no position bias
+                         (``window_padding`` takes them out of the windows, so each key counts once, as Hugging
+                         Face's LongformerSelfAttention does), and the G global queries attend to every key (with
+                         the global projections Q_g, K_g, V_g, no position bias) in one small dense call whose rows
+                         replace theirs: O(T * (W + G)), one softmax per query, no merging of partial softmaxes.
 
 A query whose every key is masked (a padding query whose window holds only padding) attends uniformly
 instead of producing NaN; its output is meaningless and must be ignored by the caller, but it stays finite
@@ -245,30 +246,33 @@ Columns = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 a query must not see the column): Longformer's global keys (``global_columns``)."""
 
 
-def global_columns(q, k, v, idx: torch.Tensor, seen: Callable, key_padding=None, bias: Bias | None = None) -> Columns:
-    """The global keys ``idx`` (G,) as extra columns of every query's window. ``seen(dist)`` -> (H or 1, T, G) bool
-    says where a window already holds the key (there the column is masked: the key counts once); padding keys are
-    masked too; ``bias`` (ALiBi) is added at the columns' own distances."""
-    T, dev = q.shape[-2], q.device
-    dist = torch.arange(T, device=dev)[:, None] - idx[None, :]  # (T, G) query - key
-    add = torch.zeros(q.shape[0], 1, T, idx.numel(), dtype=q.dtype, device=dev)
-    add = add.masked_fill(seen(dist)[None], float("-inf"))  # (B, H', T, G)
+def global_columns(q, k, v, idx: torch.Tensor, key_padding=None) -> Columns:
+    """The global keys ``idx`` (G,) as extra columns of every query (Longformer section 3.1: every query attends to
+    them), with no position bias: a global key is read alike from any distance. The windows must not hold them too
+    (``window_padding``: each key counts once); padding keys stay masked."""
+    add = torch.zeros(q.shape[0], 1, q.shape[-2], idx.numel(), dtype=q.dtype, device=q.device)  # (B, 1, T, G)
     if key_padding is not None:
         add = add.masked_fill(key_padding[:, idx][:, None, None, :], float("-inf"))
-    if bias is not None:
-        add = add + bias(dist).to(q.dtype)[None]
     return k[:, :, idx], v[:, :, idx], add
 
 
-def global_rows(out, q, k, v, score, idx: torch.Tensor, key_padding=None, bias: Bias | None = None, dropout_p=0.0):
-    """``out`` (B, H, T, Dv) with the rows of the global queries ``idx`` replaced by attention over every key."""
-    T = k.shape[-2]
+def window_padding(q, idx: torch.Tensor, key_padding=None) -> torch.Tensor:
+    """(B, T) True at the keys the windows must not read: padding, and the global keys ``idx`` (G,), which every
+    query reads as a column of its own instead (``global_columns``)."""
+    B, T = q.shape[0], q.shape[-2]
+    pad = torch.zeros(B, T, dtype=torch.bool, device=q.device) if key_padding is None else key_padding.clone()
+    pad[:, idx] = True
+    return pad
+
+
+def global_rows(out, q_g, k_g, v_g, score, idx: torch.Tensor, key_padding=None, dropout_p=0.0):
+    """``out`` (B, H, T, Dv) with the rows of the global queries ``idx`` (G,) replaced by their attention over every
+    key: q_g (B, H, G, D) the global queries, k_g, v_g (B, H, T, D) every key and value, through the global
+    projections (Longformer's Q_g, K_g, V_g; the window's under ``global_projections: shared``), with no position
+    bias; padding keys stay masked."""
     mask = None if key_padding is None else _unstarve(~key_padding[:, None, None, :])  # (B, 1, 1, T)
-    b = None
-    if bias is not None:
-        b = bias(idx[:, None] - torch.arange(T, device=q.device)[None, :]).to(q.dtype)  # (H, G, T)
-    rows = attend(q[:, :, idx], k, v, score, mask=mask, bias=b, dropout_p=dropout_p)  # (B, H, G, Dv)
-    return out.index_copy(2, idx, rows)
+    rows = attend(q_g, k_g, v_g, score, mask=mask, dropout_p=dropout_p)  # (B, H, G, Dv)
+    return out.index_copy(2, idx, rows.to(out.dtype))
 
 
 def _with_columns(q, k, v, score, mask, bias, columns: Columns, dropout_p: float = 0.0):

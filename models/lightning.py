@@ -2,10 +2,11 @@
 divergence guard, and metrics of quality and cost.
 
 Non-autoregressive seq2seq models train on every target position at once plus ``length_loss_weight`` times the
-loss of the length predictor: ``decoding='nat'`` (Gu et al. 2018) from the source embeddings copied uniformly to
-the target's length, every position scored; ``decoding='mask_predict'`` (Ghazvininejad et al. 2019, section 3.1)
-as a conditional masked LM: a uniformly drawn number of random positions behind [MASK], those scored, whatever
-``nat_iterations`` (the passes at evaluation only). Validation scores every position (all-[MASK] inputs for
+loss of the length predictor: ``decoding='nat_gu'`` (Gu et al. 2018's decoder) and ``'uniform_copy'`` (its inputs
+alone) from the source embeddings copied uniformly to the target's length, every position scored;
+``decoding='mask_predict'`` (Ghazvininejad et al. 2019, section 3.1) as a conditional masked LM: a uniformly drawn
+number of random positions behind [MASK], those scored, whatever ``nat_iterations`` and ``length_candidates`` (the
+passes and the length beam at evaluation only). Validation scores every position (all-[MASK] inputs for
 mask-predict) and reports ``length_acc``; exact match decodes with ``Transformer.generate``.
 
 Notation: B batch, T target length, S source length, V vocabulary.

@@ -17,11 +17,16 @@ Built in:
            ``ModelConfig.attention_layers`` resolves d_h for every layer and head from the config.
 
 Global tokens (Longformer section 3.1, ``LayerAttention.global_tokens``): in a windowed layer of a bidirectional
-stack, these positions attend to every key and every query attends to them, in every head. The tiled kernels add
-the G global keys as G more columns of every tile (masked where a window already holds them) and compute the G
-global queries as one small dense call whose rows replace theirs (``kernels.global_columns``, ``global_rows``):
-every query keeps one softmax, so nothing is merged, and the cost stays O(T * (W + G)). FlexAttention adds them to
-its mask (rows and columns of blocks).
+stack, these positions attend to every key and every query attends to them, in every head. As in the paper (and
+Hugging Face's LongformerSelfAttention), a query's window and the global keys (the global columns) use the
+window's q, k, v, while the global tokens' rows use the global projections: Q_g of the global tokens against K_g,
+V_g of every position (``global_qkv``, from ``MultiHeadAttention``; without it, under ``global_projections:
+shared``, the window's q, k, v). No position bias applies to global rows and columns. The tiled kernels add the G
+global keys as G more columns of every tile (taken out of the windows: each key counts once) and compute the G
+global rows as one small dense call whose rows replace theirs (``kernels.global_columns``, ``window_padding``,
+``global_rows``): every query keeps one softmax, so nothing is merged, and the cost stays O(T * (W + G)).
+FlexAttention adds the global columns to its mask (and leaves them out of its bias); the rows are the same dense
+call.
 """
 
 from __future__ import annotations
@@ -30,7 +35,15 @@ import torch
 
 from models import flex
 from models.config import LayerAttention
-from models.kernels import dilated_attention, full_attention, global_columns, global_rows, local_attention
+from models.kernels import (
+    Columns,
+    dilated_attention,
+    full_attention,
+    global_columns,
+    global_rows,
+    local_attention,
+    window_padding,
+)
 from models.registry import PATTERNS
 from models.traits import DilatedTraits, LocalTraits, PatternTraits
 
@@ -50,14 +63,29 @@ class Pattern(PatternTraits):
         return self._on[key, device]
 
     def global_index(self, q: torch.Tensor, causal: bool) -> torch.Tensor | None:
-        """(G,) the global positions within this sequence, or None (none, or a window that covers it all)."""
-        T = q.shape[-2]
-        keep = tuple(t for t in self.layer.global_tokens if t < T)
-        if not keep or (self.window is not None and max(self.dilations) == 1 and self.window >= T - 1):
+        """(G,) the global positions within this sequence, or None. Kept when the window covers the sequence too:
+        the global rows use their own projections, and no bias applies to global rows and columns."""
+        keep = self.global_positions(q.shape[-2])
+        if not keep:
             return None
         if causal:
             raise ValueError("global tokens attend to every key: they need a bidirectional (not causal) layer")
         return self._tensor(("global", keep), lambda: torch.tensor(keep), q.device)
+
+    def global_positions(self, T: int) -> tuple[int, ...]:
+        """The global tokens of a sequence of T positions (a position at or past its end is none of its own)."""
+        return tuple(t for t in self.layer.global_tokens if t < T)
+
+    @staticmethod
+    def _global_rows_inputs(q, k, v, idx, global_qkv):
+        """q_g of the global tokens ``idx``, k_g and v_g of every key: the global projections', or the window's."""
+        return (q[:, :, idx], k, v) if global_qkv is None else global_qkv
+
+    def _global_parts(self, q, k, v, idx, key_padding, global_qkv):
+        """What the kernels need for the global tokens ``idx``: the global columns, the windows' padding (padding
+        and the global keys) and the inputs of the global rows."""
+        columns = global_columns(q, k, v, idx, key_padding)
+        return columns, window_padding(q, idx, key_padding), self._global_rows_inputs(q, k, v, idx, global_qkv)
 
     @classmethod
     def plain(cls, n_heads: int) -> Pattern:
@@ -70,25 +98,30 @@ class Pattern(PatternTraits):
     def allowed(self, dist: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
-        """q (B, H, T, D), k, v (B, H, S, D) of one sequence (queries aligned to the last keys)."""
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0, global_qkv=None):
+        """q (B, H, T, D), k, v (B, H, S, D) of one sequence (queries aligned to the last keys). ``global_qkv``:
+        (q_g (B, H, G, D) of the global tokens, k_g, v_g (B, H, S, D)) through the global projections, or None
+        (the window's q, k, v serve the global rows)."""
         T, S = q.shape[-2], k.shape[-2]
         dist = torch.arange(S - T, S, device=q.device)[:, None] - torch.arange(S, device=q.device)[None, :]
         allowed, idx = self.allowed(dist), self.global_index(q, causal)
-        if allowed is not None and idx is not None:  # global rows and columns: every key, every query
-            g = torch.zeros(S, dtype=torch.bool, device=q.device).index_fill(0, idx, True)
-            allowed = allowed | g[None, None, :] | g[None, -T:, None]
-        return full_attention(
+        columns: Columns | None = None
+        window_pad = key_padding
+        if idx is not None:  # global columns beside the windows, then the global rows
+            columns, window_pad, rows = self._global_parts(q, k, v, idx, key_padding, global_qkv)
+        out = full_attention(
             q,
             k,
             v,
             score,
             causal=causal,
-            key_padding=key_padding,
+            key_padding=window_pad,
             bias=bias,
             allowed=allowed,
             dropout_p=dropout_p,
+            columns=columns,
         )
+        return out if idx is None else global_rows(out, *rows, score, idx, key_padding, dropout_p)
 
     def context(self, length: int, causal: bool) -> float:
         """Keys a query sees on average (for FLOPs): the full context unless the pattern bounds it."""
@@ -102,7 +135,7 @@ class Pattern(PatternTraits):
 class FullPattern(Pattern):
     name = "full"
 
-    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0, global_qkv=None):
         return full_attention(q, k, v, score, causal=causal, key_padding=key_padding, bias=bias, dropout_p=dropout_p)
 
 
@@ -113,12 +146,21 @@ class LocalPattern(LocalTraits, Pattern):
     def allowed(self, dist):
         return (dist.abs() <= self.window)[None]
 
-    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
+    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0, global_qkv=None):
         idx = self.global_index(q, causal)
         if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
-            return self._flex(q, k, v, score, causal, key_padding, bias, idx)
-        columns = None if idx is None else global_columns(q, k, v, idx, self.allowed, key_padding, bias)
-        out = local_attention(
+            out = self._flex(q, k, v, score, causal, key_padding, bias, idx)
+            rows = None if idx is None else self._global_rows_inputs(q, k, v, idx, global_qkv)
+        else:
+            columns, window_pad, rows = None, key_padding, None
+            if idx is not None:
+                columns, window_pad, rows = self._global_parts(q, k, v, idx, key_padding, global_qkv)
+            out = self._windows(q, k, v, score, causal, window_pad, bias, dropout_p, columns)
+        return out if idx is None else global_rows(out, *rows, score, idx, key_padding, dropout_p)
+
+    def _windows(self, q, k, v, score, causal, key_padding, bias, dropout_p, columns: Columns | None):
+        """The tiled kernels: each query's window (without the keys ``key_padding`` marks) and the ``columns``."""
+        return local_attention(
             q,
             k,
             v,
@@ -130,10 +172,10 @@ class LocalPattern(LocalTraits, Pattern):
             dropout_p=dropout_p,
             columns=columns,
         )
-        return out if idx is None else global_rows(out, q, k, v, score, idx, key_padding, bias, dropout_p)
 
     def _flex(self, q, k, v, score, causal, key_padding, bias, idx):
-        """Every head in one FlexAttention call (CUDA; ``models.flex``), global tokens in its mask."""
+        """Every head in one FlexAttention call (CUDA; ``models.flex``), the global columns in its mask (the
+        global rows are replaced by the caller)."""
         return flex.window_attention(
             q,
             k,
@@ -144,7 +186,7 @@ class LocalPattern(LocalTraits, Pattern):
             causal=causal,
             key_padding=key_padding,
             bias=bias,
-            global_tokens=() if idx is None else tuple(t for t in self.layer.global_tokens if t < q.shape[-2]),
+            global_tokens=() if idx is None else self.global_positions(q.shape[-2]),
         )
 
     def context(self, length: int, causal: bool) -> float:
@@ -173,11 +215,8 @@ class DilatedPattern(DilatedTraits, LocalPattern):
         d = self._tensor("d", lambda: torch.tensor(self.dilations).view(-1, 1, 1), dist.device)  # (H, 1, 1)
         return (dist.abs() <= self.window * d) & (dist % d == 0)
 
-    def attend(self, q, k, v, score, *, causal=False, key_padding=None, bias=None, dropout_p=0.0):
-        g = self.global_index(q, causal)
-        if flex.usable(q, v, score, window=self.window, dilations=self.dilations, dropout_p=dropout_p, bias=bias):
-            return self._flex(q, k, v, score, causal, key_padding, bias, g)
-        columns = None if g is None else global_columns(q, k, v, g, self.allowed, key_padding, bias)  # every head
+    def _windows(self, q, k, v, score, causal, key_padding, bias, dropout_p, columns: Columns | None):
+        """Each group of heads of one dilation through the residue-class kernel, the ``columns`` in every group."""
         outs = []
         for d, heads in self.groups:
             if len(self.groups) == 1:
@@ -187,7 +226,7 @@ class DilatedPattern(DilatedTraits, LocalPattern):
             else:
                 idx = self._tensor(d, lambda heads=heads: torch.tensor(heads), q.device)
             group_bias = None if bias is None else (lambda dist, idx=idx: bias(dist)[idx])
-            group_columns = None if columns is None else tuple(t[:, idx] for t in columns)
+            group_columns = None if columns is None else (columns[0][:, idx], columns[1][:, idx], columns[2])
             outs.append(
                 dilated_attention(
                     q[:, idx],
@@ -204,8 +243,7 @@ class DilatedPattern(DilatedTraits, LocalPattern):
                 )
             )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-        out = out if self.order is None else out.index_select(1, self._tensor("order", lambda: self.order, out.device))
-        return out if g is None else global_rows(out, q, k, v, score, g, key_padding, bias, dropout_p)
+        return out if self.order is None else out.index_select(1, self._tensor("order", lambda: self.order, out.device))
 
 
 class _HeadSubset:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from models.registry import POSITIONS
-from models.traits import ALiBiTraits, LearnedTraits, PositionsTraits, RotaryTraits
+from models.traits import ALiBiTraits, LearnedTraits, PositionsTraits, RotaryTraits, SinusoidalTraits
 
 
 class PositionError(ValueError):
@@ -92,7 +92,7 @@ class Positions(PositionsTraits, nn.Module):
 
 
 @POSITIONS.register("sinusoidal")
-class SinusoidalPositions(Positions):
+class SinusoidalPositions(SinusoidalTraits, Positions):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.d_model = cfg.d_model

@@ -129,7 +129,7 @@ def _declare_builtins() -> None:
             POSITIONS,
             "models.positions",
             {
-                "sinusoidal": positions,
+                "sinusoidal": t.SinusoidalTraits,
                 "learned": t.LearnedTraits,
                 "none": positions,
                 "rotary": t.RotaryTraits,

@@ -5,6 +5,7 @@ study loader, every ``ablate`` command before it trains) imports neither Lightni
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, fields
@@ -105,6 +106,47 @@ class TrainingConfig:
         self._validate_numbers()
         self._validate_choices()
         self._validate_flags()
+        self._validate_read()
+
+    def _sampling_floor_reached(self) -> bool:
+        """Whether scheduled sampling's decay reaches ``sampling_min`` within the run's steps (else it reads it not)."""
+        raw = dataclasses.replace(self, sampling_min=0.0) if self.sampling_min else self
+        return any(teacher_forcing_p(raw, s) < self.sampling_min for s in range(self.max_steps))
+
+    def _validate_read(self) -> None:
+        """A value no part of the training reads is refused (two variants would train one model under two names):
+        each entry is (field, whether it is read, what reads it, the setting that would)."""
+        default = {f.name: f.default for f in fields(self)}
+        scheduled = self.sampling == "scheduled"
+        for name, read, reader, related in (
+            ("min_lr_ratio", self.schedule == "warmup_cosine", "schedule='warmup_cosine' decays to it", "schedule"),
+            ("warmup_steps", self.schedule != "constant", "a schedule with warm-up reads it", "schedule"),
+            ("sampling_schedule", scheduled, "sampling='scheduled' follows it", "sampling"),
+            ("sampling_k", scheduled, "sampling='scheduled' follows it", "sampling"),
+            ("sampling_min", scheduled, "sampling='scheduled' follows it", "sampling"),
+            (
+                "sampling_min",
+                not scheduled or self._sampling_floor_reached(),
+                f"the schedule decays to it; within max_steps={self.max_steps} it stays above it",
+                "sampling_k",
+            ),
+            ("length_penalty", self.beam_size > 1, "beam search (beam_size > 1) scores with it", "beam_size"),
+            (
+                "diverge_after",
+                self.diverge_factor is not None,
+                "the diverge_factor rule starts there",
+                "diverge_factor",
+            ),
+        ):
+            if not read and getattr(self, name) != default[name]:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} changes nothing with {related}={getattr(self, related)!r} "
+                    f"({reader}); remove {name}",
+                    field=name,
+                    value=getattr(self, name),
+                    fix=f"remove {name}, or set {related}",
+                    related=(related,),
+                )
 
     def _validate_numbers(self) -> None:
         number = functools.partial(_number, self)

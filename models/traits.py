@@ -17,13 +17,16 @@ ROTARY_BASE = 10000.0  # Su et al.'s base of the rotary wavelengths (ModelConfig
 
 
 class ScoreTraits:
-    """``dot_like``: the score is ``scale * q.k`` of the prepared q and k (torch's fused attention runs it)."""
+    """``dot_like``: the score is ``scale * q.k`` of the prepared q and k (torch's fused attention runs it);
+    ``chunked``: it computes its scores in blocks of ``chunk_elements`` (else that key changes nothing)."""
 
     dot_like = True
+    chunked = False
 
 
 class AdditiveTraits(ScoreTraits):
     dot_like = False
+    chunked = True
 
 
 class PatternTraits:
@@ -43,11 +46,15 @@ class DilatedTraits(LocalTraits):
 
 class PositionsTraits:
     """``needs_dot_product``: the scheme acts through q.k (rotary); ``takes_init_std``: ``position_init_std``
-    applies. ``check(cfg)`` refuses what the scheme cannot do."""
+    applies; ``absolute``: the scheme adds a vector per position to the embeddings (sinusoidal, learned), which
+    Gu et al.'s positional attention reads as its queries and keys (``decoding='nat_gu'``). ``check(cfg)``
+    refuses what the scheme cannot do."""
 
     needs_dot_product = False
     takes_init_std = False
     takes_base = False  # rotary_base applies
+    takes_max_len = False  # a table of max_len positions (else the scheme reads positions at any length)
+    absolute = False
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -81,8 +88,14 @@ class PositionsTraits:
             )
 
 
+class SinusoidalTraits(PositionsTraits):
+    absolute = True
+
+
 class LearnedTraits(PositionsTraits):
     takes_init_std = True
+    takes_max_len = True  # its table holds max_len positions
+    absolute = True
 
 
 class RotaryTraits(PositionsTraits):

@@ -6,10 +6,11 @@ N new tokens at most.
 arch ``encoder``          tokens (B, T) -> class logits (B, n_classes) or per-token (B, T, n_classes)
 arch ``decoder``          tokens (B, T) -> next-token logits (B, T, V), causal
 arch ``encoder_decoder``  source (B, S), target (B, T) -> next-token logits (B, T, V); with
-                          ``decoding='nat'`` or ``'mask_predict'`` a length head reads the encoder and the
-                          decoder, not causal, predicts every position at once from the source embeddings
-                          copied uniformly (Gu et al. 2018) or from target tokens and a learned [MASK]
-                          embedding (Ghazvininejad et al. 2019)
+                          ``decoding='nat_gu'``, ``'uniform_copy'`` or ``'mask_predict'`` a length head reads
+                          the encoder and the decoder, not causal, predicts every position at once from the
+                          source embeddings copied uniformly (Gu et al. 2018; ``nat_gu`` with their positional
+                          attention and self-attention mask, ``models.nat``) or from target tokens and a learned
+                          [MASK] embedding (Ghazvininejad et al. 2019)
 
 Padding masks are boolean, True at padding. A causal stack does not need the padding of a right-padded
 batch: padding keys come after every real query and are never seen by one.
@@ -34,6 +35,7 @@ from models.config import ModelConfig
 from models.registry import NORMS, POSITIONS
 
 NEG_INF = float("-inf")
+PARALLEL = "'nat_gu', 'uniform_copy' or 'mask_predict'"  # the non-autoregressive decodings, for messages
 
 
 class Transformer(nn.Module):
@@ -84,8 +86,11 @@ class Transformer(nn.Module):
         stack; every linear layer Xavier-uniform with zero biases (each projection of a fused matrix over its own
         shape: q, k and v of ``qkv_proj`` as three (C, C) layers, not one (3C, C)); norms at 1 and 0 (torch's default). Scores
         and learned positions initialise their own parameters (general: W = I; cosine: tau = 10; additive:
-        v ~ N(0, 1/D); learned positions: ``position_init_std``)."""
+        v ~ N(0, 1/D); learned positions: ``position_init_std``). Longformer's global projections (Q_g, K_g, V_g) draw
+        nothing: they are set to their layer's window projections afterwards (section 3.1), so that the other weights
+        are those of the same seed without global projections."""
         std = self.cfg.d_model**-0.5
+        copies = {id(p) for m in self.modules() if isinstance(m, MultiHeadAttention) for p in m.global_parameters()}
         tables = {id(t.weight) for t in (self.embed, self.tgt_embed)}
         if hasattr(self, "mask_embed"):
             tables.add(id(self.mask_embed))
@@ -93,6 +98,8 @@ class Transformer(nn.Module):
         linear.update({id(m.bias): "bias" for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None})
         blocks = {id(m.weight): getattr(m, "fused_outputs", 1) for m in self.modules() if isinstance(m, nn.Linear)}
         for _, p in self.named_parameters():  # in order: the same draws for the same seed as before
+            if id(p) in copies:
+                continue
             if id(p) in tables:
                 nn.init.normal_(p, std=std)
             elif linear.get(id(p)) == "weight":  # Glorot's scale is a layer's: each projection of a fused matrix
@@ -100,6 +107,9 @@ class Transformer(nn.Module):
                     nn.init.xavier_uniform_(block)
             elif linear.get(id(p)) == "bias":
                 nn.init.zeros_(p)
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.copy_global_projections()
 
     # -- pieces ---------------------------------------------------------------------------------
     def _embed(
@@ -130,6 +140,7 @@ class Transformer(nn.Module):
         copied=None,
     ) -> torch.Tensor:
         x = self._embed(self.tgt_embed, tokens, start, position_ids, masked, copied)
+        pe = self.position_encoding(x) if self.cfg.positional_attention else None  # (1, T, C)
         for i, layer in enumerate(self.dec_layers):
             x = layer(
                 x,
@@ -139,8 +150,15 @@ class Transformer(nn.Module):
                 start=start,
                 position_ids=position_ids,
                 cache=None if cache is None else cache[i],
+                pos_encoding=pe,
             )
         return self.head(self.dec_norm(x))
+
+    def position_encoding(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, T, C): what the position scheme adds to inputs x (B, T, C) at columns 0 .. T-1, the positional
+        encodings that are the queries and keys of Gu et al.'s positional attention (sinusoidal: Vaswani's table;
+        learned: the table, times its scale)."""
+        return self.positions(x.new_zeros(1, *x.shape[1:]))
 
     def _causal(self, tokens, padding=None, start=0, cache=None, position_ids=None) -> torch.Tensor:
         x = self._embed(self.embed, tokens, start, position_ids)
@@ -166,7 +184,8 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """encoder: tokens -> class logits; decoder: tokens -> logits; encoder_decoder: (source, target)
         -> logits. ``padding`` (B, T) and ``target_padding`` (B, T) are True at padding. Non-autoregressive:
-        the logits predict every target position; ``nat`` reads only the target's length (and padding),
+        the logits predict every target position; ``nat_gu`` and ``uniform_copy`` read only the target's length
+        (and padding),
         ``mask_predict`` its known tokens, [MASK] where ``target_masked`` (B, T) is True (default: everywhere)."""
         arch = self.cfg.arch
         if arch == "decoder":
@@ -193,7 +212,7 @@ class Transformer(nn.Module):
         """Logits (B, max_len + 1) of the target length, from the mean of the encoder output over real
         source tokens (fairseq's NAT length predictor)."""
         if not self.cfg.non_autoregressive:
-            raise ValueError("predict_length needs decoding 'nat' or 'mask_predict'")
+            raise ValueError(f"predict_length needs a non-autoregressive decoding ({PARALLEL})")
         if padding is None:
             pooled = memory.mean(dim=1)
         else:
@@ -216,9 +235,10 @@ class Transformer(nn.Module):
         return self.embed(source.gather(1, idx))
 
     def _parallel_logits(self, source, memory, padding, target, target_padding=None, target_masked=None):
-        """The non-autoregressive decoder's logits (B, T, V): ``nat`` reads the source embeddings copied to the
-        target's length, ``mask_predict`` the target tokens with [MASK] where ``target_masked`` (default: all)."""
-        if self.cfg.decoding == "nat":
+        """The non-autoregressive decoder's logits (B, T, V): ``nat_gu`` and ``uniform_copy`` read the source
+        embeddings copied to the target's length, ``mask_predict`` the target tokens with [MASK] where
+        ``target_masked`` (default: all)."""
+        if self.cfg.copies_source:
             T = target.shape[1]
             lengths = T - target_padding.sum(1) if target_padding is not None else torch.full_like(target[:, 0], T)
             copied = self.uniform_copy(source, padding, lengths, T)
@@ -230,15 +250,18 @@ class Transformer(nn.Module):
     def parallel_forward(self, source, target, *, padding=None, target_padding=None, target_masked=None):
         """Non-autoregressive training pass: (token logits (B, T, V), length logits (B, max_len + 1))."""
         if not self.cfg.non_autoregressive:
-            raise ValueError("parallel_forward needs decoding 'nat' or 'mask_predict'")
+            raise ValueError(f"parallel_forward needs a non-autoregressive decoding ({PARALLEL})")
         memory = self.encode(source, padding)
         logits = self._parallel_logits(source, memory, padding, target, target_padding, target_masked)
         return logits, self.predict_length(memory, padding)
 
-    def _lengths(self, memory, padding, max_length: int | None) -> torch.Tensor:
-        """Predicted target lengths (B,), at least 1: a predicted length of 0 is decoded as 1, as Ghazvininejad et
-        al.'s reference code raises its length candidates to its minimum (an empty output is never decoded)."""
-        lengths = self.predict_length(memory, padding).argmax(-1)
+    def _length_candidates(self, memory, padding, max_length: int | None, k: int = 1) -> torch.Tensor:
+        """The k most probable target lengths (B, k), most probable first (equal logits: the shorter first), each at
+        most ``max_length`` and at least 1: a predicted length of 0 is decoded as 1, as Ghazvininejad et al.'s
+        reference code raises its length candidates to its minimum (an empty output is never decoded). Raised or
+        lowered candidates may repeat one another (they decode the same output)."""
+        logits = self.predict_length(memory, padding)  # (B, max_len + 1)
+        lengths = logits.sort(dim=-1, descending=True, stable=True).indices[:, :k]
         if max_length is not None:
             if max_length < 1:
                 raise ValueError(f"max_length={max_length} must be at least 1 (a predicted length is at least 1)")
@@ -252,25 +275,42 @@ class Transformer(nn.Module):
         source_padding: torch.Tensor | None = None,
         *,
         iterations: int | None = None,
+        length_candidates: int | None = None,
         max_length: int | None = None,
         eos_id: int | None = None,
     ) -> torch.Tensor:
-        """Predict the length (at least 1), then every target token at once: ``nat`` in one pass from the copied
-        source (Gu et al. 2018); ``mask_predict`` from [MASK] inputs, then ``iterations`` T - 1 refinements
-        (default ``nat_iterations``; Ghazvininejad et al. 2019, section 3.2, ``_refine``).
+        """Predict the length (at least 1), then every target token at once: ``nat_gu`` and ``uniform_copy`` in one
+        pass from the copied source (Gu et al. 2018); ``mask_predict`` from [MASK] inputs, then ``iterations`` T - 1
+        refinements (default ``nat_iterations``; Ghazvininejad et al. 2019, section 3.2, ``_refine``), for each of
+        the ``length_candidates`` most probable lengths (default the config's; section 3.3): the candidates of a
+        source are decoded in parallel, as rows of one batch, and the output of the highest average log-probability
+        of its tokens (each token's log-probability when it was last predicted) is kept; on equal averages the
+        more probable length.
 
         Returns (B, L_max + 1): the tokens, then ``eos_id`` (when given) and padding, as ``greedy`` does.
         """
         if not self.cfg.non_autoregressive:
-            raise ValueError("parallel_decode needs decoding 'nat' or 'mask_predict'")
+            raise ValueError(f"parallel_decode needs a non-autoregressive decoding ({PARALLEL})")
         T_iter = self.cfg.nat_iterations if iterations is None else iterations
-        if T_iter < 1 or (self.cfg.decoding == "nat" and T_iter != 1):
-            raise ValueError(f"iterations={T_iter}: 'nat' decodes in one pass, 'mask_predict' in at least one")
+        k = self.cfg.length_candidates if length_candidates is None else length_candidates
+        if T_iter < 1 or (self.cfg.copies_source and T_iter != 1):
+            raise ValueError(
+                f"iterations={T_iter}: {self.cfg.decoding!r} decodes in one pass, 'mask_predict' in at least one"
+            )
+        if k < 1 or (k > 1 and self.cfg.decoding != "mask_predict"):
+            raise ValueError(
+                f"length_candidates={k}: {self.cfg.decoding!r} decodes one length, 'mask_predict' at least one"
+            )
         memory = self.encode(source, source_padding)
-        lengths = self._lengths(memory, source_padding, max_length)  # (B,)
-        B, L, dev = source.shape[0], int(lengths.max()), source.device  # one synchronisation: the output's width
-        pad = torch.arange(L, device=dev)[None, :] >= lengths[:, None]  # (B, L)
-        copied = self.uniform_copy(source, source_padding, lengths, L) if self.cfg.decoding == "nat" else None
+        B, dev = source.shape[0], source.device
+        lengths = self._length_candidates(memory, source_padding, max_length, k).reshape(-1)  # (B * k,)
+        if k > 1:  # candidate j of source b is row b * k + j
+            rows = torch.arange(B, device=dev).repeat_interleave(k)
+            memory, source = memory.index_select(0, rows), source.index_select(0, rows)
+            source_padding = None if source_padding is None else source_padding.index_select(0, rows)
+        L = int(lengths.max())  # one synchronisation: the width of every row
+        pad = torch.arange(L, device=dev)[None, :] >= lengths[:, None]  # (B * k, L)
+        copied = self.uniform_copy(source, source_padding, lengths, L) if self.cfg.copies_source else None
 
         def predict(tokens, masked, rows=None):  # (confidence, token) (b, L) of the rows given (None: all)
             pick = (lambda t: t) if rows is None else (lambda t: None if t is None else t.index_select(0, rows))
@@ -280,10 +320,16 @@ class Transformer(nn.Module):
             logits[..., self.cfg.pad_id] = NEG_INF  # never generate the padding token
             return torch.log_softmax(logits, -1).max(-1)
 
-        tokens = torch.full((B, L), self.cfg.pad_id, dtype=torch.long, device=dev)
+        tokens = torch.full(pad.shape, self.cfg.pad_id, dtype=torch.long, device=dev)
         probs, tokens = predict(tokens, None if copied is not None else ~pad)
         if T_iter > 1:
-            tokens = self._refine(predict, tokens, probs, pad, lengths, T_iter)
+            tokens, probs = self._refine(predict, tokens, probs, pad, lengths, T_iter)
+        if k > 1:  # the candidate of the highest average log-probability (argmax: the first, more probable, on ties)
+            average = probs.masked_fill(pad, 0.0).sum(1) / lengths  # (B * k,)
+            best = torch.arange(B, device=dev) * k + average.view(B, k).argmax(1)  # (B,)
+            lengths = lengths.index_select(0, best)
+            L = int(lengths.max())
+            tokens, pad = tokens.index_select(0, best)[:, :L], pad.index_select(0, best)[:, :L]
         out = torch.full((B, L + 1), self.cfg.pad_id, dtype=torch.long, device=dev)
         out[:, :L] = tokens.masked_fill(pad, self.cfg.pad_id)
         if eos_id is not None:
@@ -291,14 +337,15 @@ class Transformer(nn.Module):
         return out
 
     @staticmethod
-    def _refine(predict, tokens, probs, pad, lengths, T_iter: int) -> torch.Tensor:
+    def _refine(predict, tokens, probs, pad, lengths, T_iter: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask-predict's iterations t = 1 .. T-1: the n = max(1, floor(L (T - t) / T)) least confident tokens are
         masked and predicted again (Ghazvininejad et al.'s reference code masks at least one; integer arithmetic
         here, where its floating point can round L (1 - t/T) down by one). A target of length 1 would be re-masked
-        whole, its first pass's input again: its row is never passed through the decoder again."""
+        whole, its first pass's input again: its row is never passed through the decoder again. Returns the tokens
+        and each one's log-probability when it was last predicted."""
         rows = (lengths > 1).nonzero().flatten()
         if rows.numel() == 0:
-            return tokens
+            return tokens, probs
         tok, prob, rpad, n_tokens = tokens[rows], probs[rows], pad[rows], lengths[rows]
         for t in range(1, T_iter):
             n = torch.div(n_tokens * (T_iter - t), T_iter, rounding_mode="floor").clamp(min=1)  # (b,)
@@ -306,7 +353,7 @@ class Transformer(nn.Module):
             masked = (rank < n[:, None]) & ~rpad
             new_p, new_t = predict(tok, masked, rows)
             tok, prob = torch.where(masked, new_t, tok), torch.where(masked, new_p, prob)
-        return tokens.index_copy(0, rows, tok)
+        return tokens.index_copy(0, rows, tok), probs.index_copy(0, rows, prob)
 
     # -- head ablation (Michel et al. 2019) -----------------------------------------------------
     def attention_modules(self) -> Iterator[tuple[str, MultiHeadAttention]]:

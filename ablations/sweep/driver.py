@@ -195,10 +195,11 @@ def _planned(study: Study, p: Plan, next_cells) -> Plan:
 
 
 def _warn(study: Study, out: Callable[[str], None]) -> None:
-    """Said before anything runs: the seeds cannot resolve the family; variants that are one model."""
+    """Said before anything runs: the seeds cannot resolve the family; variants that are one model, or that
+    compare scores where q and k coincide."""
     if warning := unresolvable_warning(study):
         out(warning)
-    for line in warning_lines(study):  # variants that compare one model family under two names
+    for line in warning_lines(study):  # one model family under two names; scores where q and k coincide
         out(line)
 
 

@@ -34,7 +34,7 @@ def dry_run(
         problems.append(said.removeprefix("refused: "))
     else:
         out(said)
-    for line in warning_lines(study):  # variants that compare one model family under two names
+    for line in warning_lines(study):  # one model family under two names; scores where q and k coincide
         out(line)
     problems += _packing(study, out)
     if study.tune:  # the searches come first, and the cells' ids hold the values they choose

@@ -12,6 +12,7 @@ Tokens: a leading SEP (a CLS position), the operators with their opening bracket
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from dataclasses import dataclass
@@ -58,6 +59,26 @@ class ListOpsParams(SyntheticParams):
                 field="min_len",
                 value=self.min_len,
                 fix=f"lower min_len to {longest} or less, or raise max_depth or max_args",
+                related=("max_depth", "max_args"),
+            )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.operator_p != defaults["operator_p"] and self.max_depth < 3:  # depth 1 is an operator, the last digits
+            raise ConfigError(
+                f"operator_p={self.operator_p} decides operator or digit below the root and above max_depth; with "
+                f"max_depth={self.max_depth} there is no such node (remove operator_p, or raise max_depth)",
+                field="operator_p",
+                value=self.operator_p,
+                fix="remove operator_p, or raise max_depth to 3 or more",
+                related=("max_depth",),
+            )
+        if self.max_len != defaults["max_len"] and self.max_len > longest:
+            raise ConfigError(
+                f"max_len={self.max_len} is above the longest expression of max_depth={self.max_depth} and max_args="
+                f"{self.max_args} ({longest} tokens with its start token): it bounds nothing (remove it, or "
+                f"lower it to {longest} or less)",
+                field="max_len",
+                value=self.max_len,
+                fix=f"remove max_len, or give {longest} or less",
                 related=("max_depth", "max_args"),
             )
         if not 0.0 < self.operator_p < 1.0:

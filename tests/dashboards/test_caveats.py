@@ -474,3 +474,32 @@ def test_a_report_warns_where_two_variants_are_one_model_family(store):
     luong = {v: {**p, "model.qk_projections": "False"} for v, p in params.items()}
     fill(store, "luong", values, metric="final/val_loss", direction="minimize", params=luong)
     assert not [c for c in build(load_study(store, "luong")).caveats if c.kind == "family"]
+
+
+def test_a_report_warns_where_scores_are_compared_where_q_and_k_coincide(store):
+    """In self-attention over the states themselves (qk_projections false) q and k are one tensor and a token scores
+    itself |x|^2: a table that compares scores there says so, from the runs' own params (as the dry run did before
+    the runs), concerning the contrasts between those variants. Luong's setting (an encoder_decoder's cross-attention
+    scoring the source states themselves, cross_score with cross_qk_projections false) gets neither warning; the
+    cross-attention's general against dot over projected q and k is dot reparameterised, and said so."""
+    rng = np.random.default_rng(12)
+    base = {s: 1.0 + 0.01 * rng.standard_normal() for s in range(5)}
+    values = {v: {s: x + 0.01 * i for s, x in base.items()} for i, v in enumerate(("dot", "general", "additive"))}
+    raw = {"model.arch": "decoder", "model.d_model": "64", "model.qk_projections": "False"}
+    fill(store, "raw", values, metric="final/val_loss", direction="minimize", params={v: {**raw, "model.score": v} for v in values})  # fmt: skip
+    table = build(load_study(store, "raw"))
+    found = [c for c in table.caveats if c.kind == "self_states"]
+    assert len(found) == 1 and found[0].variants == ("dot", "general", "additive")
+    assert found[0].concerns("general vs dot") and found[0].concerns("additive vs dot")
+    assert "q and k are one tensor" in found[0].text and "model.cross_score" in found[0].text
+    assert found[0].text in to_markdown(table) and not [c for c in table.caveats if c.kind == "family"]
+    assert all("self_states" in r["warnings"].split("; ") for r in table.as_records())
+
+    ed = {"model.arch": "encoder_decoder", "model.d_model": "64", "model.score": "dot", "model.qk_projections": "True"}
+    luong = {v: {**ed, "model.cross_score": v, "model.cross_qk_projections": "False"} for v in values}
+    fill(store, "luong_cross", values, metric="final/val_loss", direction="minimize", params=luong)
+    assert not [c for c in build(load_study(store, "luong_cross")).caveats if c.kind in ("family", "self_states")]
+    projected = {v: {**ed, "model.cross_score": v, "model.cross_qk_projections": "True"} for v in values}
+    fill(store, "projected_cross", values, metric="final/val_loss", direction="minimize", params=projected)
+    (family,) = [c for c in build(load_study(store, "projected_cross")).caveats if c.kind == "family"]
+    assert family.variants == ("dot", "general") and "dot reparameterised" in family.text

@@ -201,9 +201,10 @@ def block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
 def test_luong_scores_over_states_equal_their_definitions(name, cross):
     """Luong et al. (2015, section 3.1) score a decoder state h_t against encoder states h_s themselves: dot
     h_t . h_s (no parameter), general h_t^T W_a h_s (one matrix), concat v_a^T tanh(W_a [h_t; h_s]). With
-    qk_projections false each head scores its slice of the states so (scaled by 1/sqrt(D) like dot), and only the
-    values are projected. dot and general against torch's nn.MultiheadAttention whose query and key projections are
-    the identity (general: the query's is W_h^T, block by block); concat written out."""
+    qk_projections false each head scores its slice of the states so (scaled by 1/sqrt(D) like dot); self-attention
+    projects its values, cross-attention takes the source states themselves (Luong's c_t = sum_s a_t(s) h_s). dot
+    and general against torch's nn.MultiheadAttention whose query and key projections are the identity (general:
+    the query's is W_h^T, block by block), and so is the value's in cross-attention; concat written out."""
     torch.manual_seed(5)
     B, T, S, C, H = 2, 5, 7 if cross else 5, 16, 2
     D = C // H
@@ -213,20 +214,22 @@ def test_luong_scores_over_states_equal_their_definitions(name, cross):
     mem = torch.randn(B, S, C, dtype=torch.float64) if cross else x
     got = ours(x, mem) if cross else ours(x)
     eye = torch.eye(C, dtype=torch.float64)
+    assert hasattr(ours, "v_proj") != cross
+    w_v, b_v = (eye, torch.zeros(C, dtype=torch.float64)) if cross else (ours.v_proj.weight, ours.v_proj.bias)
     if name == "additive":  # concat: v_h . tanh(x_t^h W1_h + x_s^h W2_h), over each head's slice
         sc = ours.score
         q = torch.einsum("bthd,hde->bhte", x.view(B, T, H, D), sc.w_q)
         k = torch.einsum("bshd,hde->bhse", mem.view(B, S, H, D), sc.w_k)
         s = torch.einsum("bhtse,he->bhts", torch.tanh(q[:, :, :, None] + k[:, :, None]), sc.v)
-        v = F.linear(mem, ours.v_proj.weight, ours.v_proj.bias).view(B, S, H, D).transpose(1, 2)
+        v = F.linear(mem, w_v, b_v).view(B, S, H, D).transpose(1, 2)
         out = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
         want = F.linear(out, ours.out_proj.weight, ours.out_proj.bias)
     else:
         theirs = nn.MultiheadAttention(C, H, batch_first=True).double()
         query = eye if name == "dot" else block_diagonal(ours.score.weight.transpose(1, 2))
         with torch.no_grad():
-            theirs.in_proj_weight.copy_(torch.cat([query, eye, ours.v_proj.weight]))
-            theirs.in_proj_bias.copy_(torch.cat([torch.zeros(2 * C, dtype=torch.float64), ours.v_proj.bias]))
+            theirs.in_proj_weight.copy_(torch.cat([query, eye, w_v]))
+            theirs.in_proj_bias.copy_(torch.cat([torch.zeros(2 * C, dtype=torch.float64), b_v]))
             theirs.out_proj.weight.copy_(ours.out_proj.weight)
             theirs.out_proj.bias.copy_(ours.out_proj.bias)
         want, _ = theirs(x, mem, mem, need_weights=False)
@@ -256,6 +259,119 @@ def test_general_equals_dot_when_q_and_k_are_projected_and_not_over_states():
     dot_states.load_state_dict({k: v for k, v in general_states.state_dict().items() if not k.startswith("score.")})
     assert not any(n.startswith("score.") for n, _ in dot_states.named_parameters())  # Luong's dot: no parameter
     assert (dot_states(x) - general_states(x)).abs().max() > 1e-2
+
+
+def luong_energy(name: str, score: nn.Module, h: int, h_t: torch.Tensor, h_s: torch.Tensor) -> torch.Tensor:
+    """score(h_t, h_s) (S,) of one head h, from Luong et al. (2015, section 3.1)'s formulas and the weights: h_t (D,)
+    the target state, h_s (S, D) the source states, D the head's width (its slice of d_model)."""
+    D = h_t.shape[0]
+    if name == "dot_unscaled":  # Luong's dot: h_t . h_s
+        return h_s @ h_t
+    if name == "dot":  # h_t . h_s / sqrt(D)
+        return h_s @ h_t / math.sqrt(D)
+    if name == "general":  # h_t^T W_a h_s / sqrt(D), W_a = I + delta
+        W_a = torch.eye(D, dtype=h_t.dtype) + score.delta[h]
+        return torch.stack([h_t @ W_a @ h_s[j] for j in range(h_s.shape[0])]) / math.sqrt(D)
+    if name == "additive":  # concat: v_a . tanh(W_a [h_t; h_s]), W_a = [W_1, W_2], W_1 = w_q^T, W_2 = w_k^T
+        W_a = torch.cat([score.w_q[h].T, score.w_k[h].T], dim=1)  # (D, 2D)
+        return torch.stack([score.v[h] @ torch.tanh(W_a @ torch.cat([h_t, h_s[j]])) for j in range(h_s.shape[0])])
+    if name == "cosine":  # tau cos(h_t, h_s), tau = exp(log_tau) <= 100
+        tau = min(math.exp(score.log_tau[h].item()), 100.0)
+        return torch.stack([tau * (h_t @ h_s[j]) / (h_t.norm() * h_s[j].norm()) for j in range(h_s.shape[0])])
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", ["dot", "dot_unscaled", "general", "additive", "cosine"])
+@pytest.mark.parametrize("n_heads", [1, 2])
+def test_cross_attention_over_the_states_equals_luongs_formulas_in_an_encoder_decoder(name, n_heads):
+    """Luong et al.'s setting in a whole encoder-decoder (cross_score, cross_qk_projections false): every decoder
+    layer's cross-attention sub-layer, caught in the model's forward, equals the paper's attention written out per
+    target position, from the weights: a_t(s) = softmax over the real source positions of score(h_t, h_s), the
+    context c_t = sum_s a_t(s) h_s (the source states themselves), and the sub-layer's output W_o c_t + b_o (the c_t
+    half of Luong's W_c; the residual adds h_t). h_t is what enters the sub-layer (after its norm), h_s the encoder's
+    output; with n_heads 2 each head does so over its half of the states. The self-attentions keep their
+    projected dot."""
+    from models import ModelConfig, Transformer
+
+    torch.manual_seed(7)
+    C = 16
+    cfg = ModelConfig(
+        arch="encoder_decoder", vocab_size=19, d_model=C, n_heads=n_heads, n_layers=2, d_ff=32, cross_score=name,
+        cross_qk_projections=False,
+    )  # fmt: skip
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():  # every score parameter off its start, in the cross-attentions too
+        for n, p in model.named_parameters():
+            if ".score." in n:
+                p.add_(0.3 * torch.randn_like(p))
+    for layer in model.dec_layers:
+        cross, own = layer.cross.sublayer, layer.attn.sublayer
+        assert not any(hasattr(cross, a) for a in ("q_proj", "kv_proj", "qkv_proj", "v_proj"))
+        assert hasattr(own, "qkv_proj") and own.score.__class__.__name__ == "DotScore"
+    seen = {}
+
+    def catch(i):
+        def hook(module, args, kwargs, out) -> None:  # its input h_t, the memory h_s, its output
+            seen.setdefault(i, (args[0], args[1], out))
+
+        return hook
+
+    for i, layer in enumerate(model.dec_layers):
+        layer.cross.sublayer.register_forward_hook(catch(i), with_kwargs=True)
+    src, tgt = torch.randint(1, 19, (2, 7)), torch.randint(1, 19, (2, 5))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 4:] = True
+    with torch.no_grad():
+        model(src, tgt, padding=pad)
+        memory = model.encode(src, pad)
+    D = C // n_heads
+    for i, layer in enumerate(model.dec_layers):
+        x, h_s, got = seen[i]
+        torch.testing.assert_close(h_s, memory, rtol=0, atol=0)
+        sub = layer.cross.sublayer
+        want = torch.zeros_like(got)
+        for b in range(2):
+            real = ~pad[b]
+            for t in range(tgt.shape[1]):
+                context = []
+                for h in range(n_heads):
+                    cols = slice(h * D, (h + 1) * D)
+                    source = h_s[b, real, cols]  # (S, D)
+                    a = torch.softmax(luong_energy(name, sub.score, h, x[b, t, cols], source), dim=0)
+                    context.append(a @ source)
+                want[b, t] = sub.out_proj.weight @ torch.cat(context) + sub.out_proj.bias
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_cross_keys_leave_the_self_attentions_as_they_were():
+    """cross_score and cross_qk_projections change the cross-attention only: every parameter outside it has the same
+    name and shape as in the model without them, and with those parameters the encoder's output and each decoder layer's self-attention and feed-forward sub-layers give
+    the same outputs, to the last bit. The cross-attentions differ."""
+    from models import ModelConfig, Transformer
+
+    base = dict(arch="encoder_decoder", vocab_size=17, d_model=16, n_heads=2, n_layers=2, d_ff=32, score="general")
+
+    def outside(model):
+        return {n: p for n, p in model.named_parameters() if ".cross." not in n}
+
+    plain = Transformer(ModelConfig(**base)).double().eval()
+    src, x = torch.randint(1, 17, (2, 7)), torch.randn(2, 5, 16, dtype=torch.float64)
+    for keys in (
+        {"cross_score": "additive", "cross_qk_projections": False},
+        {"cross_qk_projections": False},
+        {"cross_score": "dot"},
+    ):
+        luong = Transformer(ModelConfig(**base, **keys)).double().eval()
+        assert {n: p.shape for n, p in outside(luong).items()} == {n: p.shape for n, p in outside(plain).items()}
+        state = luong.state_dict()
+        state.update({k: v for k, v in plain.state_dict().items() if ".cross." not in k})
+        luong.load_state_dict(state)
+        with torch.no_grad():
+            assert torch.equal(luong.encode(src), plain.encode(src))
+            for ours, theirs in zip(luong.dec_layers, plain.dec_layers):
+                assert ours.attn.sublayer.score.__class__ is theirs.attn.sublayer.score.__class__
+                assert torch.equal(ours.attn(x), theirs.attn(x)) and torch.equal(ours.ff(x), theirs.ff(x))
+                assert not torch.allclose(ours.cross(x, x), theirs.cross(x, x))
 
 
 # --- local and dilated against band-masked full attention -------------------------------------------

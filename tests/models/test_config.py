@@ -60,6 +60,18 @@ REFUSED = [
     ({"pattern": "local", "window": 2, "global_tokens": [0, 0]}, r"global_tokens=\[0, 0\] names .* \[0\]"),
     ({"global_tokens": [0]}, r"pattern 'full' sees every key already: remove global_tokens"),
     ({"pattern": "local", "window": 2, "global_tokens": [0]}, r"global_tokens in a causal stack \(arch='decoder'\)"),
+    ({"global_projections": "shared"}, r"global_projections='shared' says how global tokens are projected; there are"),
+    (
+        {
+            "arch": "encoder",
+            "n_classes": 2,
+            "pattern": "local",
+            "window": 2,
+            "global_tokens": [0],
+            "global_projections": 1,
+        },
+        r"global_projections=1 is not a valid choice; valid: 'separate', 'shared'",
+    ),
     # windows and dilation (Longformer)
     ({"window_schedule": "increasing"}, r"window_schedule='increasing' requires pattern 'local' or 'dilated'"),
     ({"pattern": "local", "window": 2, "window_schedule": "up"}, r"window_schedule='up' is not a valid choice"),
@@ -94,20 +106,40 @@ REFUSED = [
     # non-autoregressive decoding
     (
         {"decoding": "parallel"},
-        r"decoding='parallel' is not a valid choice; valid: 'autoregressive', 'nat', 'mask_predict'",
+        r"decoding='parallel' is not a valid choice; valid: 'autoregressive', 'nat_gu', 'uniform_copy', 'mask_predict'",
     ),
     (  # the old name of one-pass mask-predict, refused with the two spellings that say which paper
         {"arch": "encoder_decoder", "decoding": "non_autoregressive"},
-        r"decoding='non_autoregressive' named one-pass mask-predict.*decoding='mask_predict'.*decoding='nat'",
+        r"decoding='non_autoregressive' named one-pass mask-predict.*decoding='mask_predict'.*decoding='nat_gu'",
     ),
-    ({"decoding": "nat"}, r"decoding='nat' .* needs arch='encoder_decoder'"),
+    (  # until 2026-11-28 Gu et al.'s name on their decoder inputs alone: refused, naming what it built
+        {"arch": "encoder_decoder", "decoding": "nat"},
+        r"decoding='nat' named Gu et al.*built only its decoder inputs.*decoding='uniform_copy' \(what 'nat' built\)",
+    ),
+    ({"decoding": "nat_gu"}, r"decoding='nat_gu' .* needs arch='encoder_decoder'"),
+    ({"decoding": "uniform_copy"}, r"decoding='uniform_copy' .* needs arch='encoder_decoder'"),
     ({"decoding": "mask_predict"}, r"decoding='mask_predict' .* needs arch='encoder_decoder'"),
     ({"arch": "encoder_decoder", "nat_iterations": 4}, r"nat_iterations=4 .*needs decoding='mask_predict'"),
     (
-        {"arch": "encoder_decoder", "decoding": "nat", "nat_iterations": 4},
-        r"nat_iterations=4 .*needs decoding='mask_predict' \(got decoding='nat': Gu et al.'s NAT decodes in one pass\)",
+        {"arch": "encoder_decoder", "decoding": "uniform_copy", "nat_iterations": 4},
+        r"nat_iterations=4 .*needs decoding='mask_predict' \(got decoding='uniform_copy': Gu et al.'s decoder decodes "
+        r"in one pass\)",
     ),
     ({"arch": "encoder_decoder", "decoding": "mask_predict", "nat_iterations": 0}, r"nat_iterations=0 must be"),
+    (
+        {"arch": "encoder_decoder", "decoding": "nat_gu", "positions": "alibi"},
+        r"decoding='nat_gu' gives every decoder layer Gu et al.'s positional attention.*positions='alibi' adds none",
+    ),
+    ({"arch": "encoder_decoder", "length_candidates": 5}, r"length_candidates=5 .*needs decoding='mask_predict'"),
+    (
+        {"arch": "encoder_decoder", "decoding": "nat_gu", "length_candidates": 5},
+        r"length_candidates=5 .*\(got decoding='nat_gu': Gu et al. decode one length",
+    ),
+    (
+        {"arch": "encoder_decoder", "decoding": "mask_predict", "max_len": 4, "length_candidates": 6},
+        r"length_candidates=6 is more than the 5 target lengths the length predictor knows",
+    ),
+    ({"arch": "encoder_decoder", "decoding": "mask_predict", "length_candidates": 0}, r"length_candidates=0 must be"),
 ]
 
 
@@ -194,10 +226,14 @@ def test_global_tokens_go_to_the_windowed_layers_of_bidirectional_stacks():
     model = Transformer(cfg)
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.layers] == [(0, 5), ()]
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in model.dec_layers] == [(), ()]
-    nat = Transformer(cfg.replace(decoding="nat"))
+    nat = Transformer(cfg.replace(decoding="uniform_copy"))
     assert [layer.attn.sublayer.pattern.layer.global_tokens for layer in nat.dec_layers] == [(0, 5), ()]
     assert cfg.to_dict()["global_tokens"] == [0, 5] and ModelConfig.from_dict(cfg.to_dict()) == cfg
     assert "global_tokens" not in ModelConfig().to_dict()  # left out at its default: older cell ids stay
+    # Longformer's separate global projections (the default) are left out too; shared is written
+    assert "global_projections" not in cfg.to_dict() and "global_projections" not in ModelConfig().to_dict()
+    shared = cfg.replace(global_projections="shared")
+    assert shared.to_dict()["global_projections"] == "shared" and ModelConfig.from_dict(shared.to_dict()) == shared
 
 
 # --- one model, one spelling (models/spelling.py) -------------------------------------------------------------
@@ -431,3 +467,85 @@ def test_every_config_error_in_models_passes_field_value_and_fix():
             if call and not {"field", "value", "fix"} <= {k.arg for k in node.keywords}:
                 missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, missing
+
+
+# --- the cross-attention's own score and projections (issue 63): Luong et al.'s setting ------------------------
+
+ED = {"arch": "encoder_decoder", "d_model": 16, "n_heads": 2}
+CROSS_REFUSED = [  # (keys, message, field, related)
+    (
+        {"cross_score": "general"},
+        r"cross_score sets the cross-attention of arch='encoder_decoder'; arch='decoder' has none, so it would change "
+        r"nothing: remove it",
+        "cross_score",
+        ("arch",),
+    ),
+    (
+        {"arch": "encoder", "n_classes": 3, "cross_qk_projections": False},
+        r"cross_qk_projections sets the cross-attention of arch='encoder_decoder'; arch='encoder' has none",
+        "cross_qk_projections",
+        ("arch",),
+    ),
+    (
+        {**ED, "cross_score": "genral"},
+        r"cross_score='genral' is not a valid choice; did you mean 'general'\?",
+        "cross_score",
+        (),
+    ),
+    (
+        {**ED, "cross_qk_projections": "no"},
+        r"cross_qk_projections='no' must be true, false or null",
+        "cross_qk_projections",
+        (),
+    ),
+    (
+        {**ED, "head_dim": 4, "cross_qk_projections": False},
+        r"cross_qk_projections=false scores target states against source states themselves, each of the n_heads=2 "
+        r"heads over its slice of head_dim=4, which must cover d_model=16",
+        "head_dim",
+        ("cross_qk_projections", "n_heads", "d_model"),
+    ),
+]
+
+
+@pytest.mark.parametrize("keys,message,field,related", CROSS_REFUSED, ids=[str(c[0]) for c in CROSS_REFUSED])
+def test_a_cross_key_that_changes_nothing_or_cannot_be_built_is_refused(keys, message, field, related):
+    """cross_score and cross_qk_projections set the encoder_decoder's cross-attention: elsewhere there is none, and
+    the key would spell one model two ways; over the states themselves the heads' slices must tile d_model."""
+    with pytest.raises(ConfigError, match=message) as info:
+        ModelConfig(**keys)
+    assert (info.value.field, info.value.related) == (field, related) and info.value.fix
+    assert info.value.value == keys[field] if field in keys else info.value.value is None
+
+
+def test_the_cross_keys_default_to_the_self_attentions_and_an_equal_value_is_written_as_left_out():
+    """Left out, the cross-attention scores as the self-attention does (every config written before the keys
+    existed keeps its dictionary, hence its cell id); a value equal to that is the same model, written as left out;
+    MLflow's params (``effective``) show what the cross-attention does."""
+    from ablations.spec.configs import canonical, effective
+
+    plain = ModelConfig(**ED, score="general")
+    assert (plain.cross_attention_score, plain.cross_attention_projected) == ("general", True)
+    assert not {"cross_score", "cross_qk_projections"} & set(plain.to_dict())
+    assert ModelConfig().cross_attention_score is None and "cross_score" not in ModelConfig().to_dict()
+    for same in (
+        ModelConfig(**ED, score="general", cross_score="general"),
+        ModelConfig(**ED, score="general", cross_qk_projections=True),
+    ):
+        assert same.to_dict() == plain.to_dict() and canonical(same) == canonical(plain)
+    states = ModelConfig(**ED, qk_projections=False)
+    assert ModelConfig(**ED, qk_projections=False, cross_qk_projections=False).to_dict() == states.to_dict()
+
+    luong = ModelConfig(**ED, cross_score="general", cross_qk_projections=False)
+    assert (luong.score, luong.qk_projections) == ("dot", True)
+    assert (luong.cross_attention_score, luong.cross_attention_projected) == ("general", False)
+    assert {k: luong.to_dict()[k] for k in ("cross_score", "cross_qk_projections")} == {
+        "cross_score": "general",
+        "cross_qk_projections": False,
+    }
+    assert ModelConfig.from_dict(luong.to_dict()) == luong and canonical(luong) != canonical(plain)
+    assert "crossgeneral-states" in luong.describe() and "cross" not in plain.describe()
+    assert (effective(luong)["cross_score"], effective(plain)["cross_score"]) == ("general", "general")
+    assert effective(ModelConfig())["cross_score"] is None
+    # rotary positions need a dot-product score in the self-attention only: the cross-attention has no positions
+    ModelConfig(**ED, positions="rotary", cross_score="additive", cross_qk_projections=False)

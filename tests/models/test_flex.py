@@ -9,6 +9,8 @@ kernel, which reads only the blocks of the BlockMask; slow). Gradients and the C
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
@@ -19,6 +21,7 @@ from models.config import LayerAttention
 from models.patterns import DilatedPattern, LocalPattern
 from models.positions import ALiBi
 from tests.models.devices import cuda
+from tests.models.naive import press_get_slopes
 from tests.models.test_attention import make_score, oracle_scores
 
 DOT_LIKE = ["dot", "dot_unscaled", "general", "cosine"]
@@ -224,24 +227,28 @@ def test_training_with_attention_dropout_uses_the_tiled_kernels():
 @pytest.mark.slow
 def test_compiled_flex_kernel_on_cpu_equals_tiled_kernels():
     """The compiled, block-sparse FlexAttention kernel (it reads only the listed blocks; CPU forward) with per-head
-    dilation, ALiBi and padding, at a length that is not a multiple of the block."""
+    dilation, ALiBi and padding, at a length that is not a multiple of the block; and with global tokens (their
+    columns in the blocks, without ALiBi; their rows through global projections of their own)."""
     torch.manual_seed(1)
     H, D = 4, 16
-    for T, window, dilations, causal, padded in [
-        (300, 20, (1, 1, 1, 1), True, False),
-        (333, 30, (1, 1, 2, 3), False, True),
+    for T, window, dilations, causal, padded, globals_ in [
+        (300, 20, (1, 1, 1, 1), True, False, ()),
+        (333, 30, (1, 1, 2, 3), False, True, ()),
+        (333, 30, (1, 1, 2, 3), False, True, (0, 140, 332)),
     ]:
         pattern = pattern_for(window, dilations)
+        pattern = type(pattern)(LayerAttention(pattern.layer.pattern, window, dilations, globals_))
         score = SCORES["dot"](H, D)
-        q, k, v = (torch.randn(2, H, T, D) for _ in range(3))
+        q, k, v, k_g, v_g = (torch.randn(2, H, T, D) for _ in range(5))
+        kw = {"global_qkv": (torch.randn(2, H, len(globals_), D), k_g, v_g)} if globals_ else {}
         pad = torch.zeros(2, T, dtype=torch.bool)
         pad[1, 200:] = True
         pad = pad if padded else None
         bias = ALiBi(H, causal).bias
         with flex.mode("off"):
-            tiled = pattern.attend(q, k, v, score, causal=causal, key_padding=pad, bias=bias)
+            tiled = pattern.attend(q, k, v, score, causal=causal, key_padding=pad, bias=bias, **kw)
         with flex.mode("compiled"):
-            out = pattern.attend(q, k, v, score, causal=causal, key_padding=pad, bias=bias)
+            out = pattern.attend(q, k, v, score, causal=causal, key_padding=pad, bias=bias, **kw)
         real = real_rows(out, pad)
         torch.testing.assert_close(out[real], tiled[real], rtol=1e-5, atol=1e-5)
 
@@ -297,69 +304,130 @@ def test_the_compiled_flex_attention_may_compile_every_variant_a_process_meets(m
 
 # --- Longformer's global tokens (Beltagy et al. 2020, section 3.1) -------------------------------------
 
-GLOBAL_CASES = [  # T, window, head dilations, global positions, causal
-    (150, 3, (1, 1, 1, 1), (0,), False),  # tiles (T > 64, a small window)
-    (150, 3, (1, 1, 2, 3), (0, 77, 149), False),
-    (40, 4, (1, 1, 1, 1), (0, 5), False),  # band-masked full attention (short sequence)
-    (40, 2, (1, 2, 2, 3), (3,), False),
-    (300, 9, (1, 1, 2, 2), (0, 250), False),
-    (150, 3, (1, 1), (0, 100, 200), False),  # a position past the sequence is no global token of it
+GLOBAL_CASES = [  # T, window, head dilations, global positions
+    (150, 3, (1, 1, 1, 1), (0,)),  # tiles (T > 64, a small window)
+    (150, 3, (1, 1, 2, 3), (0, 77, 149)),  # 149: a padding position of the second sequence
+    (40, 4, (1, 1, 1, 1), (0, 5)),  # band-masked full attention (short sequence)
+    (40, 2, (1, 2, 2, 3), (3,)),
+    (300, 9, (1, 1, 2, 2), (0, 250)),
+    (150, 3, (1, 1), (0, 100, 200)),  # a position past the sequence is no global token of it
+    (20, 30, (1, 1), (0, 7)),  # a window that covers the sequence: the global rows and columns still differ
 ]
 
 
-def global_bands(T: int, window: int, dilations, globals_, causal: bool) -> torch.Tensor:
-    """(H, T, T) from the definition: the window of each head, or a global query (its whole row), or a global key
-    (its whole column); the causal rule on top."""
-    g = torch.zeros(T, dtype=torch.bool)
-    g[[t for t in globals_ if t < T]] = True
-    allowed = head_bands(T, window, dilations, False) | g[None, :, None] | g[None, None, :]
-    if causal:
-        allowed &= torch.ones(T, T, dtype=torch.bool).tril()
-    return allowed
+def longformer_reference(name, score, q, k, v, rows, window, dilations, globals_, pad, bias):
+    """Longformer's attention (Beltagy et al. 2020, section 3.1; Hugging Face's LongformerSelfAttention) written out
+    densely, from its equations, apart from the kernels. A query that is not global: one softmax over the keys of its
+    head's window and the global keys (each once), scores s(q_i, k_j) plus bias(i - j) in the window and no bias at a
+    global key, over the values v. A global query i: one softmax over every key of s(Q_g q_i, K_g k_j), no bias, over
+    the values V_g (``rows``: q_g of the global tokens, k_g, v_g of every key). Padding keys are masked; a query with no
+    key left attends to every one (finite; its output is ignored)."""
+    T = q.shape[-2]
+    g = [t for t in globals_ if t < T]
+    is_global = torch.zeros(T, dtype=torch.bool)
+    is_global[g] = True
+    real = ~pad[:, None, None, :]  # (B, 1, 1, T)
+
+    def softmax(s, mask):
+        mask = mask | ~mask.any(-1, keepdim=True)
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+
+    dist = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    s = oracle_scores(name, score, q, k) + torch.where(is_global, 0.0, bias(dist))[None]  # (B, H, T, T)
+    out = softmax(s, (head_bands(T, window, dilations, False)[None] | is_global) & real) @ v
+    q_g, k_g, v_g = rows
+    global_rows = softmax(oracle_scores(name, score, q_g, k_g), real) @ v_g  # (B, H, G, D)
+    for n, t in enumerate(g):  # a global token's row replaces the one its window gave
+        out = torch.cat([out[:, :, :t], global_rows[:, :, n : n + 1], out[:, :, t + 1 :]], dim=2)
+    return out
 
 
+@pytest.mark.parametrize("projections", ["separate", "shared"])
 @pytest.mark.parametrize("name", ["dot", "general", "additive"])
-@pytest.mark.parametrize("T,window,dilations,globals_,causal", GLOBAL_CASES)
-def test_global_tokens_equal_a_dense_masked_reference(name, T, window, dilations, globals_, causal):
-    """The tiled kernels (global keys as extra columns of every tile, global queries as a dense call: outputs and
-    gradients) and the uncompiled FlexAttention forward (global rows and columns in its mask; dot-like scores)
-    against a softmax over the dense mask written out here, with padding and ALiBi."""
+@pytest.mark.parametrize("T,window,dilations,globals_", GLOBAL_CASES)
+def test_global_tokens_equal_longformer_written_out(name, T, window, dilations, globals_, projections):
+    """The tiled kernels (global keys as extra columns of every tile, global rows as one dense call: outputs and
+    gradients of q, k, v and of the global projections' q_g, k_g, v_g, float64) and the uncompiled FlexAttention
+    forward (global columns in its mask, global rows apart; dot-like scores) against Longformer's equations written
+    out here, with padding and ALiBi, local and per-head dilated, tiles, band path and a window that covers all;
+    ``shared``: the global rows read the window's q, k, v (no ``global_qkv``)."""
     gen = torch.Generator().manual_seed(T + window)
     H, D = len(dilations), 8
     score = make_score(name, H, D)
-    q, k, v = (torch.randn(2, H, T, D, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
+    leaf = lambda: torch.randn(2, H, T, D, dtype=torch.float64, generator=gen).requires_grad_()  # noqa: E731
+    q, k, v = leaf(), leaf(), leaf()
+    g = torch.tensor([t for t in globals_ if t < T])
+    if projections == "separate":
+        q_all, k_g, v_g = leaf(), leaf(), leaf()
+        inputs, rows = (q, k, v, q_all, k_g, v_g), (q_all[:, :, g], k_g, v_g)
+    else:
+        inputs, rows = (q, k, v), (q[:, :, g], k, v)
     pad = torch.zeros(2, T, dtype=torch.bool)
     pad[1, T - 7 :] = True
-    bias = ALiBi(H, causal).double().bias
+    bias = ALiBi(H, False).double().bias
     la = LayerAttention("dilated" if max(dilations) > 1 else "local", window, tuple(dilations), tuple(globals_))
     pattern = (DilatedPattern if max(dilations) > 1 else LocalPattern)(la)
-    ref = band_reference(name, score, q, k, v, global_bands(T, window, dilations, globals_, causal), pad, bias)
+    ref = longformer_reference(name, score, q, k, v, rows, window, dilations, globals_, pad, bias)
     real = real_rows(ref, pad)
     qp, kp = score.prepare(q, k)
+    kw = {}
+    if projections == "separate":
+        q_gp, k_gp = score.prepare(q_all, k_g)
+        kw["global_qkv"] = (q_gp[:, :, g], k_gp, v_g)
     with flex.mode("off"):
-        tiled = pattern.attend(qp, kp, v, score, causal=causal, key_padding=pad, bias=bias)
+        tiled = pattern.attend(qp, kp, v, score, key_padding=pad, bias=bias, **kw)
     torch.testing.assert_close(tiled[real], ref[real], rtol=1e-9, atol=1e-10)
-    g = torch.randn(ref.shape, dtype=torch.float64, generator=gen) * real  # padding queries' outputs: ignored
-    for ours, want in zip(torch.autograd.grad(tiled, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+    grad = torch.randn(ref.shape, dtype=torch.float64, generator=gen) * real  # padding queries' outputs: ignored
+    for ours, want in zip(torch.autograd.grad(tiled, inputs, grad), torch.autograd.grad(ref, inputs, grad)):
         torch.testing.assert_close(ours, want, rtol=1e-9, atol=1e-10)
-    with torch.no_grad():
-        if name != "additive":
-            with flex.mode("eager"):  # forward only on CPU
-                out = pattern.attend(
-                    qp.detach(), kp.detach(), v.detach(), score, causal=causal, key_padding=pad, bias=bias
-                )
-            torch.testing.assert_close(out[real], ref[real].detach(), rtol=1e-9, atol=1e-10)
+    if name != "additive":
+        with torch.no_grad(), flex.mode("eager"):  # forward only on CPU
+            detached = {"global_qkv": tuple(t.detach() for t in kw["global_qkv"])} if kw else {}
+            out = pattern.attend(qp.detach(), kp.detach(), v.detach(), score, key_padding=pad, bias=bias, **detached)
+        torch.testing.assert_close(out[real], ref[real].detach(), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["band", "tiles", "flex"])
+@pytest.mark.parametrize("dilations", [(1, 1, 1, 1), (1, 1, 2, 3)])
+def test_under_alibi_every_query_puts_the_same_attention_on_a_global_token_whatever_its_distance(path, dilations):
+    """Longformer's global tokens are read by every query alike (section 3.1: "all tokens attend to it"), which is
+    what a classifier reading the first token relies on. With every query and key alike (equal scores), query i's
+    attention on global token 0 is 1 / (1 + sum over the other keys j of its window of exp(alibi_h(i - j))), Press et
+    al.'s slopes written out here: the window's shape only, the same for every query whose window is whole, at distance
+    5 or 150 from the token. (With ALiBi on the global column, late queries of a 160-token sequence put between 9e-14
+    and 5e-2 of their attention on it, depending on the head.)"""
+    T = 40 if path == "band" else 160
+    H, D, window = len(dilations), 8, 3
+    pattern = pattern_for(window, dilations)
+    pattern = type(pattern)(LayerAttention(pattern.layer.pattern, window, dilations, (0,)))
+    q = torch.full((1, H, T, D), 0.3, dtype=torch.float64)
+    v = torch.zeros(1, H, T, D, dtype=torch.float64)
+    v[:, :, 0, 0] = 1.0  # out[..., i, 0] is query i's attention on token 0
+    with torch.no_grad(), flex.mode("eager" if path == "flex" else "off"):
+        out = pattern.attend(q, q, v, SCORES["dot"](H, D), bias=ALiBi(H, False).double().bias)
+    on_global = out[0, :, :, 0]  # (H, T)
+    slopes = press_get_slopes(H)
+    for h, d in enumerate(dilations):
+        past, future = slopes[h], slopes[H - 1 - h]  # docs/components.md: future keys take the reversed slopes
+        for i in range(1, T):
+            others = [j for j in range(max(0, i - window * d), min(T, i + window * d + 1)) if (i - j) % d == 0 and j]
+            z = sum(math.exp(-past * (i - j) if j <= i else -future * (j - i)) for j in others)
+            assert on_global[h, i].item() == pytest.approx(1 / (1 + z), rel=1e-12), (h, i)
+        whole = on_global[h, window * d + 1 : T - window * d]  # queries whose window is whole
+        torch.testing.assert_close(whole, whole[:1].expand_as(whole), rtol=1e-12, atol=0)
 
 
 def test_global_tokens_keep_the_tiles_and_reach_every_position():
-    """The window's cost stays: no (T, T) tensor is built at 1,000 tokens with two global tokens; and the gradient
-    of a global query's output reaches every key, while a query far from every global token sees its window and
-    the global keys only."""
+    """The window's cost stays: no (T, T) tensor is built at 1,000 tokens with two global tokens and global
+    projections of their own; the gradient of a global query's output reaches every value of the global projection
+    (V_g) and none of the window's, while a query far from every global token reads its window and the global keys
+    only, through the window's values."""
     torch.manual_seed(0)
     T, window = 1000, 4
     pattern = LocalPattern(LayerAttention("local", window, (1, 1), (0, 500)))
     score = SCORES["dot"](2, 8)
-    q, k, v = (torch.randn(1, 2, T, 8, requires_grad=True) for _ in range(3))
+    q, k, v, k_g, v_g = (torch.randn(1, 2, T, 8, requires_grad=True) for _ in range(5))
+    q_g = torch.randn(1, 2, 2, 8, requires_grad=True)
     sizes = []
 
     class Record(torch.utils._python_dispatch.TorchDispatchMode):
@@ -371,10 +439,10 @@ def test_global_tokens_keep_the_tiles_and_reach_every_position():
             return out
 
     with flex.mode("off"), Record():
-        out = pattern.attend(q, k, v, score)
+        out = pattern.attend(q, k, v, score, global_qkv=(q_g, k_g, v_g))
     assert max(sizes) < T * T / 4
-    (g_global,) = torch.autograd.grad(out[0, :, 0].sum(), v, retain_graph=True)
-    assert (g_global[0].abs().sum((0, 2)) > 0).all()  # a global query reads every value
+    g_v, g_vg = torch.autograd.grad(out[0, :, 0].sum(), (v, v_g), retain_graph=True, allow_unused=True)
+    assert (g_vg[0].abs().sum((0, 2)) > 0).all() and (g_v is None or not g_v.any())  # Q_g, K_g, V_g only
     (g_far,) = torch.autograd.grad(out[0, :, 250].sum(), v)
     seen = (g_far[0].abs().sum((0, 2)) > 0).nonzero().flatten().tolist()
     assert seen == [0, *range(250 - window, 250 + window + 1), 500]
@@ -419,6 +487,48 @@ def test_an_encoder_classifies_from_a_first_token_that_sees_every_input():
         model.embed.register_forward_hook(lambda module, inputs, output, x=x: x)  # gradients reach the embeddings
         (g,) = torch.autograd.grad(model(torch.zeros(1, 40, dtype=torch.long)).sum(), x)
         assert (g[0].abs().sum(-1) > 0).sum().item() == reach
+
+
+ENCODER = {"arch": "encoder", "n_classes": 3}
+GLOBAL_MODELS = [  # keys, the layers with global attention, the parameters of one layer's global projections
+    # Q_g, K_g, V_g: three (C, C) matrices and their biases, 3 * (16 * 16 + 16) = 816 (C = d_model = 16)
+    ({**ENCODER, "layer_patterns": ["local", "full", "dilated"], "n_layers": 3, "dilation": 2}, 2, 816),
+    ({**ENCODER, "pattern": "local", "bias": False}, 2, 3 * 256),  # no biases
+    # over the states (no q, k projections): Q_g and K_g are the states, V_g alone is projected
+    ({**ENCODER, "pattern": "local", "qk_projections": False}, 2, 272),
+    # the encoder's windowed layers; an autoregressive decoder (causal) has none, a non-autoregressive one has them
+    ({"arch": "encoder_decoder", "pattern": "local"}, 2, 816),
+    ({"arch": "encoder_decoder", "pattern": "local", "decoding": "mask_predict"}, 4, 816),
+]
+
+
+@pytest.mark.parametrize("keys,layers,per_layer", GLOBAL_MODELS)
+def test_global_projections_are_parameters_of_their_own_that_start_as_the_windows(keys, layers, per_layer):
+    """Longformer section 3.1: two sets of projections, Q_s, K_s, V_s for the window and Q_g, K_g, V_g for global
+    attention, "all initialized with values that match Q_s, K_s, V_s". A model with global tokens has them in every
+    layer with global attention, counted in its parameters (what cost/n_params logs): exactly their count more than
+    with ``global_projections: shared``. They start as copies (the other weights are those of the same seed), so the
+    model computes at initialisation what shared projections compute (as before they existed); they are trained."""
+    cfg = ModelConfig(**{"d_model": 16, "n_heads": 2, "window": 2, "global_tokens": [0, 9], **keys})
+    built = {}
+    for projections in ("separate", "shared"):
+        torch.manual_seed(0)
+        built[projections] = Transformer(cfg.replace(global_projections=projections)).double()
+    separate, shared = built["separate"], built["shared"]
+    assert separate.num_parameters() - shared.num_parameters() == layers * per_layer
+    theirs = shared.state_dict()
+    mine = separate.state_dict()
+    globals_ = {name: p for name, p in mine.items() if ".global_" in name}
+    assert len(globals_) == layers * (1 + cfg.bias) and set(mine) - set(globals_) == set(theirs)
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)  # the same draws for the same seed
+    for name, p in globals_.items():  # a copy of the window's projection (qkv_proj, or v_proj over the states)
+        window = name.replace("global_qkv_proj", "qkv_proj").replace("global_v_proj", "v_proj")
+        assert torch.equal(p, mine[window]) and p.data_ptr() != mine[window].data_ptr(), name
+    src = torch.randint(1, 200, (2, 30))
+    args = (src,) if cfg.arch == "encoder" else (src, torch.randint(1, 200, (2, 12)))
+    torch.testing.assert_close(separate(*args), shared(*args), rtol=0, atol=0)
+    separate(*args).sum().backward()
+    assert all(p.grad is not None and p.grad.any() for n, p in separate.named_parameters() if ".global_" in n)
 
 
 # --- CUDA ----------------------------------------------------------------------------------------------
@@ -486,15 +596,18 @@ def test_cuda_flex_outputs_and_gradients_equal_the_tiled_kernels(name, causal):
 @cuda
 @pytest.mark.parametrize("dilations", [(1, 1, 1, 1), (1, 1, 2, 3)])
 def test_cuda_flex_with_global_tokens_equals_the_tiled_kernels(dilations):
-    """Longformer's global tokens on CUDA: outputs and gradients of q, k, v equal the tiled kernels', with
-    padding and ALiBi, at a length across block boundaries (global rows and columns in several blocks)."""
+    """Longformer's global tokens on CUDA: outputs and gradients of q, k, v and of the global projections' q_g, k_g,
+    v_g equal the tiled kernels', with padding and ALiBi (none on the global columns), at a length across block
+    boundaries (global columns in several blocks)."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(7)
     H, D, T = 4, 64, 700
+    globals_ = (0, 130, 699)
     pattern = pattern_for(40, dilations)
-    pattern = type(pattern)(LayerAttention(pattern.layer.pattern, 40, dilations, (0, 130, 699)))
+    pattern = type(pattern)(LayerAttention(pattern.layer.pattern, 40, dilations, globals_))
     score = make_score("dot", H, D).float().to(dev)
-    q, k, v = (torch.randn(2, H, T, D, generator=gen).to(dev).requires_grad_() for _ in range(3))
+    q, k, v, k_g, v_g = (torch.randn(2, H, T, D, generator=gen).to(dev).requires_grad_() for _ in range(5))
+    q_g = torch.randn(2, H, len(globals_), D, generator=gen).to(dev).requires_grad_()
     pad = torch.zeros(2, T, dtype=torch.bool, device=dev)
     pad[1, 600:] = True
     bias = ALiBi(H, False).to(dev).bias
@@ -502,9 +615,9 @@ def test_cuda_flex_with_global_tokens_equals_the_tiled_kernels(dilations):
     results = []
     for mode in ("off", "auto"):
         with flex.mode(mode):
-            out = pattern.attend(q, k, v, score, key_padding=pad, bias=bias)
+            out = pattern.attend(q, k, v, score, key_padding=pad, bias=bias, global_qkv=(q_g, k_g, v_g))
             real = real_rows(out, pad)
-            results.append((out[real], *torch.autograd.grad(out, (q, k, v), g * real)))
+            results.append((out[real], *torch.autograd.grad(out, (q, k, v, q_g, k_g, v_g), g * real)))
     for ours, tiled in zip(*results):
         torch.testing.assert_close(ours, tiled, rtol=2e-4, atol=2e-4)
 

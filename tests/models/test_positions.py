@@ -18,19 +18,22 @@ def cfg(**kw) -> ModelConfig:
 
 @pytest.mark.parametrize("d_model", [8, 13])
 def test_sinusoidal_equals_the_closed_form(d_model):
-    pe = SinusoidalPositions(cfg(d_model=d_model, n_heads=1, max_len=16))
-    x = torch.zeros(1, 40, d_model)  # longer than the cached table: computed on the fly
+    pe = SinusoidalPositions(cfg(d_model=d_model, n_heads=1))
+    n = pe.table.shape[0] + 24  # longer than the cached table (max_len's default): computed on the fly
+    x = torch.zeros(1, n, d_model)
     got = pe(x)[0].double()
-    for pos in range(40):
+    for pos in range(n):
         for i in range(d_model):
             angle = pos / 10000 ** ((i - i % 2) / d_model)
             want = math.sin(angle) if i % 2 == 0 else math.cos(angle)
             assert abs(got[pos, i].item() - want) < 1e-6, (pos, i)
     # with an offset (cached decoding) the same table continues
-    torch.testing.assert_close(pe(torch.zeros(1, 5, d_model), start=30)[0], got[30:35].float())
+    torch.testing.assert_close(pe(torch.zeros(1, 5, d_model), start=n - 10)[0], got[n - 10 : n - 5].float())
     # position ids (left-padded prompts) select rows of the same closed form, in and beyond the table
-    ids = torch.tensor([[0, 0, 3, 17], [5, 6, 7, 8]])
-    torch.testing.assert_close(pe(torch.zeros(2, 4, d_model), start=36, ids=ids).double(), got[ids], atol=1e-6, rtol=0)
+    ids = torch.tensor([[0, 0, 3, n - 7], [5, 6, 7, 8]])
+    torch.testing.assert_close(
+        pe(torch.zeros(2, 4, d_model), start=n - 4, ids=ids).double(), got[ids], atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(
         pe(torch.zeros(2, 4, d_model), start=0, ids=ids % 4).double(), got[ids % 4], atol=1e-6, rtol=0
     )
@@ -47,9 +50,10 @@ def test_learned_table_refuses_longer_sequences_with_a_clear_error():
 
 
 def test_extrapolating_positions_accept_longer_sequences():
-    for positions in ("sinusoidal", "rotary", "alibi", "none"):
-        model = Transformer(ModelConfig(arch="decoder", positions=positions, max_len=8, d_model=16, n_heads=2))
-        assert model(torch.ones(1, 20, dtype=torch.long)).shape == (1, 20, 256)
+    for positions in ("sinusoidal", "rotary", "alibi", "none"):  # (max_len, which sizes nothing here, is refused)
+        model = Transformer(ModelConfig(arch="decoder", positions=positions, d_model=16, n_heads=2))
+        n = ModelConfig().max_len + 20
+        assert model(torch.ones(1, n, dtype=torch.long)).shape == (1, n, 256)
 
 
 def test_rotary_scores_depend_only_on_the_offset():
@@ -172,9 +176,10 @@ def test_initial_scale_of_every_position_scheme(scale_embeddings):
     d, T = 256, 400
     rms = {}
     for positions in ("sinusoidal", "learned", "rotary", "alibi", "none"):
+        table = {"max_len": T} if positions == "learned" else {}  # (the others read positions at any length)
         model = Transformer(
             ModelConfig(
-                arch="decoder", d_model=d, n_heads=4, positions=positions, max_len=T, scale_embeddings=scale_embeddings
+                arch="decoder", d_model=d, n_heads=4, positions=positions, scale_embeddings=scale_embeddings, **table
             )
         )
         x = torch.zeros(1, T, d)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import ModelConfig, Transformer
-from tests.models.naive import naive_step_by_step
+from models import ModelConfig, Transformer, flex
+from tests.models.naive import FULL, Layer, naive_encode, naive_step_by_step
 
 PATTERNS = {
     "full": {},
@@ -25,6 +25,24 @@ PATTERNS = {
         "window_schedule": "increasing",  # one dilated layer: its dilation is 3 whatever the schedule
     },
 }
+
+# Each pattern's layers for 2 heads, stated here from the rules of docs/components.md (not from the config's code,
+# which the naive reference is there to check): Longformer's default dilation rises from 1 in the bottom layer to
+# `dilation` in the top one, on the last max(1, n_heads // 4) heads; an increasing window schedule of mean 2 over
+# two windowed layers gives 2 * 2 (j + 1) / 3 in whole windows summing to 4: 1 and 3.
+GEOMETRY = {
+    "full": [FULL, FULL],
+    "local": [Layer(3), Layer(3)],
+    "dilated": [Layer(3, (1, 1)), Layer(3, (1, 2))],
+    "per_head": [Layer(2, (1, 2)), Layer(2, (3, 1)), Layer(2, (1, 1))],
+    "schedules": [Layer(1), Layer(3, (1, 3)), FULL],
+}
+
+
+def with_globals(geometry: list[Layer], positions) -> list[Layer]:
+    """Longformer's global tokens go to the windowed layers of a bidirectional stack (docs/components.md)."""
+    return [Layer(g.window, g.dilations, tuple(positions)) if g.window is not None else g for g in geometry]
+
 
 DECODING_CASES = [
     (arch, score, positions, pattern)
@@ -44,7 +62,9 @@ DECODING_CASES = [
 
 
 def tiny(arch: str, pattern: str = "full", **kw) -> Transformer:
-    base = dict(arch=arch, vocab_size=17, d_model=16, n_heads=2, n_layers=2, max_len=64)
+    base = dict(arch=arch, vocab_size=17, d_model=16, n_heads=2, n_layers=2)
+    if kw.get("positions") == "learned":  # max_len sizes the learned table (refused where nothing reads it)
+        base["max_len"] = 64
     if arch == "encoder":
         base["n_classes"] = 3
     base.update(PATTERNS[pattern])
@@ -67,7 +87,7 @@ def test_cached_incremental_decoding_equals_a_naive_step_by_step_decoder(arch, s
         for name, p in model.named_parameters():
             if ".score." in name:
                 p.add_(0.3 * torch.randn_like(p))
-    want = naive_step_by_step(model, tgt, src if arch == "encoder_decoder" else None)
+    want = naive_step_by_step(model, tgt, src if arch == "encoder_decoder" else None, geometry=GEOMETRY[pattern])
     memory = model.encode(src) if arch == "encoder_decoder" else None
     full = model(src, tgt) if arch == "encoder_decoder" else model(tgt)
     cache = model.new_cache()
@@ -77,6 +97,115 @@ def test_cached_incremental_decoding_equals_a_naive_step_by_step_decoder(arch, s
     # the model keeps its sinusoid and rotary tables in float32: 1e-6 (a wrong key or weight moves logits by 1e-2)
     torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(full, want, rtol=1e-6, atol=1e-6)
+
+
+def move_global_projections(model: Transformer) -> None:
+    """Move every global projection off its start (a copy of the window's), so that using the wrong one shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.split(".")[-2] in ("global_qkv_proj", "global_v_proj"):
+                p.add_(0.3 * torch.randn_like(p))
+
+
+GLOBAL_ENCODER_CASES = [
+    (positions, pattern, T, projections, "dot")
+    for positions in ("sinusoidal", "learned", "rotary", "alibi")
+    for pattern in ("local", "per_head")
+    for T in (40, 150)  # the band path (T <= 64) and the tiles
+    for projections in ("separate", "shared")
+] + [  # scores over the states (qk_projections false): Q_g and K_g are the states, V_g is projected
+    ("alibi", pattern, T, "separate", score) for pattern in ("local", "per_head") for T in (40, 150)
+    for score in ("dot-states", "additive-states")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("positions,pattern,T,projections,score", GLOBAL_ENCODER_CASES)
+def test_encoders_with_global_tokens_equal_the_naive_reference(positions, pattern, T, projections, score):
+    """Longformer's global attention in an encoder (tiled kernels, band path, and FlexAttention's forward) against the
+    naive reference, whose geometry the test states: padding (a global token among it), ALiBi (no bias on global
+    rows and columns), rotary, local and per-head dilated windows, separate (moved off their start) or shared
+    global projections, scores over projected q and k or over the states."""
+    torch.manual_seed(5)
+    globals_ = (0, 17, 40, 149)  # 40 is past the end of the short sequences; 149 is padding of the long ones
+    kw = dict(positions=positions, global_tokens=list(globals_), global_projections=projections)
+    kw.update(score=score.removesuffix("-states"), qk_projections=not score.endswith("-states"))
+    model = tiny("encoder", pattern, **kw, **({"max_len": 160} if positions == "learned" else {}))  # a table of T
+    move_global_projections(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".score." in name:
+                p.add_(0.3 * torch.randn_like(p))
+    src = torch.randint(1, 17, (2, T))
+    pad = torch.zeros(2, T, dtype=torch.bool)
+    pad[1, T - 6 :] = True
+    geometry = with_globals(GEOMETRY[pattern], globals_)
+    want = naive_encode(model, src, geometry, pad)
+    real = ~pad[..., None].expand_as(want)
+    for mode in ("off", "eager"):  # the tiled kernels, then FlexAttention's forward (uncompiled on a CPU)
+        with flex.mode(mode), torch.no_grad():
+            got = model.encode(src, pad)
+        # the sinusoid and rotary tables are float32 (as in the decoding test); a wrong key or weight moves them by 1e-2
+        torch.testing.assert_close(got[real], want[real], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "alibi"])
+@pytest.mark.parametrize("pattern", ["local", "per_head", "schedules"])
+def test_cached_decoding_over_an_encoder_with_global_tokens_equals_the_naive_reference(positions, pattern):
+    """An encoder-decoder whose encoder has global tokens (its decoder, causal, has none): cached steps and the full
+    forward against the naive reference, with a padded source."""
+    torch.manual_seed(6)
+    model = tiny("encoder_decoder", pattern, positions=positions, global_tokens=[0, 5])
+    move_global_projections(model)
+    src, tgt = torch.randint(1, 17, (2, 11)), torch.randint(1, 17, (2, 8))
+    src_pad = torch.zeros(2, 11, dtype=torch.bool)
+    src_pad[1, 8:] = True
+    geometry = GEOMETRY[pattern]
+    want = naive_step_by_step(
+        model, tgt, src, geometry=geometry, src_geometry=with_globals(geometry, (0, 5)), src_padding=src_pad
+    )
+    with torch.no_grad():
+        memory = model.encode(src, src_pad)
+        cache = model.new_cache()
+        steps = [model.step(tgt[:, :3], cache, 0, memory, src_pad)]
+        steps += [model.step(tgt[:, t : t + 1], cache, t, memory, src_pad) for t in range(3, 8)]
+        full = model(src, tgt, padding=src_pad)
+    torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(full, want, rtol=1e-6, atol=1e-6)
+
+
+CROSS_CASES = [  # (self-attention keys, cross-attention keys): Luong et al.'s scores in the cross-attention alone
+    ({"score": self_score, "positions": positions}, {"cross_score": cross, "cross_qk_projections": False})
+    for self_score, positions in (("dot", "rotary"), ("additive", "sinusoidal"))
+    for cross in ("dot", "dot_unscaled", "general", "additive", "cosine")
+] + [
+    ({"qk_projections": False}, {"cross_qk_projections": True, "cross_score": "general"}),  # the other way round
+    ({"score": "cosine"}, {"cross_score": "additive"}),  # projected, another score
+]
+
+
+@pytest.mark.parametrize("own,cross", CROSS_CASES, ids=[f"{a}-{b}" for a, b in CROSS_CASES])
+@pytest.mark.parametrize("n_heads", [1, 2])
+def test_a_cross_attention_with_its_own_score_decodes_as_the_naive_decoder(own, cross, n_heads):
+    """cross_score and cross_qk_projections: cached decoding (a prompt, then single steps) and the full forward
+    against the naive decoder written from the model's weights (``tests/models/naive.py``: each attention with its
+    own score from its definition; over the states, the cross-attention's values are the source states themselves).
+    Rotary positions act in the self-attention only, so the cross-attention may take any score."""
+    torch.manual_seed(1)
+    keys = dict(arch="encoder_decoder", vocab_size=17, d_model=16, n_heads=n_heads, n_layers=2)
+    model = Transformer(ModelConfig(**keys, **own, **cross)).double().eval()
+    src, tgt = torch.randint(1, 17, (2, 9)), torch.randint(1, 17, (2, 8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".score." in name:
+                p.add_(0.3 * torch.randn_like(p))
+    want = naive_step_by_step(model, tgt, src, geometry=GEOMETRY["full"])
+    memory = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.step(tgt[:, :3], cache, 0, memory)] + [
+        model.step(tgt[:, t : t + 1], cache, t, memory) for t in range(3, 8)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(model(src, tgt), want, rtol=1e-6, atol=1e-6)
 
 
 def test_windowed_causal_layers_keep_a_ring_of_reach_plus_one_keys():
@@ -180,9 +309,7 @@ def small_vocab_model(arch: str, seed: int) -> Transformer:
     """V = 5 (pad 0, bos 1, eos 2, two symbols), with a likely end of sequence (its logit raised)."""
     torch.manual_seed(seed)
     model = (
-        Transformer(
-            ModelConfig(arch=arch, vocab_size=5, d_model=8, n_heads=2, n_layers=1, max_len=16, tie_embeddings=False)
-        )
+        Transformer(ModelConfig(arch=arch, vocab_size=5, d_model=8, n_heads=2, n_layers=1, tie_embeddings=False))
         .double()
         .eval()
     )

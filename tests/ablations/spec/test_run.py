@@ -212,7 +212,7 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
 
 
 def test_resolution_fills_what_the_task_determines():
-    run = resolve_run({"task": {"name": "listops", "max_len": 600}, "model": {"positions": "learned"}})
+    run = resolve_run({"task": {"name": "listops", "max_depth": 5, "max_len": 600}, "model": {"positions": "learned"}})
     assert run.model.arch == "encoder" and run.model.n_classes == 10 and run.model.max_len == 600
     assert run.model.vocab_size == run.task.vocab_size
     params = run.params()
@@ -220,7 +220,7 @@ def test_resolution_fills_what_the_task_determines():
     assert not any(k.startswith(("tracking", "resources", "name")) for k in params)  # operational fields stay out
     same = resolve_run(
         {
-            "task": {"name": "listops", "max_len": 600},
+            "task": {"name": "listops", "max_depth": 5, "max_len": 600},
             "model": {"positions": "learned"},
             "tracking": {"log_every": 3},
             "name": "other",

@@ -284,7 +284,11 @@ def test_a_variant_is_blamed_on_the_setting_the_message_names_and_refusals_come_
 @pytest.mark.parametrize(
     "base,axis,values",
     [  # the refusal is at the base's key, and reads the variant's: the design's line is blamed
-        ({"training": {**BASE["training"], "sampling": "scheduled"}}, "model.decoding", ["autoregressive", "nat"]),
+        (
+            {"training": {**BASE["training"], "sampling": "scheduled"}},
+            "model.decoding",
+            ["autoregressive", "uniform_copy"],
+        ),
         ({"model": {**BASE["model"], "positions": "rotary"}}, "model.n_heads", [2, 16]),  # head_dim 1 is odd
     ],
 )
