@@ -164,6 +164,8 @@ def _report(args: argparse.Namespace) -> int:
     from dashboards.report import make_report
 
     uri = tracking.resolve_uri(args.tracking_uri)
+    for line in _recorded_plugins(uri, args.study):
+        print(f"note: {line}", file=sys.stderr)
     try:
         report = make_report(
             uri,
@@ -186,6 +188,30 @@ def _report(args: argparse.Namespace) -> int:
         hint = browse_hint(uri, args.study, report.parent_run_id)
         print(f"in MLflow: {hint}  (the parent run's artifacts: report/report.html)", file=sys.stderr)
     return EXIT_OK
+
+
+def _recorded_plugins(uri: str, study: str) -> list[str]:
+    """The plugins the study's last submission loaded, loaded here too where their files are (their warnings speak
+    in the report); what could not be, said."""
+    import json
+
+    from ablations import records, stores
+    from models import plugins
+
+    if not stores.store_exists(uri):
+        return []
+    exp = records.client(uri).get_experiment_by_name(study)
+    if exp is None:
+        return []
+    runs = records.search_all(uri, [exp.experiment_id], records.kind_filter(records.KIND_STUDY))
+    last = max(runs, key=lambda r: r.info.start_time, default=None)
+    said = []
+    for ref in json.loads(last.data.tags.get(records.TAG_PLUGINS, "[]")) if last is not None else []:
+        try:
+            plugins.load([ref["path"] or ref["module"]], what="the study's last submission")
+        except plugins.PluginError as err:
+            said.append(f"{err} (its warnings are not in this report; --plugin names it)")
+    return said
 
 
 def _heads(args: argparse.Namespace) -> int:
@@ -340,7 +366,30 @@ def _command(sub, name: str, help: str, func) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` says what it does, as ``ablate --help`` does."""
     p = sub.add_parser(name, help=help, description=help)
     p.set_defaults(func=func)
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_PATH",
+        help="load a plugin first: your own components, tasks or report warnings (a module name, or a path to a .py "
+        "file or a package folder); repeatable. Installed plugins (entry points 'ablate.plugins') load by themselves",
+    )
     return p
+
+
+def _load_plugins(args: argparse.Namespace) -> int | None:
+    """Installed plugins, then those of --plugin (paths relative to here), before anything is read; the exit code of
+    a plugin that cannot be loaded, else None."""
+    if args.command in ("cluster", "ui"):  # they read no component
+        return None
+    from models import plugins
+
+    plugins.load_installed()
+    try:
+        plugins.load(args.plugin, Path.cwd(), what="--plugin")
+    except plugins.PluginError as err:
+        return error(str(err))
+    return None
 
 
 def _add_address_and_cpus(p: argparse.ArgumentParser) -> None:
@@ -594,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_BAD_INPUT
+    if (refused := _load_plugins(args)) is not None:
+        return refused
     try:
         if args.command in ("report", "compare", "heads") and (refused := ready(args)) is not None:
             return refused  # (run, sweep, search and ui ask once their own input is known good)

@@ -124,9 +124,15 @@ class Connection:
 
 
 def connect(
-    address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None, dashboard: bool = False
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    dashboard: bool = False,
+    py_modules: list[str] | None = None,
 ) -> Connection:
-    """Start a local Ray on loopback (no address), or join the cluster at ``address``."""
+    """Start a local Ray on loopback (no address), or join the cluster at ``address``; ``py_modules``: local files and
+    package folders (plugins) that travel to a cluster's workers with the working directory."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     prepare_environment(address)
     import ray
@@ -134,7 +140,24 @@ def connect(
     if ray.is_initialized():
         return Connection(address, False, not is_loopback_address(address), None, owned=False)
     with _sigterm_kept():
-        return _connect(address, num_cpus, num_gpus, dashboard)
+        try:
+            return _connect(address, num_cpus, num_gpus, dashboard, py_modules or [])
+        except (RuntimeError, ConnectionError, TimeoutError, OSError) as err:  # its own one line, like every error
+            raise RayStartError(_start_failure(address, err)) from None
+
+
+class RayStartError(ValueError):
+    """Ray did not start, or the cluster did not take this driver: said in one line, with where to look."""
+
+
+def _start_failure(address: str | None, err: BaseException) -> str:
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    where = f"the cluster at {address}" if address else f"a local Ray (its logs: {ray_temp_dir()}/session_latest/logs)"
+    return (
+        f"{where} did not start: {type(err).__name__}: {first[:300]}; a module imported at Python's start "
+        "(sitecustomize, PYTHONPATH) delays every Ray process: load your own code as a plugin instead (--plugin, "
+        "docs/plugins.md)"
+    )
 
 
 @contextlib.contextmanager
@@ -153,15 +176,19 @@ def _sigterm_kept():
             signal.signal(signal.SIGTERM, before)
 
 
-def _connect(address: str | None, num_cpus: int | None, num_gpus: int | None, dashboard: bool) -> Connection:
+def _connect(
+    address: str | None, num_cpus: int | None, num_gpus: int | None, dashboard: bool, py_modules: list[str]
+) -> Connection:
     import ray
 
     remote = not is_loopback_address(address)
     if address:  # a cluster started elsewhere: this working directory travels to its workers (the MLflow
         # credentials do not: runtime_env's env_vars are printed in every node's log; the trials get them in their
-        # arguments, ablations.secrets.Credentials)
+        # arguments, ablations.secrets.Credentials), and so do the plugins named by path (models.plugins)
         _quiet_packaging()
         runtime_env: dict = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}
+        if py_modules:
+            runtime_env["py_modules"] = list(py_modules)
         ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="warning")
         return Connection(address, False, remote, getattr(ctx, "dashboard_url", None))
     port = free_port() if dashboard else None

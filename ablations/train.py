@@ -9,6 +9,7 @@ an artifact, then raised to the caller; Ctrl-C is recorded as killed.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -328,6 +329,12 @@ def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str, devi
         tags=tags,
     )
     run_logger.start(run.params(), run.to_dict())
+    if run.plugins:  # which version of the researcher's own components the run compares
+        from models import plugins
+
+        run_logger.set_tags({f"{records.TAG_PLUGIN_PREFIX}{m}": d for m, d in run.plugins.items()})
+        used = [plugins.LOADED[m].manifest() for m in run.plugins if m in plugins.LOADED]
+        run_logger.log_text(json.dumps(used, indent=1), records.PLUGINS_ARTIFACT)
     return run_logger
 
 

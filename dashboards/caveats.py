@@ -19,6 +19,7 @@ import numpy as np
 from ablations.spec.analysis import Warn
 from ablations.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
 from dashboards import stats
+from models import plugins
 from models.tasks.base import BOS, PAD, SEP
 
 
@@ -35,6 +36,62 @@ class Caveat:
 
     def concerns(self, label: str) -> bool:
         return not self.contrasts or label in self.contrasts
+
+
+# --- warnings of one's own (plugins) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableView:
+    """What a warning of one's own reads of a table: each variant's (mean, seeds), its contrasts
+    (``dashboards.stats.Contrast``: ``label``, ``a``, ``b``, ``estimate``, ``p_adj``, ...), each variant's model fields as
+    MLflow holds them (text), every cell's row (a pandas DataFrame: variant, seed, outcome, value and the runs'
+    params), and the metric compared."""
+
+    means: dict[str, tuple[float, int]]
+    contrasts: tuple
+    models: dict[str, dict[str, str]]
+    cells: Any
+    metric: str
+
+
+class WarningRegistry(dict):
+    """name -> ``check(view: TableView) -> Caveat | str | None``: a researcher's own warning, said in every report
+    beside the built-in ones (its kind is its name). ``@WARNINGS.register("name")`` adds one (models.plugins)."""
+
+    def register(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a warning needs a non-empty string name (got {name!r})")
+
+        def bind(check):
+            if name in self and self[name] is not check:
+                raise ValueError(f"warning {name!r} is already registered ({self[name]!r}); pick another name")
+            self[name] = check
+            return check
+
+        return bind
+
+    def unregister(self, name: str) -> None:
+        self.pop(name, None)
+
+
+WARNINGS = WarningRegistry()
+plugins.track("warning", WARNINGS)  # what a plugin registers here is counted as its own
+
+
+def own_warnings(view: TableView) -> list[Caveat]:
+    """Every registered warning's say on the table; one that raises is reported as such, not hidden."""
+    out = []
+    for name, check in WARNINGS.items():
+        try:
+            said = check(view)
+        except Exception as err:  # a researcher's code: its failure is said, the report goes on
+            said = f"the warning {name!r} failed: {type(err).__name__}: {err}"
+        if isinstance(said, str):
+            said = Caveat(kind=name, text=said)
+        if said is not None:
+            out.append(said)
+    return out
 
 
 # --- near chance ----------------------------------------------------------------------------------------------

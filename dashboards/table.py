@@ -658,6 +658,33 @@ def _caveats(
         found.append(caveat)
         if note:
             notes.append(note)
+    found.append(caveats.param_ratio(_compared_params(cells, by_variant, contrasts), warn))
+    models = _models(by_variant)
+    found.append(caveats.same_family(models))
+    found.append(caveats.coinciding_scores(models))  # scores compared in self-attention where q and k are one tensor
+    intervals = [(r.variant, (r.variant,), r.summary.n) for r in rows if r.summary.n >= 2 and r.summary.spread]
+    intervals += [
+        (c.label, (c.a, c.b), c.n)
+        for c in contrasts
+        if c.kind == "pair" and c.n >= 2 and c.spread and math.isfinite(c.ci_t[0])
+    ]
+    found.append(caveats.few_seeds(intervals, warn, analysis.test))
+    found.append(caveats.unresolvable([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
+    found.append(caveats.unshowable_equivalence([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
+    means = {r.variant: (r.summary.mean, r.summary.n) for r in rows}
+    found += caveats.own_warnings(caveats.TableView(means, tuple(contrasts), models, cells, metric))
+    out = [c for c in found if c is not None]
+    effects = tuple(c.label for c in contrasts if c.kind != "pair")
+    for i, c in enumerate(out):  # a variant's caveat concerns its contrasts and every factorial effect
+        if c.kind in ("chance", "convergence"):
+            mine = tuple(x.label for x in contrasts if x.kind == "pair" and {x.a, x.b} & set(c.variants))
+            out[i] = dataclasses.replace(c, contrasts=mine + effects)
+    return out
+
+
+def _compared_params(cells: Any, by_variant: dict[str, Any], contrasts: list[stats.Contrast]) -> list[tuple]:
+    """(label, a, b, a's mean parameters, b's) of each pair and each factorial main effect: the parameter ratio's
+    input (dashboards/caveats.py)."""
     params = {}
     for v, sub in by_variant.items():
         x = stats.finite(sub["cost/n_params"]) if "cost/n_params" in sub.columns else stats.finite([])
@@ -672,26 +699,7 @@ def _caveats(
             at = {level: stats.finite(cells.loc[level_of == level, "cost/n_params"]) for level in (c.a, c.b)}
             mean = {k: float(x.mean()) if x.size else math.nan for k, x in at.items()}
             compared.append((c.label, f"{axis}={c.a}", f"{axis}={c.b}", mean[c.a], mean[c.b]))
-    found.append(caveats.param_ratio(compared, warn))
-    models = _models(by_variant)
-    found.append(caveats.same_family(models))
-    found.append(caveats.coinciding_scores(models))  # scores compared in self-attention where q and k are one tensor
-    intervals = [(r.variant, (r.variant,), r.summary.n) for r in rows if r.summary.n >= 2 and r.summary.spread]
-    intervals += [
-        (c.label, (c.a, c.b), c.n)
-        for c in contrasts
-        if c.kind == "pair" and c.n >= 2 and c.spread and math.isfinite(c.ci_t[0])
-    ]
-    found.append(caveats.few_seeds(intervals, warn, analysis.test))
-    found.append(caveats.unresolvable([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
-    found.append(caveats.unshowable_equivalence([c for c in contrasts if c.in_family], analysis.alpha, analysis.test))
-    out = [c for c in found if c is not None]
-    effects = tuple(c.label for c in contrasts if c.kind != "pair")
-    for i, c in enumerate(out):  # a variant's caveat concerns its contrasts and every factorial effect
-        if c.kind in ("chance", "convergence"):
-            mine = tuple(x.label for x in contrasts if x.kind == "pair" and {x.a, x.b} & set(c.variants))
-            out[i] = dataclasses.replace(c, contrasts=mine + effects)
-    return out
+    return compared
 
 
 def _models(by_variant: dict[str, Any]) -> dict[str, dict[str, str]]:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from models import spelling
 from models.errors import ConfigError, not_a_choice
+from models.geometry import LayerAttention
 from models.registry import ALL as REGISTRIES
 from models.registry import PATTERNS
 from models.schedules import schedule
@@ -67,12 +68,17 @@ def _name(field: str, at: int | None) -> str:
     return field if at is None else f"{field}[{at}]"
 
 
-def _choice(field: str, value: Any, choices, at: int | None = None) -> None:
+def _choice(field: str, value: Any, choices, at: int | None = None, component: str | None = None) -> None:
+    """``component``: the kind of registered component the field names: the refusal then says how to load one's own
+    (a plugin) and which plugins failed to import."""
     if not isinstance(value, str) or value not in choices:
         valid = ", ".join(repr(c) for c in choices)
-        raise ConfigError(
-            not_a_choice(_name(field, at), value, choices), field=field, value=value, fix=f"use one of {valid}"
-        )
+        message = not_a_choice(_name(field, at), value, choices)
+        if component is not None:
+            from models.plugins import unknown_hint
+
+            message += f"; {unknown_hint(component)}"
+        raise ConfigError(message, field=field, value=value, fix=f"use one of {valid}, or load the plugin that has it")
 
 
 def _positive_int(field: str, value: Any, allow_none: bool = False, at: int | None = None) -> None:
@@ -155,23 +161,6 @@ def _tuple(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_tuple(v) for v in value)
     return value
-
-
-@dataclass(frozen=True)
-class LayerAttention:
-    """The self-attention geometry of one layer: its pattern, its window, the dilation of each head and the
-    positions with global attention (Longformer section 3.1: they see every key and every query sees them)."""
-
-    pattern: str
-    window: int | None
-    dilations: tuple[int, ...]  # one per head; 1 is a plain window
-    global_tokens: tuple[int, ...] = ()
-
-    @property
-    def reach(self) -> int | None:
-        """The furthest key distance any head's window sees (None: unbounded). Global tokens reach further; they
-        are refused in causal layers, the only ones whose cache keeps reach + 1 keys."""
-        return None if self.window is None else self.window * max(self.dilations)
 
 
 class _PatternUse(NamedTuple):
@@ -376,6 +365,19 @@ class ModelConfig:
     def n_dilated_heads(self) -> int:
         return self._given("dilated_heads")
 
+    def component_names(self) -> dict[str, set[str]]:
+        """The registered components this model is built from, by registry (``models.registry.ALL``'s keys): what a
+        plugin's components enter its identity by (``models.plugins.used_by``)."""
+        scores = {self.score} | ({self.cross_attention_score} if self.cross_attention_score else set())
+        patterns = set(self.patterns_for(self.n_layers))
+        return {
+            "score": scores,
+            "pattern": patterns,
+            "positions": {self.positions},
+            "norm_type": {self.norm_type},
+            "ffn": {self.ffn},
+        }
+
     def patterns_for(self, n_layers: int) -> tuple[str, ...]:
         """The self-attention pattern of each layer of a stack of ``n_layers``."""
         return self.layer_patterns if self.layer_patterns is not None else (self.pattern,) * n_layers
@@ -491,13 +493,13 @@ class ModelConfig:
         _choice("arch", self.arch, ARCHS)
         _choice("norm", self.norm, NORM_PLACEMENTS)
         for name in ("norm_type", "positions", "score", "ffn"):
-            _choice(name, getattr(self, name), REGISTRIES[name].names())
+            _choice(name, getattr(self, name), REGISTRIES[name].names(), component=REGISTRIES[name].kind)
         _choice("classifier", self.classifier, CLASSIFIERS)
         _choice("window_schedule", self.window_schedule, SCHEDULES)
         _choice("dilation_schedule", self.dilation_schedule, SCHEDULES)
         _choice("global_projections", self.global_projections, GLOBAL_PROJECTIONS)
         if self.cross_score is not None:  # None: the cross-attention scores as ``score``
-            _choice("cross_score", self.cross_score, REGISTRIES["score"].names())
+            _choice("cross_score", self.cross_score, REGISTRIES["score"].names(), component="score")
         self._validate_decoding_name()
 
     def _validate_numbers(self) -> None:
@@ -797,10 +799,10 @@ class ModelConfig:
 
     def _validate_layer_patterns(self, registry) -> None:
         if self.layer_patterns is None:
-            _choice("pattern", self.pattern, registry.names())
+            _choice("pattern", self.pattern, registry.names(), component="pattern")
             return
         for i, p in enumerate(self.layer_patterns):
-            _choice("layer_patterns", p, registry.names(), at=i)
+            _choice("layer_patterns", p, registry.names(), at=i, component="pattern")
         if self.pattern != "full":  # the default: what layer_patterns replaces
             raise ConfigError(
                 f"pattern={self.pattern!r} is not read when layer_patterns gives each layer's pattern: remove it",

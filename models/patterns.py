@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from models import flex
-from models.config import LayerAttention
+from models.geometry import LayerAttention
 from models.kernels import (
     Columns,
     dilated_attention,

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from models import plugins
+
 
 @dataclass(frozen=True)
 class Declared:
@@ -144,3 +146,5 @@ def _declare_builtins() -> None:
 
 
 _declare_builtins()
+for _kind, _registry in ALL.items():  # what a plugin adds is counted as its own (models.plugins)
+    plugins.track(_kind, _registry)

@@ -289,18 +289,7 @@ class Transformer(nn.Module):
 
         Returns (B, L_max + 1): the tokens, then ``eos_id`` (when given) and padding, as ``greedy`` does.
         """
-        if not self.cfg.non_autoregressive:
-            raise ValueError(f"parallel_decode needs a non-autoregressive decoding ({PARALLEL})")
-        T_iter = self.cfg.nat_iterations if iterations is None else iterations
-        k = self.cfg.length_candidates if length_candidates is None else length_candidates
-        if T_iter < 1 or (self.cfg.copies_source and T_iter != 1):
-            raise ValueError(
-                f"iterations={T_iter}: {self.cfg.decoding!r} decodes in one pass, 'mask_predict' in at least one"
-            )
-        if k < 1 or (k > 1 and self.cfg.decoding != "mask_predict"):
-            raise ValueError(
-                f"length_candidates={k}: {self.cfg.decoding!r} decodes one length, 'mask_predict' at least one"
-            )
+        T_iter, k = self._parallel_settings(iterations, length_candidates)
         memory = self.encode(source, source_padding)
         B, dev = source.shape[0], source.device
         lengths = self._length_candidates(memory, source_padding, max_length, k).reshape(-1)  # (B * k,)
@@ -324,17 +313,42 @@ class Transformer(nn.Module):
         probs, tokens = predict(tokens, None if copied is not None else ~pad)
         if T_iter > 1:
             tokens, probs = self._refine(predict, tokens, probs, pad, lengths, T_iter)
-        if k > 1:  # the candidate of the highest average log-probability (argmax: the first, more probable, on ties)
-            average = probs.masked_fill(pad, 0.0).sum(1) / lengths  # (B * k,)
-            best = torch.arange(B, device=dev) * k + average.view(B, k).argmax(1)  # (B,)
-            lengths = lengths.index_select(0, best)
-            L = int(lengths.max())
-            tokens, pad = tokens.index_select(0, best)[:, :L], pad.index_select(0, best)[:, :L]
+        if k > 1:
+            tokens, pad, lengths = self._best_candidates(tokens, probs, pad, lengths, B, k)
+            L = tokens.shape[1]
         out = torch.full((B, L + 1), self.cfg.pad_id, dtype=torch.long, device=dev)
         out[:, :L] = tokens.masked_fill(pad, self.cfg.pad_id)
         if eos_id is not None:
             out[torch.arange(B, device=dev), lengths] = eos_id
         return out
+
+    def _parallel_settings(self, iterations: int | None, length_candidates: int | None) -> tuple[int, int]:
+        """(passes, length candidates) of a parallel decoding, the config's unless given; refused where they do not
+        apply (one pass for the copying decoders, one length but for mask-predict)."""
+        if not self.cfg.non_autoregressive:
+            raise ValueError(f"parallel_decode needs a non-autoregressive decoding ({PARALLEL})")
+        T_iter = self.cfg.nat_iterations if iterations is None else iterations
+        k = self.cfg.length_candidates if length_candidates is None else length_candidates
+        if T_iter < 1 or (self.cfg.copies_source and T_iter != 1):
+            raise ValueError(
+                f"iterations={T_iter}: {self.cfg.decoding!r} decodes in one pass, 'mask_predict' in at least one"
+            )
+        if k < 1 or (k > 1 and self.cfg.decoding != "mask_predict"):
+            raise ValueError(
+                f"length_candidates={k}: {self.cfg.decoding!r} decodes one length, 'mask_predict' at least one"
+            )
+        return T_iter, k
+
+    @staticmethod
+    def _best_candidates(tokens, probs, pad, lengths, B: int, k: int):
+        """(tokens, padding, lengths) of each source's candidate of the highest average log-probability (argmax: the
+        first, more probable length, on ties), cut to the longest kept."""
+        dev = tokens.device
+        average = probs.masked_fill(pad, 0.0).sum(1) / lengths  # (B * k,)
+        best = torch.arange(B, device=dev) * k + average.view(B, k).argmax(1)  # (B,)
+        lengths = lengths.index_select(0, best)
+        L = int(lengths.max())
+        return tokens.index_select(0, best)[:, :L], pad.index_select(0, best)[:, :L], lengths
 
     @staticmethod
     def _refine(predict, tokens, probs, pad, lengths, T_iter: int) -> tuple[torch.Tensor, torch.Tensor]:

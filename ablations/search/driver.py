@@ -40,6 +40,7 @@ from ablations.search.trial import TrialTask, run_trial
 from ablations.secrets import Credentials, redact_url
 from ablations.shell import cluster_address, open_ray, refuse_unreachable
 from ablations.spec import SearchSpec, SpecError, resolve_run
+from models import plugins
 
 
 @dataclass(kw_only=True)
@@ -203,6 +204,7 @@ class _Search:
         self.credentials = Credentials.from_environ()  # the trials write to MLflow as this user
         self.running: dict[Any, tuple[int, float]] = {}  # future -> (trial number, start time)
         self.t0 = time.monotonic()
+        self.address: str | None = None  # the cluster's (None: a local Ray)
 
     def connect(self, address: str | None, num_cpus: int | None) -> None:
         """Ray, and the remote task a trial runs as. A data-parallel trial's task only drives: its workers get
@@ -212,6 +214,7 @@ class _Search:
         from ablations.sweep.placement import trial_slots
 
         spec, parallel = self.spec, self.spec.resources.workers > 1
+        self.address = address
         stores = {"the MLflow store": self.uri, "the Optuna storage": self.url}
         stores["Ray Train's storage"] = tracking.ray_storage()
         try:
@@ -318,6 +321,7 @@ class _Search:
             resources=spec.resources,
             ray_storage=tracking.ray_storage(),
             credentials=self.credentials,
+            plugins=plugins.refs(travelled=self.address is not None),  # a cluster's workers import Ray's copies
         )
 
     def _collect(self) -> None:
@@ -400,6 +404,14 @@ def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
     try:
         return ray.get(ref)
     except ray.exceptions.RayError as err:
+        if "PluginUnavailable: " in str(err):  # no variant causes it: the search stops, nothing is told to Optuna
+            from ablations.shell import WorkerEnvironmentError
+
+            why = str(err)[str(err).rindex("PluginUnavailable: ") + 19 :].strip().splitlines()[0]
+            raise WorkerEnvironmentError(
+                f"a plugin does not load on a worker, {why}; fix that node's environment (install the plugin there, "
+                "or name it by path so that it travels with the search) and start it again"
+            ) from None
         reason = (
             f"its process or node died on every attempt ({SYSTEM_RETRIES + 1}): {type(err).__name__}: "
             + str(err).strip().splitlines()[0][:300]

@@ -44,6 +44,7 @@ class TrialTask:
     resources: Resources
     ray_storage: str  # where Ray Train keeps a data-parallel trial's state
     credentials: Credentials = field(default_factory=Credentials)  # the driver's MLflow credentials
+    plugins: list = field(default_factory=list)  # models.plugins.PluginRef of every plugin the driver loaded
 
 
 # A trial whose Optuna trial another process has ended: a search started again took it for lost (its driver was
@@ -218,6 +219,9 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
     task.credentials.apply()
     exit_quickly()  # this worker's process ends without collecting its libraries' garbage
     import_paused(["optuna", *trial_modules(task.uri, task.resources.workers)])  # and imports with it paused
+    from models import plugins
+
+    plugins.load_on_worker(task.plugins)  # raised (PluginUnavailable), never a trial's result: before its bookkeeping
     lost_attempts(task)
     try:  # a storage restarting is waited for; one that stays away fails the trial with its error
         storage = patiently(lambda: open_storage(task.storage))

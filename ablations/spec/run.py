@@ -35,7 +35,7 @@ from models.config import ConfigError, ModelConfig
 from models.errors import did_you_mean, not_a_choice
 from models.training import TrainingConfig
 
-SECTIONS = ("name", "seed", "model", "task", "training", "tracking", "resources")
+SECTIONS = ("name", "seed", "plugins", "model", "task", "training", "tracking", "resources")
 
 
 class TrackingSection(Strict):
@@ -53,6 +53,7 @@ class RunFile(Strict):
 
     name: str | None = None
     seed: int = Field(0, ge=0, le=2**32 - 1)  # what torch, numpy and Lightning's seed_everything take
+    plugins: list[str] = Field(default_factory=list)  # loaded by read_document, before anything is checked
     model: dict[str, Any] = Field(default_factory=dict)
     task: dict[str, Any]
     training: dict[str, Any] = Field(default_factory=dict)
@@ -85,6 +86,8 @@ class RunConfig:
     name: str | None = None
     tracking: TrackingSection = field(default_factory=TrackingSection)
     resources: ResourcesSection = field(default_factory=ResourcesSection)
+    # module -> source digest of the plugins whose components this run uses (models.plugins): part of its identity
+    plugins: dict[str, str] = field(default_factory=dict)
 
     @property
     def task(self):
@@ -95,12 +98,13 @@ class RunConfig:
     def result_config(self) -> dict[str, Any]:
         """What determines the result: model, task, training and seed (not names, paths or resources), each value
         in one spelling (``canonical``), so that one run has one id."""
-        return {
+        out = {
             "seed": self.seed,
             "model": canonical(self.model),
             "task": dict(self.task_spec),
             "training": canonical(self.training),
         }
+        return out | ({"plugins": dict(self.plugins)} if self.plugins else {})  # (none: the ids of before plugins)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.result_config()}
@@ -119,15 +123,14 @@ class RunConfig:
         """Stable id of the result-affecting configuration (seed included), and of the data-parallel ``workers``
         that train it when more than one (each rank loads a batch: another global batch, another result). A local
         corpus enters by the digest of its contents, not its path: an edited file is other data (its cells
-        reused the old results), the same file spelt two ways the same."""
-        config = self.result_config() | ({"workers": workers} if workers > 1 else {})
-        source = config["task"].get("source")
-        if config["task"].get("name") == "text" and isinstance(source, str):
-            from models.tasks.text import files_digest
+        reused the old results), the same file spelt two ways the same (each task's ``content_spec``: a corpus, a
+        data file, a datasets builder's data_files)."""
+        from models.tasks import TASKS
 
-            digest = files_digest(source)
-            if digest is not None:
-                config["task"] = {**config["task"], "source": f"sha256:{digest}"}
+        config = self.result_config() | ({"workers": workers} if workers > 1 else {})
+        task_cls = TASKS.get(config["task"].get("name"))
+        if task_cls is not None:
+            config["task"] = task_cls.content_spec(dict(config["task"]))
         blob = json.dumps(config, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -229,7 +232,26 @@ def read_document(path: str | Path, keys: Sequence[str] = SECTIONS) -> Document:
         raise SpecError(source, None, err.message, err.line) from None
     if not isinstance(doc.data, dict):
         raise SpecError(source, None, "must be a YAML mapping with the keys " + ", ".join(keys))
+    load_plugins(doc, Path(path).parent)
     return doc
+
+
+def load_plugins(doc: Document, folder: Path) -> None:
+    """The plugins a file names (``plugins:``, paths relative to its folder), imported before anything of the file
+    is checked: the names they register are valid choices then."""
+    from models import plugins
+
+    named = doc.data.get("plugins")
+    if named is None:
+        return
+    if not isinstance(named, list) or not all(isinstance(x, str) for x in named):
+        raise SpecError(doc.source, "plugins", "must be a list of module names or paths", doc.line(("plugins",)))
+    for i, spec in enumerate(named):
+        try:
+            plugins.load([spec], folder, what=f"{doc.source}")
+        except plugins.PluginError as err:
+            message = str(err).removeprefix(f"{doc.source}: ")
+            raise SpecError(doc.source, f"plugins[{i}]", message, doc.line(("plugins", i))) from None
 
 
 def load_base(origin: Origin, value: Any, folder: Path) -> tuple[dict[str, Any], Origin]:
@@ -249,8 +271,19 @@ def load_base(origin: Origin, value: Any, folder: Path) -> tuple[dict[str, Any],
         if not exists:
             raise origin.error(("base",), f"run file {shown!r} not found (looked for {path})")
         doc = read_document(path)
-        return dict(doc.data), Origin(str(path), doc)
-    return dict(_mapping(origin, ("base",), value)), origin.under("base")
+        return anchored_task(dict(doc.data), path.parent), Origin(str(path), doc)
+    return anchored_task(dict(_mapping(origin, ("base",), value)), folder), origin.under("base")
+
+
+def anchored_task(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A run's sections with the task's relative local paths (a corpus, a data file) made absolute against
+    ``folder``, the folder of the file that wrote them (``Task.anchored``): a run reads the same files from any
+    working directory, and records where they were."""
+    from models.tasks import TASKS
+
+    task = data.get("task")
+    task_cls = TASKS.get(task.get("name")) if isinstance(task, dict) and isinstance(task.get("name"), str) else None
+    return data if task_cls is None else {**data, "task": task_cls.anchored(dict(task), Path(folder))}
 
 
 def _mapping(origin: Origin, path: tuple, value: Any) -> dict:
@@ -320,7 +353,10 @@ def _task_and_model(origin: Origin, file: RunFile):
             raise origin.error(
                 ("task", "name"), f"is required: a task needs a name (task: {{name: copy}}); valid: {valid}"
             )
-        raise origin.error(("task", "name"), not_a_choice("name", task_name, TASKS, what="a valid task"))
+        from models.plugins import unknown_hint
+
+        message = not_a_choice("name", task_name, TASKS, what="a valid task") + f"; {unknown_hint('task')}"
+        raise origin.error(("task", "name"), message)
     task = _section(origin, "task", make_task, task_data)
 
     model_data = dict(file.model)
@@ -420,7 +456,10 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
             involves=[("training", "sampling"), ("task", "name")],
         )
     _read_by_the_run(origin, task, model, training)
+    from models import plugins
+
     return RunConfig(
+        plugins=plugins.used_by({**model.component_names(), "task": {task.name}}),
         task_spec=task_spec,
         model=model,
         training=training,
@@ -517,6 +556,7 @@ def _resolve_blaming(doc: Document, each: list, errors: list[SpecError]) -> tupl
 def load_run(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override (``--set section.key=value``), check and resolve a run file."""
     doc = read_document(path)
+    doc.data = anchored_task(doc.data, Path(path).parent)  # its paths, not --set's: those are the shell's
     each, errors = _parse_each(overrides or [])
     run, errors = _resolve_blaming(doc, each, errors)
     if errors:  # the file's first, then the options in the order given

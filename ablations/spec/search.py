@@ -164,6 +164,7 @@ class PrunerWarmup(Strict):
 class SearchFile(Strict):
     name: str
     description: str = ""
+    plugins: list[str] = Field(default_factory=list)  # a researcher's own components (models.plugins), loaded first
     base: str | dict[str, Any] | None = None
     space: dict[str, dict[str, Any]]
     objectives: list[Objective] | None = Field(None, min_length=1)

@@ -56,6 +56,7 @@ from ablations.spec.family import smallest_exact_n
 from ablations.spec.metrics import better, direction_problem, in_order, logged_metrics, variant_metrics
 from ablations.spec.run import (
     RunConfig,
+    anchored_task,
     apply_overrides,
     axis_keys,
     load_base,
@@ -91,6 +92,7 @@ class Constraint(Strict):
 class StudyFile(Strict):
     name: str
     description: str = ""
+    plugins: list[str] = Field(default_factory=list)  # a researcher's own components (models.plugins), loaded first
     base: str | dict[str, Any]
     design: Design
     seeds: Any = Field(1, validate_default=True)  # a count (3), a list ([0, 1, 2]) or a plan ({first, batch, max})
@@ -378,6 +380,7 @@ class _Cells:
     def add_variant(self, label: str, settings: dict[str, Any], where: Any, seeds: list[int]) -> None:
         file, origin = self.parsed.file, self.parsed.origin
         run_data = apply_overrides(self.parsed.base, settings_overrides({**settings, **self.every_trial}))
+        run_data = anchored_task(run_data, Path(str(origin.source)).parent)  # a path an axis gives: the study's
         reason = None
         for i, c in enumerate(file.constraints):
             if matches(run_data, c.when):

@@ -39,6 +39,7 @@ from ablations.sweep.placement import describe_cluster, trial_slots
 from ablations.sweep.plan import Plan, format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, end_dead_submissions, open_submission
 from ablations.sweep.trial import TrialContext, trainable
+from models import plugins
 
 
 class Progress:
@@ -86,7 +87,21 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _tune_callback(progress: Progress, labels: dict[str, str]):
+@dataclass
+class _Halt:
+    """Why the submission stops at once: a failure no variant causes (a node that cannot load a plugin)."""
+
+    why: str | None = None
+
+    def judge(self, trial) -> None:
+        error = trial.get_error()
+        text = "" if error is None else str(error)
+        marker = "PluginUnavailable: "
+        if marker in text and self.why is None:
+            self.why = text[text.rindex(marker) + len(marker) :].strip().splitlines()[0]
+
+
+def _tune_callback(progress: Progress, labels: dict[str, str], halt: _Halt):
     from ray import tune
 
     class Report(tune.Callback):
@@ -101,12 +116,21 @@ def _tune_callback(progress: Progress, labels: dict[str, str]):
             progress.end(trial.trial_id, state, labels[trial.config["cell_id"]])
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            halt.judge(trial)
             progress.end(trial.trial_id, "failed", labels[trial.config["cell_id"]])
 
         def on_trial_recover(self, iteration, trials, trial, **info):
+            halt.judge(trial)
             progress.out(f"  retrying {labels[trial.config['cell_id']]} (attempt {trial.num_failures + 1})")
 
-    return Report()
+    class Stop(tune.Stopper):  # every trial, once a failure no variant causes is seen
+        def __call__(self, trial_id, result):
+            return False
+
+        def stop_all(self):
+            return halt.why is not None
+
+    return Report(), Stop()
 
 
 @dataclass(kw_only=True)
@@ -182,6 +206,7 @@ def run_study(
         return StudyResult(study=study.name, parent_run_id=None, counts=counts, rows=rows, tracking_uri=uri)
     run = _Submission(study, uri, code, claims, out, next_cells)
     run.calibration = packing[0] if packing else None
+    run.address = address
     run.open(p, fingerprint, reuse_any_code, registration.version)
     return run.train(p.todo, address, num_cpus, max_concurrent)
 
@@ -226,6 +251,7 @@ class _Submission:
         self.held: dict[str, Claim] = {}
         self.conn = None
         self.calibration = None  # a packing study's (ablations.packing), checked on a cluster once connected
+        self.address: str | None = None  # the cluster's (None: a local Ray)
 
     def open(self, p: Plan, fingerprint: str, reuse_any_code: bool, registration: int) -> None:
         """The parent run, the claim that says it is alive, and what every trial is given."""
@@ -248,6 +274,7 @@ class _Submission:
             claims_url=self.claims.url,
             owner=self.claims.owner,
             credentials=Credentials.from_environ(),
+            plugins=plugins.refs(travelled=self.address is not None),  # a cluster's workers import Ray's copies
         )
         self.out(
             f"submission {self.parent.submission} of {study.name!r}: {len(p.todo)} cells to train, {len(p.done)} "
@@ -442,6 +469,8 @@ def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: 
     cells = {c.cell_id: c for c in todo}
     labels = {c.cell_id: f"{c.variant} | seed {c.seed}" for c in todo}
     progress = Progress(len(todo), slots, out)
+    halt = _Halt()
+    report, stop = _tune_callback(progress, labels, halt)
     fn = tune.with_resources(tune.with_parameters(trainable, cells=cells, ctx=ctx), resources)
     storage = Path(ctx.storage)
     storage.mkdir(parents=True, exist_ok=True)
@@ -458,7 +487,8 @@ def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: 
             storage_path=str(storage),
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=study.retries),
-            callbacks=[_tune_callback(progress, labels)],
+            callbacks=[report],
+            stop=stop,
         ),
     )
     # Ray Tune installs its own Ctrl-C handler and leaves it installed after fit(): a later Ctrl-C in this process
@@ -469,3 +499,10 @@ def _tune(study: Study, todo: list[Cell], ctx: TrialContext, slots: int, limit: 
     finally:
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
+    if halt.why is not None:
+        from ablations.shell import WorkerEnvironmentError
+
+        raise WorkerEnvironmentError(
+            f"a plugin does not load on a worker, {halt.why}; fix that node's environment (install the plugin there, "
+            "or name it by path so that it travels with the submission) and submit again: no cell was recorded for it"
+        )

@@ -169,6 +169,7 @@ def open_submission(
         records.TAG_CELLS: str(len(study.cells)),
         records.TAG_CELLS_TO_TRAIN: str(len(p.todo)),
         records.TAG_STATUS: records.STATUS_RUNNING,
+        records.TAG_PLUGINS: plugins_tag(),
         **tracking.code_version(),
     }
     run = c.create_run(exp_id, tags=tags, run_name=f"{study.name} #{number}")
@@ -190,3 +191,12 @@ def open_submission(
         c.set_tag(run.info.run_id, records.TAG_NOTE, study.description)
     mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)
     return Submission(uri, run.info.run_id, number), mine
+
+
+def plugins_tag() -> str:
+    """The plugins this submission loaded (module, path, digest), for ``ablate report`` to load them again."""
+    import json
+
+    from models import plugins
+
+    return json.dumps([{"module": r.module, "path": r.path, "digest": r.digest} for r in plugins.refs()])

@@ -21,6 +21,7 @@ from ablations.claims import ANY_CODE, Claim, Fence
 from ablations.process import exit_quickly, import_paused, trial_modules
 from ablations.secrets import Credentials
 from ablations.spec import Cell, Resources
+from models import plugins
 
 
 @dataclass(kw_only=True)
@@ -41,6 +42,7 @@ class TrialContext:
     owner: str = ""
     tokens: dict[str, int] = field(default_factory=dict)  # cell_id -> the fencing token of its claim
     credentials: Credentials = field(default_factory=Credentials)  # the driver's MLflow credentials
+    plugins: list = field(default_factory=list)  # models.plugins.PluginRef of every plugin the driver loaded
 
 
 def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
@@ -87,6 +89,7 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     ctx.credentials.apply()
     exit_quickly()  # this process ends without collecting its libraries' garbage
     import_paused(trial_modules(ctx.uri, ctx.resources.workers))  # and imports with the collector paused
+    plugins.load_on_worker(ctx.plugins)  # raised here (PluginUnavailable), nothing of the cell is recorded
     runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     code = None if ctx.reuse_any_code else ctx.fingerprint
     done = records.result_run(runs, code)

@@ -136,6 +136,18 @@ class Task:
         """What identifies the data of a split (logged to MLflow as the dataset's source)."""
         return {"task": self.name, "split": split, **dataclasses.asdict(self.params)}
 
+    @classmethod
+    def anchored(cls, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
+        """``spec`` (a task section as written) with its relative local paths made absolute against ``folder``, the
+        folder of the run or study file that wrote them; as it is for a task that reads no files."""
+        return spec
+
+    @classmethod
+    def content_spec(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        """``spec`` as it enters a run's identity (``RunConfig.config_hash``): each local file it reads named by the
+        digest of its contents, not by its path (an edited file is other data, one file at two paths the same)."""
+        return spec
+
 
 @functools.cache
 def data_code() -> str:
@@ -148,13 +160,25 @@ def data_code() -> str:
     return h.hexdigest()[:16]
 
 
+def _module_code(module: str) -> str:
+    """A digest of a module's source when it is not one of this package's (a plugin's task: its edits are other
+    data, which ``datasets``' fingerprint of the generator's name alone would not see); "" for this package's."""
+    if module.startswith("models.tasks."):
+        return ""
+    import sys
+
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else ""
+
+
 def generate(owner: Task, split: str, generator, cache_dir: str | None, features, **kwargs):
     """Dataset.from_generator with everything that defines the data in gen_kwargs (the cache fingerprint): the
     split, the task's parameters, what the caller adds, and the code that makes the data (``data_code``)."""
     from datasets import Dataset, disable_progress_bars
 
     disable_progress_bars()
-    gen_kwargs = {"split": split, **dataclasses.asdict(owner.params), **kwargs, "data_code": data_code()}
+    code = data_code() + "".join(_module_code(m) for m in {type(owner).__module__, generator.__module__})
+    gen_kwargs = {"split": split, **dataclasses.asdict(owner.params), **kwargs, "data_code": code}
     return Dataset.from_generator(
         generator, features=features, gen_kwargs=gen_kwargs, cache_dir=cache_dir, keep_in_memory=cache_dir is None
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -238,3 +239,20 @@ class TextTask(Task):
     @cached_property
     def digest(self) -> str:
         return hashlib.sha256(self.corpus.encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def anchored(cls, spec: dict, folder: Path) -> dict:
+        source = spec.get("source")
+        if not isinstance(source, str) or not source or source == "pydoc" or source.startswith("hf:"):
+            return spec
+        expanded = Path(source).expanduser()
+        if not expanded.is_absolute():
+            expanded = Path(os.path.normpath(Path(folder).absolute() / expanded))
+        return {**spec, "source": str(expanded)}
+
+    @classmethod
+    def content_spec(cls, spec: dict) -> dict:
+        """A local corpus by the digest of its files (``files_digest``); the built-in and hub ones by name."""
+        source = spec.get("source")
+        digest = files_digest(source) if isinstance(source, str) else None
+        return {**spec, "source": f"sha256:{digest}"} if digest is not None else spec
