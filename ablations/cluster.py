@@ -98,9 +98,13 @@ def import_for_driver(address: str | None, modules: list[str]) -> None:
 
 def ray_temp_dir() -> str:
     """Short (Unix socket paths must stay under 107 bytes), per user."""
-    path = Path(tempfile.gettempdir()) / f"abl-ray-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+    path = _ray_temp_path()
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def _ray_temp_path() -> Path:
+    return Path(tempfile.gettempdir()) / f"abl-ray-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
 
 
 @dataclass
@@ -152,7 +156,9 @@ class RayStartError(ValueError):
 
 def _start_failure(address: str | None, err: BaseException) -> str:
     first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-    where = f"the cluster at {address}" if address else f"a local Ray (its logs: {ray_temp_dir()}/session_latest/logs)"
+    where = (
+        f"the cluster at {address}" if address else f"a local Ray (its logs: {_ray_temp_path()}/session_latest/logs)"
+    )
     return (
         f"{where} did not start: {type(err).__name__}: {first[:300]}; a module imported at Python's start "
         "(sitecustomize, PYTHONPATH) delays every Ray process: load your own code as a plugin instead (--plugin, "

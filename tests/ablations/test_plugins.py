@@ -285,3 +285,21 @@ def test_the_example_package_installed_by_its_entry_point_runs_a_study_and_warns
     )
     assert report.returncode == 0, report.stderr[-3000:]
     assert "negative-distance scores at heads wider than 32" in (tmp_path / "r" / "table.md").read_text()
+
+
+def test_a_ray_that_does_not_start_ends_in_one_line(tmp_path):
+    """Ray's start failing (here: its temporary folder cannot be made, a file is in the way) is said in one line that
+    says where to look, as every other error, not with Ray's traceback."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    code = (
+        "import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+        "from ablations.cluster import RayStartError, connect\n"
+        "try:\n    connect()\nexcept RayStartError as err:\n    print(err)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(blocker)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0 and len(lines) == 1, out.stdout + out.stderr[-2000:]
+    assert lines[0].startswith("a local Ray (its logs: ") and "did not start" in lines[0] and "plugin" in lines[0]
