@@ -271,7 +271,21 @@ def mark_outcomes(uri: str, study: str, cell_ids: Iterable[str], code: str | Non
         for run in runs:
             value = OUTCOME_COUNTED if run is counted else OUTCOME_SUPERSEDED
             if run.info.status != "RUNNING" and run.data.tags.get(TAG_OUTCOME) != value:
-                c.set_tag(run.info.run_id, TAG_OUTCOME, value)
+                _set_tag_once_raced(c, run.info.run_id, TAG_OUTCOME, value)
+
+
+def _set_tag_once_raced(c, run_id: str, key: str, value: str) -> None:
+    """``set_tag``, where another submission ending at the same moment may set the same tag first: MLflow's SQL store
+    inserts a new tag, and PostgreSQL refused the second insert (a duplicate key: seen with ten submissions at once).
+    Written by the other, the tag holds a value; this one's is set again over it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.set_tag(run_id, key, value)
+    except MlflowException as err:
+        if "duplicate key" not in str(err) and "UNIQUE constraint" not in str(err):
+            raise
+        c.set_tag(run_id, key, value)  # an update now: the row exists
 
 
 def run_missing(uri: str, run_id: str | None) -> bool:

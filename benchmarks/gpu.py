@@ -486,7 +486,6 @@ def decoder_steps(ctx: Context, p: dict, compiled: bool) -> dict[str, Callable[[
             n_heads=p["n_heads"],
             n_layers=p["n_layers"],
             d_ff=p["d_ff"],
-            max_len=p["tokens"],
             **pattern,
         )
         model = Transformer(cfg).to(ctx.device)

@@ -67,14 +67,13 @@ def run_config(
             "name": f"run-vs-loop-{size}",
             "seed": 0,
             "task": {"name": "text", "source": "pydoc", "block_size": s["block_size"], **(task or {})},
-            "model": {"arch": "decoder", "max_len": s["block_size"], **s["model"]},
+            "model": {"arch": "decoder", **s["model"]},  # sinusoidal positions: no table to size
             "training": {
                 "max_steps": warm + steps + 1,
                 "batch_size": s["batch_size"],
                 "eval_batch_size": 64,
                 "val_every": 10**6,  # no validation inside the window (the final one runs after training)
                 "val_batches": 1,
-                "decode_batches": 0,
                 "lr": 1e-3,
                 "warmup_steps": 10,
                 "precision": precision,

@@ -124,21 +124,22 @@ def test_a_calibration_step_holds_at_least_the_parameters_their_gradients_and_ad
     assert step_memory_mb(longer, torch.device("cpu")) > small  # the longest examples make the batch
 
 
-def test_the_dry_run_says_cells_per_gpu_and_memory_and_refuses_what_does_not_fit(tmp_path):
-    def dry_run(resources: dict) -> subprocess.CompletedProcess:
-        path = study_file(tmp_path, resources)
-        cmd = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--dry-run"]
-        cmd += ["--tracking-uri", f"sqlite:///{tmp_path}/none.db"]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+def test_the_dry_run_says_cells_per_gpu_and_memory_and_refuses_what_does_not_fit(tmp_path, capsys):
+    from ablations.cli import main
 
-    fits = dry_run({"gpus": 0.25, "gpu_memory_gb": 64})
-    assert fits.returncode == 0, fits.stdout + fits.stderr
-    assert "packing: 4 cell(s) at once per GPU (resources.gpus 0.25)" in fits.stdout
-    assert "of a GPU's 64.00 GiB (declared (resources.gpu_memory_gb)): fits" in fits.stdout
-    refused = dry_run({"gpus": 0.25, "gpu_memory_gb": 1.5})  # 4 x about 810 MiB
-    assert refused.returncode == 1
-    assert "does not fit" in refused.stdout
-    assert "at most 1 fit: set resources.gpus to 1 (1/1) or more" in refused.stderr, refused.stderr
+    def dry_run(resources: dict) -> tuple[int, str, str]:
+        path = study_file(tmp_path, resources)
+        code = main(["sweep", str(path), "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"])
+        said = capsys.readouterr()
+        return code, said.out, said.err
+
+    code, out, err = dry_run({"gpus": 0.25, "gpu_memory_gb": 64})
+    assert code == 0, out + err
+    assert "packing: 4 cell(s) at once per GPU (resources.gpus 0.25)" in out
+    assert "of a GPU's 64.00 GiB (declared (resources.gpu_memory_gb)): fits" in out
+    code, out, err = dry_run({"gpus": 0.25, "gpu_memory_gb": 1.5})  # 4 x about 810 MiB
+    assert code == 1 and "does not fit" in out
+    assert "at most 1 fit: set resources.gpus to 1 (1/1) or more" in err, err
     assert not (tmp_path / "none.db").exists()  # a dry run writes nothing
 
 
