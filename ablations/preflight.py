@@ -4,27 +4,36 @@ in a traceback). A mistake in a file or an option is said first: it is what the 
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import dataclass
 
-FAILED, BAD_INPUT = 1, 2  # the command's exit codes (ablations.cli)
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a command cannot go on; ``given`` when what the user gave is at fault (an address, a store with nothing
+    recorded), not a store that does not answer."""
+
+    line: str
+    given: bool
 
 
-def outside_problem(args: argparse.Namespace) -> tuple[str, int] | None:
-    """For the parsed command line ``args``: None when both will do, else the line that says why and the exit code."""
+def outside_problem(
+    tracking_uri: str | None, *, address: str | None = None, reads: bool = False, trains: bool = False
+) -> Problem | None:
+    """None when the Ray cluster at ``address`` (or $RAY_ADDRESS; asked when ``trains``) answers and the tracking
+    store will do (one with something recorded when the command only ``reads`` it), else what is wrong."""
     from ablations import stores, tracking
     from ablations.cluster import check_answers
 
-    command, dry_run = args.command, getattr(args, "dry_run", False)
-    address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
-    if address and command in ("sweep", "search") and not dry_run:  # a search's dry run says it in its own words
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and trains:
         try:
             check_answers(address)
         except ValueError as err:
-            return str(err), BAD_INPUT
-    uri = tracking.resolve_uri(args.tracking_uri, create=False)
+            return Problem(str(err), given=True)
+    uri = tracking.resolve_uri(tracking_uri, create=False)
     if problem := stores.usable(uri):
-        return problem, FAILED
-    if command in ("report", "compare", "heads", "ui") and (nothing := stores.nothing_recorded(uri)):
-        return nothing, BAD_INPUT
+        return Problem(problem, given=False)
+    if reads and (nothing := stores.nothing_recorded(uri)):
+        return Problem(nothing, given=True)
     return None

@@ -215,9 +215,22 @@ def registrations(uri: str, study: str) -> list[Registration]:
     return [by_version[v] for v in sorted(by_version)]
 
 
+def recorded_plugins(uri: str, study: str) -> list[dict[str, Any]]:
+    """The plugins the study's last submission loaded (their module, path and digest), as its parent run says; ``uri``
+    a store that exists."""
+    import json
+
+    exp = records.client(uri).get_experiment_by_name(study)
+    if exp is None:
+        return []
+    runs = records.search_all(uri, [exp.experiment_id], records.kind_filter(records.KIND_STUDY))
+    last = max(runs, key=lambda r: r.info.start_time, default=None)
+    return json.loads(last.data.tags.get(records.TAG_PLUGINS, "[]")) if last is not None else []
+
+
 def submission_number(run) -> int:
     """A parent run's submission number (0 where none was recorded)."""
     return int(run.data.tags.get(records.TAG_SUBMISSION, 0))
 
 
-__all__ = ["CellRun", "RecordedDesign", "Registration", "registrations", "submission_number"]
+__all__ = ["CellRun", "RecordedDesign", "Registration", "recorded_plugins", "registrations", "submission_number"]

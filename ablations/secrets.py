@@ -272,13 +272,12 @@ class RedactingStream(io.TextIOBase):
         return getattr(self.stream, "encoding", "utf-8")
 
 
-def guard(args) -> None:
+def guard(tracking_uri: str | None = None, storage: str | None = None) -> str | None:
     """Credentials in a tracking server's URI go to MLflow's own variables, so that no URI this process holds (or
     MLflow prints) carries them; a database's password (MLflow's SQL store reads it from its URL only) and a
     storage URL's are registered for masking; stdout and stderr are masked.
-    ``args``: the command's parsed arguments (``tracking_uri``, ``storage``), the tracking URI made clean there."""
-    given = getattr(args, "tracking_uri", None)
-    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    Gives the command's ``tracking_uri`` made clean (None where none was given)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri and not uri.lower().startswith(("http://", "https://")):  # a database's: its URL is how it logs in
         register_url(uri)
     elif uri:
@@ -286,11 +285,12 @@ def guard(args) -> None:
         if password is not None:
             os.environ["MLFLOW_TRACKING_USERNAME"] = user or ""
             os.environ["MLFLOW_TRACKING_PASSWORD"] = password
-            if given:
-                args.tracking_uri = clean
+            if tracking_uri:
+                tracking_uri = clean
             else:
                 os.environ["MLFLOW_TRACKING_URI"] = clean
-    for url in (getattr(args, "storage", None), os.environ.get("ABLATE_OPTUNA_STORAGE")):
+    for url in (storage, os.environ.get("ABLATE_OPTUNA_STORAGE")):
         register_url(url)
     if not isinstance(sys.stdout, RedactingStream):
         sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    return tracking_uri

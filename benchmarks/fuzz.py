@@ -657,7 +657,7 @@ def through_cli(kind: str, raw: bytes, sets: list[str] | None, work: Workdir) ->
     if kind in ("run", "set"):  # a run file that is accepted would train: check it without training
         return _run_file_cli(path, sets, work, env)
     command = "sweep" if kind == "study" else "search"
-    argv = [sys.executable, "-m", "ablations.cli", command, str(path), "--dry-run"]
+    argv = [sys.executable, "-m", "ablate", command, str(path), "--dry-run"]
     argv += ["--tracking-uri", f"sqlite:///{work.root}/mlflow.db"]
     out = subprocess.run(argv, cwd=work.root, capture_output=True, env=env, timeout=120)
     return _cli_verdict(out, path)
@@ -669,7 +669,7 @@ def _run_file_cli(path: Path, sets: list[str] | None, work: Workdir, env: dict) 
     with 1 after the checks, having trained nothing."""
     blocker = work.root / "blocked"
     blocker.write_text("")
-    argv = [sys.executable, "-m", "ablations.cli", "run", str(path), *[f"--set={s}" for s in sets or []]]
+    argv = [sys.executable, "-m", "ablate", "run", str(path), *[f"--set={s}" for s in sets or []]]
     argv += ["--tracking-uri", f"sqlite:///{blocker}/mlflow.db"]
     out = subprocess.run(argv, cwd=work.root, capture_output=True, env=env, timeout=120)
     blocker.unlink()

@@ -149,7 +149,7 @@ def read_cells(uri: str, study: str) -> list[dict[str, Any]]:
 def sweep(study: Path, uri: str, address: str | None, limit: float, log: Path) -> tuple[float, float, int, bool]:
     """``ablate sweep`` until it ends or ``limit`` passes (then Ctrl-C, as a person would): (start, end, exit, cut)."""
     # the command line as a module: a GPU machine may hold this checkout without the package installed
-    cmd = [sys.executable, "-m", "ablations.cli", "sweep", str(study), "--tracking-uri", uri]
+    cmd = [sys.executable, "-m", "ablate", "sweep", str(study), "--tracking-uri", uri]
     cmd += ["--address", address] if address else []
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     start = time.time()

@@ -927,7 +927,7 @@ def run(
             "PYTHONPATH": str(ROOT),
         }
         study_path, search_path = write_files(work, size)
-        ablate = [sys.executable, "-m", "ablations.cli"]
+        ablate = [sys.executable, "-m", "ablate"]
         sweep = Driver("sweep", [*ablate, "sweep", "study.yaml"], work, env, clock)
         search = Driver("search", [*ablate, "search", "search.yaml"], work, env, clock)
         drivers = [sweep, search]

@@ -21,7 +21,7 @@ from processes import ROOT, alternating
 COMMAND = (
     "import sys\n"
     "{preload}"
-    "from ablations.cli import main\n"
+    "from ablate.main import main\n"
     "sys.argv = ['ablate', 'sweep', {study!r}, '--dry-run', '--tracking-uri', {uri!r}]\n"
     "main()\n"
     "assert ('torch' in sys.modules) == {expect_torch}, 'torch import state'\n"

@@ -10,7 +10,7 @@ looks from what the store holds gives the same decisions every time, so a submis
 resumes at the same look, and a decision is never re-opened (the registration records the plan; changing it is
 an amendment).
 
-The sweep asks ``wanted`` which cells to train next (``ablations.cli`` composes the two); the report shows the path
+The sweep asks ``wanted`` which cells to train next (``ablate.running`` composes the two); the report shows the path
 (``path_rows``) and each contrast's verdict at the look that decided it (``table``).
 """
 

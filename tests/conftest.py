@@ -177,7 +177,7 @@ def _sigint_left_as_found():
     before = _sigint_state()
     on_term = signal.getsignal(signal.SIGTERM)
     yield
-    # `ablations.cli.main` called in-process makes SIGTERM a KeyboardInterrupt, as a command should: the session's
+    # `ablate.main.main` called in-process makes SIGTERM a KeyboardInterrupt, as a command should: the session's
     # own handler (which kills what the session started first) is put back silently.
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not on_term:
         signal.signal(signal.SIGTERM, on_term)

@@ -71,7 +71,7 @@ def kind(entry: Seen) -> str:
         return "ray worker: " + (", ".join(ray) or "idle")
     if daemon := next((d for d in RAY_DAEMONS if d in text), None):
         return f"ray daemon: {daemon}"
-    if m := re.search(r"(?:ablations\.cli|bin/ablate) (\w+)", text):
+    if m := re.search(r"(?:-m ablate|bin/ablate) (\w+)", text):
         return f"ablate {m.group(1)}"
     if "execnet" in text or "exec(eval(sys.stdin.readline()))" in text:
         return "pytest-xdist worker"

@@ -41,7 +41,7 @@ def test_a_process_s_cpu_time_is_what_the_kernel_charged_it():
             "ray daemon: log_monitor.py",
         ),
         (["/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --x"], "ray daemon: gcs_server"),
-        (["/venv/bin/python -m ablations.cli sweep s.yaml --tracking-uri sqlite:///m.db"], "ablate sweep"),
+        (["/venv/bin/python -m ablate sweep s.yaml --tracking-uri sqlite:///m.db"], "ablate sweep"),
         (["/venv/bin/python /venv/bin/ablate search s.yaml"], "ablate search"),
         (["/venv/bin/python -m mlflow server --port 5000"], "mlflow server"),
         (["/venv/bin/python -m uvicorn --log-config x mlflow.server.fastapi_app:app"], "mlflow server"),

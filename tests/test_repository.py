@@ -26,7 +26,7 @@ def test_standard_library_platform_still_works_from_the_repository_root():
 
 
 def test_cli_help_answers_without_importing_the_heavy_libraries():
-    code = "import sys; from ablations.cli import build_parser; build_parser(); print(sorted(m for m in ('torch', 'ray', 'mlflow', 'lightning') if m in sys.modules))"
+    code = "import sys; from ablate.main import build_parser; build_parser(); print(sorted(m for m in ('torch', 'ray', 'mlflow', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -35,7 +35,7 @@ connection.close()
 def ablate(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.run(
-        [sys.executable, "-m", "ablations.cli", *args],
+        [sys.executable, "-m", "ablate", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

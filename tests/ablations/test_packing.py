@@ -125,7 +125,7 @@ def test_a_calibration_step_holds_at_least_the_parameters_their_gradients_and_ad
 
 
 def test_the_dry_run_says_cells_per_gpu_and_memory_and_refuses_what_does_not_fit(tmp_path, capsys):
-    from ablations.cli import main
+    from ablate.main import main
 
     def dry_run(resources: dict) -> tuple[int, str, str]:
         path = study_file(tmp_path, resources)
@@ -150,7 +150,7 @@ def test_a_submission_whose_cells_would_not_fit_on_the_clusters_gpu_is_refused_b
     store = f"sqlite:///{tmp_path}/mlflow.db"
     path = study_file(tmp_path, {"gpus": 0.25, "gpu_memory_gb": 1.5})
     with ray_cluster(tmp_path, nodes=1, cpus_per_node=2, dashboard=False, head_gpus=1) as cluster:
-        cmd = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store]
+        cmd = [sys.executable, "-m", "ablate", "sweep", str(path), "--tracking-uri", store]
         out = subprocess.run(
             [*cmd, "--address", cluster.address], capture_output=True, text=True, cwd=ROOT, timeout=600
         )

@@ -187,7 +187,7 @@ def test_an_edited_plugin_moves_exactly_the_cells_that_use_it(tmp_path):
 def ablate(*args: str, cwd: Path, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ABLATE_", "RAY_ADDRESS"))}
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), (env or {}).pop("PYTHONPATH", None)]))
-    cmd = [sys.executable, "-m", "ablations.cli", *args]
+    cmd = [sys.executable, "-m", "ablate", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**environ, **(env or {})})
 
 

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy
 
 from ablations import stores
-from ablations.cli import main
+from ablate.main import main
 from tests.conftest import ROOT, free_port, postgres_reachable
 
 STUDY = str(ROOT / "ablations" / "studies" / "quickstart.yaml")

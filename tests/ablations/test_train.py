@@ -186,7 +186,7 @@ def test_checkpoint_is_an_artifact_when_asked(store):
 
 def test_a_diverged_run_is_a_result(store, tmp_path, monkeypatch):
     """Post-LN without warm-up at a huge learning rate diverges: recorded as diverged, exit code 0."""
-    from ablations.cli import main
+    from ablate.main import main
 
     path = tmp_path / "diverge.yaml"
     path.write_text(
@@ -348,7 +348,7 @@ def test_ctrl_c_and_sigterm_stop_a_run_as_killed(tmp_path, store, sig, detail):
         yaml.safe_dump({"task": {"name": "copy"}, "model": SMALL, "training": {**FAST, "max_steps": 100_000}})
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablations.cli", "run", str(path), "--tracking-uri", store, "--no-progress"],
+        [sys.executable, "-m", "ablate", "run", str(path), "--tracking-uri", store, "--no-progress"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

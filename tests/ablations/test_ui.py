@@ -25,7 +25,7 @@ def test_ablate_ui_serves_the_store_on_loopback(tmp_path, store):
     result = train(short_copy(), Tracking(store, "ui-check"))
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", store, "--port", str(port)],
+        [sys.executable, "-m", "ablate", "ui", "--tracking-uri", store, "--port", str(port)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -81,7 +81,7 @@ def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm
             [
                 sys.executable,
                 "-m",
-                "ablations.cli",
+                "ablate",
                 "ui",
                 "ui-sigterm",
                 "--run",
@@ -128,7 +128,7 @@ def test_ablate_ui_opens_the_experiment_on_the_port_it_uses_and_stops_on_sigterm
 
 def test_ablate_ui_without_runs_says_so(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"],
+        [sys.executable, "-m", "ablate", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -150,7 +150,7 @@ def test_ablate_ui_optuna_serves_the_search_storage_on_loopback(tmp_path):
     study.optimize(lambda t: (t.suggest_float("lr", 0, 1) - 0.3) ** 2, n_trials=3)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", storage, "--port", str(port)],
+        [sys.executable, "-m", "ablate", "ui", "--optuna", "--storage", storage, "--port", str(port)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -180,7 +180,7 @@ def test_ablate_ui_started_in_the_background_stops_on_ctrl_c(tmp_path):
     optuna.create_study(study_name="s", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", storage, "--port", str(port)],
+        [sys.executable, "-m", "ablate", "ui", "--optuna", "--storage", storage, "--port", str(port)],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -200,7 +200,7 @@ def test_ablate_ui_started_in_the_background_stops_on_ctrl_c(tmp_path):
 
 def test_ablate_ui_optuna_without_searches_says_so(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "ui", "--optuna", "--storage", f"sqlite:///{tmp_path}/none.db"],
+        [sys.executable, "-m", "ablate", "ui", "--optuna", "--storage", f"sqlite:///{tmp_path}/none.db"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -250,7 +250,7 @@ def test_ui_options_it_cannot_use_are_one_line(args, said, tmp_path, store, monk
     """Each was a traceback (OverflowError, gaierror), a wait of 120 s then a link to port 0, a link to a run
     that is not there, or an option silently ignored. The command's own entry point, in this process (a new
     process per case cost 2-4 s of imports); an exception it lets through fails the test as a traceback would."""
-    from ablations.cli import main
+    from ablate.main import main
 
     monkeypatch.chdir(tmp_path)
     try:

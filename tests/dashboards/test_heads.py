@@ -72,7 +72,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
         assert 0.0 <= heads[key].p <= heads[key].p_holm <= 1.0
 
     # the command's entry point, in this process (its own process cost about 10 CPU-seconds of imports here)
-    from ablations.cli import main
+    from ablate.main import main
 
     code = main(["heads", "mh", "--tracking-uri", store, "--prune", "test/loss", "--out", str(tmp_path / "out")])
     out = capsys.readouterr()

@@ -338,7 +338,7 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path,
     import csv
     import io
 
-    from ablations.cli import main
+    from ablate.main import main
 
     three_variants(store)
     # stdout is the table alone, in every format (`--format csv > t.csv`); where the files went is on stderr

@@ -535,7 +535,7 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials_pr
             }
             for name, (args, run_env) in runs.items():
                 out = subprocess.run(
-                    [sys.executable, "-m", "ablations.cli", *args],
+                    [sys.executable, "-m", "ablate", *args],
                     cwd=work, env=run_env, capture_output=True, text=True, timeout=600,
                 )  # fmt: skip
                 outputs[f"{name}: stdout"], outputs[f"{name}: stderr"] = out.stdout, out.stderr

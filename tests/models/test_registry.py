@@ -258,7 +258,7 @@ def test_a_study_is_planned_without_torch(tmp_path):
     use local and dilated patterns, imports neither torch nor Lightning."""
     script = (
         "import sys\n"
-        "from ablations.cli import main\n"
+        "from ablate.main import main\n"
         f"sys.argv = ['ablate', 'sweep', {str(ROOT / 'ablations/studies/locality.yaml')!r}, '--dry-run',"
         f" '--tracking-uri', {f'sqlite:///{tmp_path}/mlflow.db'!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

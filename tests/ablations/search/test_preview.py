@@ -15,7 +15,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from ablations.cli import main
+from ablate.main import main
 from tests.conftest import fresh_postgres_database, postgres_reachable
 
 SEARCH = {
@@ -181,7 +181,7 @@ def test_a_new_postgresql_database_gets_no_tables_from_a_dry_run(tmp_path, capsy
     ],
 )
 def test_counts_below_one_are_refused_by_name(argv, capsys):
-    from ablations.cli import build_parser
+    from ablate.main import build_parser
 
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(argv)

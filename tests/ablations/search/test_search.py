@@ -428,7 +428,7 @@ def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "ablations.cli",
+        "ablate",
         "search",
         str(spec),
         "--storage",
@@ -810,7 +810,7 @@ def test_a_tuned_study_of_several_seeds_per_trial_tunes_on_seeds_no_cell_uses(tm
 def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp_path, store, monkeypatch, capsys):
     """A variant's search whose study was created with other objectives: the dry run said only the storage's line
     (the problem was dropped) and exited 0, where the search's own dry run exits 1."""
-    from ablations.cli import main
+    from ablate.main import main
 
     path, storage = tuned_study_here(tmp_path, monkeypatch)
     other = optuna.create_study(study_name="tuned.tune.norm_pre.seed1", storage=storage)

@@ -263,7 +263,7 @@ def test_cli_exits_2_with_one_line_and_logs_nothing(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({**GOOD, "model": {"score": "mlp"}}))
     out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "run", str(path)],
+        [sys.executable, "-m", "ablate", "run", str(path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -292,7 +292,7 @@ def test_a_key_yaml_does_not_read_as_text_is_named_as_such_in_a_run_file(tmp_pat
 def test_every_misspelt_key_of_a_file_is_named_at_once_in_the_files_order(tmp_path, capsys):
     """One pass over a file names every key no section knows, each with its line and the nearest valid name, so
     a user fixes them all before the next try (and no value is judged until the keys are right)."""
-    from ablations.cli import main
+    from ablate.main import main
 
     data = {
         "lrr": 3,

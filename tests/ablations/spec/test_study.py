@@ -404,7 +404,7 @@ def test_dry_run_lists_cells_without_starting_ray(tmp_path):
         [
             sys.executable,
             "-m",
-            "ablations.cli",
+            "ablate",
             "sweep",
             str(path),
             "--dry-run",
@@ -465,7 +465,7 @@ def test_a_family_its_seeds_cannot_resolve_is_named_before_the_runs(tmp_path):
 def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
     path = write(tmp_path, design={"grid": {"model.norms": ["pre"]}})
     out = subprocess.run(
-        [sys.executable, "-m", "ablations.cli", "sweep", str(path)],
+        [sys.executable, "-m", "ablate", "sweep", str(path)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -478,7 +478,7 @@ def test_cli_refuses_a_malformed_study_with_exit_2(tmp_path):
 
 @pytest.mark.parametrize("given", ["a", "", "2,x", "-1", "0", "1,,2", "1,1"])
 def test_a_bad_seeds_option_is_refused_by_name_before_anything_starts(given, capsys):
-    from ablations.cli import build_parser
+    from ablate.main import build_parser
 
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["sweep", "study.yaml", "--seeds", given])
@@ -494,7 +494,7 @@ def test_a_bad_seeds_option_is_refused_by_name_before_anything_starts(given, cap
 def test_output_piped_into_a_reader_that_left_ends_quietly(tmp_path):
     # `ablate report quickstart | head`: the reader closes the pipe before the command writes; no traceback
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablations.cli", "sweep", str(write(tmp_path)), "--dry-run"]
+        [sys.executable, "-m", "ablate", "sweep", str(write(tmp_path)), "--dry-run"]
         + ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
@@ -526,7 +526,7 @@ def test_a_trial_the_local_ray_could_never_hold_is_refused_before_anything_start
     cmd = [
         sys.executable,
         "-m",
-        "ablations.cli",
+        "ablate",
         command,
         str(path),
         "--cpus",

@@ -63,7 +63,7 @@ def test_every_command_refuses_them_with_exit_2_and_one_line(tmp_path, command):
         path = tmp_path / f"{kind}.yaml"
         path.write_bytes(content)
         out = subprocess.run(
-            [sys.executable, "-m", "ablations.cli", command, str(path)],
+            [sys.executable, "-m", "ablate", command, str(path)],
             cwd=tmp_path,
             capture_output=True,
             text=True,

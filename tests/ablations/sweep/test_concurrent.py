@@ -57,7 +57,7 @@ def test_ten_submissions_at_once_train_each_cell_exactly_once(tmp_path, backend)
         if backend == "postgresql":
             env["ABLATE_CLAIMS_URL"] = store
         with ray_cluster(tmp_path, nodes=1, cpus_per_node=2, dashboard=False) as cluster:
-            command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store]
+            command = [sys.executable, "-m", "ablate", "sweep", str(path), "--tracking-uri", store]
             command += ["--address", cluster.address]
             procs = []
             for i in range(SUBMISSIONS):

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from ablations.cli import main
+from ablate.main import main
 from ablations.records import cell_state
 from dashboards.load import load_study as load_runs
 from dashboards.sequential import path, path_rows, plan_of
@@ -41,7 +41,7 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
         seeds=PLAN,
         analysis={"contrasts": {"pairs": "baseline"}},
     )  # fmt: skip
-    command = [sys.executable, "-m", "ablations.cli", "sweep", str(path_), "--tracking-uri", store, "--cpus", "2"]
+    command = [sys.executable, "-m", "ablate", "sweep", str(path_), "--tracking-uri", store, "--cpus", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = tmp_path / "first.log"
     with open(log, "w") as out:

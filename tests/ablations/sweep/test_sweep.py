@@ -282,7 +282,7 @@ def test_driver_killed_then_the_same_command_again(tmp_path, store):
         base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 300, "val_every": 150}},
     )
     study = load_study(path)
-    command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
+    command = [sys.executable, "-m", "ablate", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "first.log", "w") as log:
         driver = subprocess.Popen(
@@ -330,7 +330,7 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(tmp_path, store):
     path = write_study(
         tmp_path, "term", base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 5000, "val_every": 500}}
     )
-    command = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
+    command = [sys.executable, "-m", "ablate", "sweep", str(path), "--tracking-uri", store, "--cpus", "2"]
     log = tmp_path / "sweep.log"
     with open(log, "w") as out:
         driver = subprocess.Popen(
@@ -433,7 +433,7 @@ def test_a_trial_with_two_data_parallel_workers(tmp_path, store):
         resources={"cpus": 2, "workers": 2},
         base={**REVERSE, "training": {**REVERSE["training"], "max_steps": 25, "val_every": 10}},
     )
-    cmd = [sys.executable, "-m", "ablations.cli", "sweep", str(path), "--cpus", "2", "--tracking-uri", store]
+    cmd = [sys.executable, "-m", "ablate", "sweep", str(path), "--cpus", "2", "--tracking-uri", store]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
