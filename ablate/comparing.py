@@ -47,8 +47,8 @@ def _recorded_plugins(uri: str, study: str) -> list[str]:
     """The plugins the study's last submission loaded, loaded here too where their files are (their warnings speak
     in the report); what could not be, said."""
     from ablations import stores
-    from ablations.recorded import recorded_plugins
     from models import plugins
+    from record.recorded import recorded_plugins
 
     said = []
     for ref in recorded_plugins(uri, study) if stores.store_exists(uri) else []:

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return BAD_INPUT
-    from ablations import secrets
+    from record import secrets
 
     if hasattr(args, "tracking_uri"):
         args.tracking_uri = secrets.guard(args.tracking_uri, getattr(args, "storage", None))

@@ -10,7 +10,7 @@ from ablate.exits import FAILED, OK, error, interrupted, ready
 
 
 def run(args: argparse.Namespace) -> int:
-    from ablations.spec import SpecError, load_run
+    from record.spec import SpecError, load_run
 
     try:
         config = load_run(args.config, args.set)
@@ -58,7 +58,7 @@ def run_options(p: argparse.ArgumentParser) -> None:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from ablations.spec import SpecError, load_study
+    from record.spec import SpecError, load_study
 
     try:
         study = load_study(args.study, seeds=args.seeds)
@@ -121,12 +121,12 @@ def _submit(study, args: argparse.Namespace) -> int:
 
 
 def _decider(study, tracking_uri: str | None, create: bool = True):
-    """A seed plan's looks, decided by the comparing side (dashboards/sequential.py), for the sweep to ask which
+    """A seed plan's looks, decided by the comparing side (dashboards/looks.py), for the sweep to ask which
     cells come next; None without a plan."""
     if study.plan is None:
         return None
     from ablations import tracking
-    from dashboards.sequential import wanted
+    from dashboards.looks import wanted
 
     uri = tracking.resolve_uri(tracking_uri, create=create)
     return lambda: wanted(uri, study.name, study.variants, study.plan, study.analysis)
@@ -187,7 +187,7 @@ def sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def search(args: argparse.Namespace) -> int:
-    from ablations.spec import SpecError, load_search
+    from record.spec import SpecError, load_search
 
     try:
         spec = load_search(args.spec)

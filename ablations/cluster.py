@@ -190,7 +190,7 @@ def _connect(
     remote = not is_loopback_address(address)
     if address:  # a cluster started elsewhere: this working directory travels to its workers (the MLflow
         # credentials do not: runtime_env's env_vars are printed in every node's log; the trials get them in their
-        # arguments, ablations.secrets.Credentials), and so do the plugins named by path (models.plugins)
+        # arguments, record.secrets.Credentials), and so do the plugins named by path (models.plugins)
         _quiet_packaging()
         runtime_env: dict = {"working_dir": str(ROOT), "excludes": RUNTIME_EXCLUDES}
         if py_modules:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ablations.cluster import DoesNotFit
-from ablations.spec import Resources, RunConfig, Study
+from record.spec import Resources, RunConfig, Study
 
 # Per process on a GPU, beside its tensors: the CUDA context, torch's kernels, cuBLAS's workspace and the caching
 # allocator's slack. On an H200 with torch 2.11 (benchmarks/results/gpu.md, 2026-11-28) nvidia-smi showed at most 810

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ablations import records
 from ablations.process import exit_quickly, import_paused, training_modules
-from ablations.secrets import Credentials
-from ablations.spec import Resources, RunConfig
 from ablations.tracking import Hook, RunResult, Tracking
+from record import vocabulary
+from record.secrets import Credentials
+from record.spec import Resources, RunConfig
 
 
 @dataclass(kw_only=True)
@@ -97,7 +97,7 @@ def run_data_parallel(
     key = f"{name}-{uuid.uuid4().hex[:8]}"
     job = dataclasses.replace(
         job,
-        where=dataclasses.replace(job.where, tags={**job.where.tags, records.TAG_RAY_TRAIN_RUN: key}),
+        where=dataclasses.replace(job.where, tags={**job.where.tags, vocabulary.TAG_RAY_TRAIN_RUN: key}),
         credentials=Credentials.from_environ(),  # the trial's, which has them from its driver
     )
     r = job.resources
@@ -125,23 +125,23 @@ def _recorded_result(job: ParallelJob, key: str, lost: str) -> RunResult:
 
     uri = tracking.resolve_uri(job.where.uri)
     experiment = tracking.experiment_name(job.run, job.where)
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], f"tags.ray_train_run = '{key}'") if exp else []
     if not runs:
         return RunResult(
             run_id="",
-            status=records.STATUS_FAILED,
+            status=vocabulary.STATUS_FAILED,
             detail=f"rank 0 recorded no MLflow run ({lost})",
             metrics={},
             tracking_uri=uri,
             experiment=experiment,
         )
     run = runs[0]
-    status, detail = records.parse_status(run.data.tags.get(records.TAG_STATUS, ""))
+    status, detail = vocabulary.parse_status(run.data.tags.get(vocabulary.TAG_STATUS, ""))
     if run.info.status == "RUNNING" or not status:
-        status, detail = records.STATUS_FAILED, lost
-        records.end_run(uri, run.info.run_id, status, detail)
+        status, detail = vocabulary.STATUS_FAILED, lost
+        vocabulary.end_run(uri, run.info.run_id, status, detail)
     return RunResult(
         run_id=run.info.run_id,
         status=status,

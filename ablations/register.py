@@ -1,7 +1,7 @@
 """Registered studies: what decides a study's verdicts is recorded before its first cell, and every later change is
 an amendment with its reason, its diff, and how many cells had results when it was made.
 
-The first submission of a study registers its declaration (``ablations.spec.declaration``): a row in the claims
+The first submission of a study registers its declaration (``record.spec.declaration``): a row in the claims
 store, inserted atomically (two submissions registering one new study at once end with one registration), mirrored
 as a run of kind ``registration`` in the study's experiment (``registration.json``), so that a team on a shared
 server sees it and the report reads it. A later submission whose declaration differs is refused before anything
@@ -17,11 +17,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from ablations import records, tracking
+from ablations import tracking
 from ablations.claims import Registry
-from ablations.recorded import Registration, registrations
-from ablations.spec import Study
-from ablations.spec.declaration import changed_keys, declaration, diff_text, digest
+from record import vocabulary
+from record.recorded import Registration, registrations
+from record.spec import Study
+from record.spec.declaration import changed_keys, declaration, diff_text, digest
 
 
 class NotRegistered(ValueError):
@@ -79,7 +80,7 @@ def status(study: Study, uri: str, amend: str | None = None) -> str:
 def _store_key(uri: str, study: str) -> str:
     """The study's experiment in its store (id@creation time), as submissions are numbered: two stores beside one
     claims store register apart."""
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     exp_id = tracking.experiment_id(uri, study)
     return f"{exp_id}@{c.get_experiment(exp_id).creation_time}"
 
@@ -142,10 +143,10 @@ def _entry(study: Study, uri: str, declared: dict, latest: Registration | None, 
 def _finished(uri: str, study: str) -> dict[str, int]:
     """variant -> its cells with a result (any code's) in the store: what had been seen when an amendment was made."""
     counts: Counter = Counter()
-    for runs in records.cell_runs(uri, study).values():
-        result = records.result_run(runs)
+    for runs in vocabulary.cell_runs(uri, study).values():
+        result = vocabulary.result_run(runs)
         if result is not None:
-            counts[result.data.tags.get(records.TAG_VARIANT, "?")] += 1
+            counts[result.data.tags.get(vocabulary.TAG_VARIANT, "?")] += 1
     return dict(counts)
 
 
@@ -165,17 +166,17 @@ def _git_commit(path: str) -> str:
 
 def _mirror(uri: str, study: str, entry: Registration) -> None:
     """The version as a run of the study's experiment: what a team on the same server and the report read."""
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     tags = {
-        records.TAG_KIND: records.KIND_REGISTRATION,
-        records.TAG_STUDY: study,
-        records.TAG_VERSION: str(entry.version),
-        records.TAG_DECLARATION_HASH: entry.hash,
-        records.TAG_NOTE: entry.reason or "the study's registration",
+        vocabulary.TAG_KIND: vocabulary.KIND_REGISTRATION,
+        vocabulary.TAG_STUDY: study,
+        vocabulary.TAG_VERSION: str(entry.version),
+        vocabulary.TAG_DECLARATION_HASH: entry.hash,
+        vocabulary.TAG_NOTE: entry.reason or "the study's registration",
     }
     name = "registration" if entry.version == 0 else f"amendment {entry.version}"
     run = c.create_run(tracking.experiment_id(uri, study), run_name=name, tags=tags)
-    c.log_dict(run.info.run_id, entry.to_json(), records.REGISTRATION_ARTIFACT)
+    c.log_dict(run.info.run_id, entry.to_json(), vocabulary.REGISTRATION_ARTIFACT)
     c.set_terminated(run.info.run_id, "FINISHED")
 
 

@@ -8,8 +8,8 @@ import os
 from collections.abc import Callable
 
 from ablations.cluster import Connection, check_answers, connect, is_loopback_address
-from ablations.secrets import redact_url
-from ablations.spec import Resources
+from record.secrets import redact_url
+from record.spec import Resources
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -77,7 +77,7 @@ def store_exists(uri: str) -> bool:
 def nothing_recorded(uri: str) -> str | None:
     """For a command that only reads the store (report, compare, heads, ui): a store with nothing in it yet, said
     in one line, and not made (opening it would create an empty one, which the next command would then read)."""
-    from ablations.secrets import redact_url
+    from record.secrets import redact_url
 
     if store_exists(uri):
         return None
@@ -128,7 +128,7 @@ def store_problem(uri: str, timeout: float = 10.0) -> str | None:
     do (a refusal of the credentials is MLflow's to name)."""
     from urllib.parse import urlsplit
 
-    from ablations.secrets import redact_url
+    from record.secrets import redact_url
 
     kind = database_kind(uri)
     where = redact_url(uri)

@@ -1,6 +1,6 @@
 """Writing to MLflow: where the store is, experiments, and one run's params, metrics, tags and artifacts.
 
-The names of what is recorded (run kinds, tags, states) live in ``ablations.records``.
+The names of what is recorded (run kinds, tags, states) live in ``record.vocabulary``.
 
 - Metrics per step, written by a background thread in batches (``log_batch``), so that training never
   waits for the store; summary metrics at the end (best_*, final_*, test splits, cost_*).
@@ -32,7 +32,8 @@ from urllib.request import url2pathname
 
 import tenacity
 
-from ablations.records import (
+from record.secrets import redact
+from record.vocabulary import (
     MLFLOW_STATUS,
     STATUS_RUNNING,
     TAG_EXPERIMENT_KIND,
@@ -45,10 +46,9 @@ from ablations.records import (
     client,
     status_tag,
 )
-from ablations.secrets import redact
 
 if TYPE_CHECKING:
-    from ablations.spec import RunConfig
+    from record.spec import RunConfig
 
 # A run's hooks are called at every logging point with (step, metrics): a search's pruner, Tune's reports.
 Hook = Callable[[int, dict[str, float]], None]

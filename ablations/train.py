@@ -27,12 +27,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from ablations import records, tracking
-from ablations.spec import RunConfig
-from ablations.spec.metrics import metric_split
+from ablations import tracking
 from ablations.tracking import Hook, RunResult, Tracking, experiment_name
 from models.lightning import LitTransformer, check_device, reset_peak_memory
 from models.tasks import TaskDataModule
+from record import vocabulary
+from record.spec import RunConfig
+from record.spec.metrics import metric_split
 
 
 def quiet_lightning() -> None:
@@ -226,12 +227,12 @@ def train(
         attempt.fit(run, data, run_logger, hooks, progress, trainer_options, prepare)
     except KeyboardInterrupt as err:
         attempt.status, attempt.detail = (
-            records.STATUS_KILLED,
+            vocabulary.STATUS_KILLED,
             f"interrupted ({'SIGTERM' if str(err) == 'SIGTERM' else 'Ctrl-C'})",
         )
         raise
     except BaseException as err:
-        attempt.status, attempt.detail = records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
+        attempt.status, attempt.detail = vocabulary.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000]
         if run_logger is not None:
             run_logger.log_text(traceback.format_exc(), "traceback.txt")
         raise
@@ -256,7 +257,7 @@ class _Attempt:
     it ends)."""
 
     started: float
-    status: str = records.STATUS_FAILED
+    status: str = vocabulary.STATUS_FAILED
     detail: str = ""
     summary: dict[str, float] = field(default_factory=dict)
     module: Any = None
@@ -313,13 +314,13 @@ def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str, devi
     """The run's MLflow run, started with its params and configuration, and the device it trains on (the params say
     how it trains, bf16-mixed, compile and fused AdamW among them; the device says where)."""
     tags = {
-        records.TAG_DEVICE: device_name(device),
-        records.TAG_SEED: str(run.seed),
-        records.TAG_TASK: run.task.name,
-        records.TAG_ARCH: run.model.arch,
-        records.TAG_CONFIG_HASH: run.config_hash(),
+        vocabulary.TAG_DEVICE: device_name(device),
+        vocabulary.TAG_SEED: str(run.seed),
+        vocabulary.TAG_TASK: run.task.name,
+        vocabulary.TAG_ARCH: run.model.arch,
+        vocabulary.TAG_CONFIG_HASH: run.config_hash(),
         **where.tags,
-        records.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
+        vocabulary.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs
     }
     run_logger = tracking.RunLogger(
         uri=uri,
@@ -332,9 +333,9 @@ def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str, devi
     if run.plugins:  # which version of the researcher's own components the run compares
         from models import plugins
 
-        run_logger.set_tags({f"{records.TAG_PLUGIN_PREFIX}{m}": d for m, d in run.plugins.items()})
+        run_logger.set_tags({f"{vocabulary.TAG_PLUGIN_PREFIX}{m}": d for m, d in run.plugins.items()})
         used = [plugins.LOADED[m].manifest() for m in run.plugins if m in plugins.LOADED]
-        run_logger.log_text(json.dumps(used, indent=1), records.PLUGINS_ARTIFACT)
+        run_logger.log_text(json.dumps(used, indent=1), vocabulary.PLUGINS_ARTIFACT)
     return run_logger
 
 
@@ -370,29 +371,29 @@ def _outcome(module, drain: Drain, trainer, data) -> tuple[str, str, dict[str, f
     extra: dict[str, float] = {}
     detail = ""
     if module.diverged:
-        status, detail = records.STATUS_DIVERGED, module.diverged["reason"]
+        status, detail = vocabulary.STATUS_DIVERGED, module.diverged["reason"]
         extra["diverged_step"] = float(module.diverged["step"])
     elif drain.stopped is not None:
         status, detail, stop_step = drain.stopped
         extra["stopped_step"] = float(stop_step)
     else:
-        status = records.STATUS_FINISHED
+        status = vocabulary.STATUS_FINISHED
     if trainer.is_global_zero and drain.stopped is None:
         extra.update(_final_evaluation(module, data, drain))
         lost = [k for k, v in {**module.last_val, **extra}.items() if not math.isfinite(v)]
-        if status == records.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
+        if status == vocabulary.STATUS_FINISHED and lost:  # the training loss stayed finite, the model's outputs
             # did not: a result with no value, counted as diverged whatever the metric is called (dropped as
             # "no value yet", it vanished; only a loss's name was checked)
-            status, detail = records.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
+            status, detail = vocabulary.STATUS_DIVERGED, f"non-finite {', '.join(lost)} after training"
             extra["diverged_step"] = float(trainer.global_step)
     return status, detail, extra
 
 
 def _fenced(run_id: str, status: str, detail: str, fence: Callable[[str], bool] | None) -> tuple[str, str]:
     """A result is written only while the cell's claim holds: taken over, the run ends as killed."""
-    if fence is not None and status in records.RESULT_STATES and not fence(run_id):
+    if fence is not None and status in vocabulary.RESULT_STATES and not fence(run_id):
         return (
-            records.STATUS_KILLED,
+            vocabulary.STATUS_KILLED,
             "its claim on the cell was taken over (the lease expired): another submission trains it",
         )
     return status, detail

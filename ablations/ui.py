@@ -15,8 +15,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from ablations import records, tracking
-from ablations.secrets import redact, redact_url
+from ablations import tracking
+from record import vocabulary
+from record.secrets import redact, redact_url
 
 DEFAULT_PORTS = {"mlflow": 5000, "optuna": 8080}
 
@@ -25,7 +26,7 @@ def print_summary(result) -> None:
     """What ``ablate run`` prints at the end: the run's status, its final and test metrics, and where to see it."""
     status = result.status + (f" ({result.detail})" if result.detail else "")
     print(f"\nstatus: {status}")
-    from ablations.spec.metrics import in_order
+    from record.spec.metrics import in_order
 
     shown = [
         k for k in in_order(result.metrics) if k.startswith(("final/", "test", "best/val_exact", "best/val_acc"))
@@ -79,7 +80,7 @@ def experiment_link(base: str, experiment_id: str | None = None, run_id: str | N
 def browse_hint(uri: str, experiment: str, run_id: str | None = None) -> str:
     """What to type (or open) to see an experiment or a run: a server's URL, else ``ablate ui ...``."""
     if uri.startswith(("http://", "https://")):
-        exp = records.client(uri).get_experiment_by_name(experiment)
+        exp = vocabulary.client(uri).get_experiment_by_name(experiment)
         return experiment_link(uri, exp.experiment_id, run_id) if exp else uri
     flag = "" if uri == tracking.resolve_uri(None, create=False) else f" --tracking-uri {redact_url(uri)}"
     return f"ablate ui {experiment}" + (f" --run {run_id}" if run_id else "") + flag
@@ -153,17 +154,17 @@ def serve_mlflow(
         from mlflow.exceptions import MlflowException
 
         try:
-            run_experiment = records.client(uri).get_run(run_id).info.experiment_id
+            run_experiment = vocabulary.client(uri).get_run(run_id).info.experiment_id
         except MlflowException:
             print(f"error: no run {run_id!r} in {redact_url(uri)}", file=sys.stderr)
             return 2
         exp_id = run_experiment
     if experiment:
-        exp = records.client(uri).get_experiment_by_name(experiment)
+        exp = vocabulary.client(uri).get_experiment_by_name(experiment)
         if exp is None:
-            names = sorted(e.name for e in records.client(uri).search_experiments())
+            names = sorted(e.name for e in vocabulary.client(uri).search_experiments())
             print(
-                f"error: no experiment {experiment!r} in {redact_url(uri)}{records.name_hint(experiment, names)}; "
+                f"error: no experiment {experiment!r} in {redact_url(uri)}{vocabulary.name_hint(experiment, names)}; "
                 f"experiments there: {', '.join(names)}",
                 file=sys.stderr,
             )

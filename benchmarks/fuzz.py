@@ -14,7 +14,7 @@ and then pass what ``ablate sweep --dry-run`` / ``ablate search --dry-run`` chec
     python benchmarks/fuzz.py --examples 500 --kinds study search --seed 3
     python benchmarks/fuzz.py --cli 20              # also 20 per kind through the real `ablate` command
 
-The suite (tests/ablations/spec/test_fuzz.py) runs a few hundred of each kind with a fixed seed.
+The suite (tests/record/spec/test_fuzz.py) runs a few hundred of each kind with a fixed seed.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def catalogue(kind: str) -> list[Path]:
 def _vocabulary() -> tuple[list[str], list[Any]]:
     """Every key name and every scalar value of the catalogue, and the dotted keys a run may hold: the names and
     values a mutation borrows, so that a renamed key or a replaced value is often one the loaders know."""
-    from ablations.spec.run import run_keys
+    from record.spec.run import run_keys
 
     keys: set[str] = set()
     values: list[Any] = []
@@ -85,7 +85,7 @@ def _vocabulary() -> tuple[list[str], list[Any]]:
 
 
 KEYS, VALUES = _vocabulary()
-RUN_KEYS = __import__("ablations.spec.run", fromlist=["run_keys"]).run_keys({"task": {"name": "reverse"}})
+RUN_KEYS = __import__("record.spec.run", fromlist=["run_keys"]).run_keys({"task": {"name": "reverse"}})
 
 # --- values ---------------------------------------------------------------------------------------------------
 
@@ -497,20 +497,20 @@ def accept(kind: str, path: Path, sets: list[str] | None, store: str) -> None:
     without a store; any exception propagates."""
     noise: list[str] = []
     if kind in ("run", "set"):
-        from ablations.spec import load_run
+        from record.spec import load_run
 
         run = load_run(path, sets)
         run.config_hash(), run.params(), run.to_dict()
         noise += [run.model.describe(), run.task.describe(), str(run.training.max_steps)]
     elif kind == "study":
-        from ablations.spec import load_study
         from ablations.sweep.preview import dry_run
+        from record.spec import load_study
 
         study = load_study(path)
         dry_run(study, tracking_uri=store, claims_url=None, reuse_any_code=False, out=noise.append)
     else:
         from ablations.search.preview import describe_search
-        from ablations.spec import load_search
+        from record.spec import load_search
 
         spec = load_search(path)
         describe_search(
@@ -520,7 +520,7 @@ def accept(kind: str, path: Path, sets: list[str] | None, store: str) -> None:
 
 def check(kind: str, raw: bytes, work: Workdir, sets: list[str] | None = None) -> Outcome:
     """Write the input, load it in this process, and judge the outcome (see the module's docstring)."""
-    from ablations.spec import SpecError
+    from record.spec import SpecError
 
     path = work.path(kind)
     path.write_bytes(raw)
@@ -577,7 +577,7 @@ def judge(err, path: Path, work: Workdir, raw: bytes) -> str | None:
 def _in_file(path: Path, key: str) -> bool:
     """Whether the file (a readable YAML mapping) holds the top-level key that ``key`` (dotted, perhaps after a
     variant's label) starts with: then the error can name its line (a key the file lacks has none)."""
-    from ablations.spec.yamlfile import YamlFileError, decode, parse
+    from record.spec.yamlfile import YamlFileError, decode, parse
 
     try:
         data = parse(decode(path.read_bytes())).data

@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from conftest import mlflow_server
 
-    from ablations.spec import load_run, resolve_run
     from ablations.train import Tracking, train
+    from record.spec import load_run, resolve_run
 
     torch.set_num_threads(1)
     base = load_run(ROOT / "ablations" / "runs" / "quickstart.yaml").to_dict()

@@ -128,19 +128,19 @@ class GpuSampler:
 def read_cells(uri: str, study: str) -> list[dict[str, Any]]:
     from mlflow import MlflowClient
 
-    from ablations import records
     from benchmarks.sweep import cell_runs
+    from record import vocabulary
 
     if MlflowClient(uri).get_experiment_by_name(study) is None:
         return []
     return [
         {
-            "state": records.cell_state(r),
+            "state": vocabulary.cell_state(r),
             "start": r.info.start_time / 1000,
             "end": (r.info.end_time or 0) / 1000,
             "peak_memory_mb": r.data.metrics.get("cost/peak_memory_mb"),
-            "detail": r.data.tags.get(records.TAG_STATUS, ""),
-            "device": r.data.tags.get(records.TAG_DEVICE),
+            "detail": r.data.tags.get(vocabulary.TAG_STATUS, ""),
+            "device": r.data.tags.get(vocabulary.TAG_DEVICE),
         }
         for r in cell_runs(uri, study)
     ]
@@ -219,7 +219,7 @@ def gpu_calibration(study: Path) -> dict[str, Any]:
     import torch
 
     from ablations.packing import _distinct_models, step_memory_mb
-    from ablations.spec import load_study
+    from record.spec import load_study
 
     label, run = _distinct_models(load_study(study))[0]
     out = {"variant": label, "cpu_tensor_mb": step_memory_mb(run, torch.device("cpu"))}

@@ -59,7 +59,7 @@ def run_config(
     fused: bool,
     task: dict | None = None,
 ):
-    from ablations.spec import resolve_run
+    from record.spec import resolve_run
 
     s = SIZES[size]
     return resolve_run(

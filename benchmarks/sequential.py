@@ -2,7 +2,7 @@
 
 For each declared difference (in standard deviations of the per-seed paired differences), the fixed design is the
 fewest seeds at which the exact sign-flip test reaches 80% power at alpha 0.05. Plans (both spending functions, a
-grid of first / batch / max) are simulated as ``dashboards.sequential.simulate`` decides them (the group-sequential
+grid of first / batch / max) are simulated as ``record.stats.plans.simulate`` decides them (the group-sequential
 exact test at every look, decisions final); the cheapest whose power is at least the fixed design's, less the
 search's noise, is re-simulated on more studies and reported: its power and expected seeds at the declared
 difference, at 1.5 times it, and under no difference, where its error is also shown. The re-simulated power can
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ablations.spec.family import smallest_exact_n  # noqa: E402
-from ablations.spec.seedplan import SeedPlan  # noqa: E402
-from dashboards import stats  # noqa: E402
-from dashboards.sequential import fixed_seeds, simulate  # noqa: E402
+from record import stats  # noqa: E402
+from record.spec.seedplan import SeedPlan  # noqa: E402
+from record.stats.family import smallest_exact_n  # noqa: E402
+from record.stats.plans import fixed_seeds, simulate  # noqa: E402
 
 ALPHA, POWER = 0.05, 0.8
 EFFECTS = (0.8, 1.0, 1.3)

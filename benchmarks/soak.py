@@ -693,8 +693,8 @@ def pid_alive_tag(run) -> bool:
 def count_study(client, study_path: Path, size: Size) -> dict:
     """A study's cells as MLflow holds them: lost (no result, no recorded failure), duplicated (more than one result),
     failed (with the reasons), results missing metrics, and runs left RUNNING with no process."""
-    from ablations.records import KIND_CELL, KIND_STUDY, RESULT_STATES, STATUS_FAILED, cell_state
-    from ablations.spec import load_study
+    from record.spec import load_study
+    from record.vocabulary import KIND_CELL, KIND_STUDY, RESULT_STATES, STATUS_FAILED, cell_state
 
     cells = [c.cell_id for c in load_study(study_path).cells]
     exp = client.get_experiment_by_name(STUDY)
@@ -737,8 +737,8 @@ def count_search(client, storage: str, size: Size) -> dict:
     import optuna
     from optuna.trial import TrialState
 
-    from ablations.records import KIND_SEARCH, KIND_TRIAL
     from ablations.search.ledger import FAILURE_ATTR, counted_numbers
+    from record.vocabulary import KIND_SEARCH, KIND_TRIAL
 
     study = optuna.load_study(study_name=SEARCH, storage=storage)
     trials = study.get_trials(deepcopy=False)

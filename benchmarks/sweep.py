@@ -50,7 +50,7 @@ def write_study(folder: Path, name: str, base: dict, seeds: int, max_concurrent:
 def cell_runs(uri: str, name: str) -> list:
     from mlflow import MlflowClient
 
-    from ablations.records import KIND_CELL, search_all
+    from record.vocabulary import KIND_CELL, search_all
 
     exp = MlflowClient(uri).get_experiment_by_name(name)
     return search_all(uri, [exp.experiment_id], f"tags.kind = '{KIND_CELL}'")
@@ -59,9 +59,9 @@ def cell_runs(uri: str, name: str) -> list:
 def overhead(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
     import torch
 
-    from ablations.spec import load_run, load_study
     from ablations.sweep import run_study
     from ablations.train import Tracking, train
+    from record.spec import load_run, load_study
 
     base = load_run(ROOT / "ablations" / "runs" / "quickstart.yaml").to_dict()
     base.pop("name")
@@ -116,8 +116,8 @@ def overhead(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
 
 
 def scale(args: argparse.Namespace, tmp: Path) -> tuple[dict, list[str]]:
-    from ablations.spec import load_study
     from ablations.sweep import run_study
+    from record.spec import load_study
 
     base = {
         "task": {"name": "reverse", "train_size": 200, "max_len": 5},

@@ -3,7 +3,7 @@ converged, compared variants whose parameter counts differ by more than a stated
 fewer seeds than they need, a family its seeds cannot resolve; and the rule for bold: a variant is marked best
 only when the family's tests show it better than every other variant.
 
-The thresholds are the study's ``analysis.warn`` settings (ablations/spec/analysis.py); docs/statistics.md explains
+The thresholds are the study's ``analysis.warn`` settings (record/spec/analysis.py); docs/statistics.md explains
 each check. Nothing here reads MLflow: dashboards/table.py hands over the values, curves and parameter counts.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ablations.spec.analysis import Warn
-from ablations.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
-from dashboards import stats
 from models import plugins
 from models.tasks.base import BOS, PAD, SEP
+from record import stats
+from record.spec.analysis import Warn
+from record.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Caveat:
 @dataclass(frozen=True)
 class TableView:
     """What a warning of one's own reads of a table: each variant's (mean, seeds), its contrasts
-    (``dashboards.stats.Contrast``: ``label``, ``a``, ``b``, ``estimate``, ``p_adj``, ...), each variant's model fields as
+    (``record.stats.Contrast``: ``label``, ``a``, ``b``, ``estimate``, ``p_adj``, ...), each variant's model fields as
     MLflow holds them (text), every cell's row (a pandas DataFrame: variant, seed, outcome, value and the runs'
     params), and the metric compared."""
 
@@ -405,7 +405,7 @@ def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test:
 
 def same_family(models: dict[str, dict[str, str]]) -> Caveat | None:
     """``models``: variant -> its model's fields (a cell's ``params.model.*``). A caveat naming the pairs of
-    variants that compare one model family under two names (``ablations.spec.equivalence``: Luong's general
+    variants that compare one model family under two names (``record.spec.equivalence``: Luong's general
     against dot over projected q and k), as the dry run and the sweep said before the runs."""
     pairs = equivalent_pairs(models)
     if not pairs:
@@ -417,7 +417,7 @@ def same_family(models: dict[str, dict[str, str]]) -> Caveat | None:
 
 def coinciding_scores(models: dict[str, dict[str, str]]) -> Caveat | None:
     """``models``: variant -> its model's fields (a cell's ``params.model.*``). A caveat naming the variants that
-    compare scores in self-attention over the states themselves (``ablations.spec.equivalence``), where q and k are
+    compare scores in self-attention over the states themselves (``record.spec.equivalence``), where q and k are
     one tensor and a token scores itself |x|^2, as the dry run and the sweep said before the runs."""
     pairs = coinciding_pairs(models)
     if not pairs:

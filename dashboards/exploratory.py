@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ablations.recorded import Registration
-from ablations.spec.analysis import parse_analysis
-from ablations.spec.family import effect_labels
+from record.recorded import Registration
+from record.spec.analysis import parse_analysis
+from record.stats.family import effect_labels
 
 # a change of any of these after results moves every contrast (what decides every verdict)
 EVERY_CONTRAST = {"metric", "direction", "seeds", "budget", "vary_data", "design", "axes", "tune"}

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ablations.records import AXIS_PREFIX
 from dashboards.render import records_csv
 from dashboards.table import Table
+from record.vocabulary import AXIS_PREFIX
 
 SEED_FIELDS = ("variant", "seed", "cell_id", "outcome", "detail", "value", "rule_value", "imputed")
 

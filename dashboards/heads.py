@@ -7,7 +7,7 @@ MLflow; the model is evaluated on a split with all heads, then with each single 
 
 As in the paper, a head's effect is judged within its own trained model: for a loss metric, the per-sequence
 losses with and without the head are compared by the study's paired test over the split's sequences, with the
-rules of every table (dashboards/stats.py): the sign-flip permutation test by default (Monte Carlo over
+rules of every table (record/stats.py): the sign-flip permutation test by default (Monte Carlo over
 hundreds of sequences, with enough resamples to reach the corrected level) or the paired t-test
 (``analysis.test``), a head with no spread in its differences tested exactly rather than given p = 0, and
 Holm's correction over the model's heads before anything is counted (at p <= 0.01, the paper's level). Heads
@@ -29,10 +29,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ablations import records
-from ablations.spec import resolve_run
-from dashboards import stats
 from dashboards.load import load_study
+from record import stats, vocabulary
+from record.spec import resolve_run
 
 T = TypeVar("T")
 
@@ -73,7 +72,7 @@ def trained_run(run_id: str, uri: str):
     """The resolved run configuration a trained run kept (config.yaml). LookupError if it kept none."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = records.client(uri).download_artifacts(run_id, "config.yaml", tmp)
+            path = vocabulary.client(uri).download_artifacts(run_id, "config.yaml", tmp)
         except Exception as err:
             raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
         return resolve_run(yaml.safe_load(Path(path).read_text()), f"run {run_id}")
@@ -89,7 +88,7 @@ def load_trained(run_id: str, uri: str):
     run = trained_run(run_id, uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            weights = records.client(uri).download_artifacts(run_id, "checkpoint/model.pt", tmp)
+            weights = vocabulary.client(uri).download_artifacts(run_id, "checkpoint/model.pt", tmp)
         except Exception as err:
             raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
         state = torch.load(weights, map_location="cpu", weights_only=True)
@@ -159,7 +158,7 @@ def judge_heads(
 ) -> tuple[float, int, list[HeadEffect]]:
     """(the loss with every head, scored sequences, each head's effect) from per-sequence summed losses ``nll``
     and scored tokens ``weight`` with every head, and ``without[(module, head)]``: the per-sequence losses
-    without that head. Each head: the paired test of the per-sequence differences (dashboards.stats.paired_p,
+    without that head. Each head: the paired test of the per-sequence differences (record.stats.paired_p,
     every table's test), Holm over the model's heads, and the verdict at ``alpha``."""
     import numpy as np
 
@@ -217,7 +216,7 @@ def check_options(uri: str, study: str, metric: str, prune: str | None = None) -
     """Before any model is evaluated: ``metric`` (--metric) and ``prune`` (--prune) must be what the trained runs
     evaluate (val/<name>, <test split>/<name>); pruning measures on another split than the one that chooses the
     heads (validation). Raises ValueError naming the option, with the names there are."""
-    from ablations.spec.metrics import split_names, unknown_metric
+    from record.spec.metrics import split_names, unknown_metric
 
     cells, _ = trained_cells(uri, study)
     try:
@@ -361,7 +360,7 @@ def save_heads(
     parent = load_study(uri, study).latest_parent
     if parent is None:
         return written, None, []
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     c.log_text(parent.info.run_id, text, "heads/heads.md")
     c.log_text(parent.info.run_id, heads_json(models), "heads/heads.json")
     return written, parent.info.run_id, ["heads/heads.md", "heads/heads.json"]

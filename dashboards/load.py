@@ -1,9 +1,9 @@
 """A study's results from MLflow, as a tidy table: one row per cell (variant x seed), nothing else read.
 
-The conventions (ablations/records.py, DESIGN.md): one experiment per study; a parent run per submission
+The conventions (record/vocabulary.py, DESIGN.md): one experiment per study; a parent run per submission
 (tag ``kind=study``, the design as the artifact ``design.json``); a child run per attempt of a cell (tag
 ``kind=cell``, with ``variant``, ``seed``, ``cell_id`` and ``status_detail``; its settings from the design,
-``ablations.recorded``). A cell's row
+``record.recorded``). A cell's row
 is its result run (finished or diverged) when it has one, else its latest attempt (failed, killed, ...).
 """
 
@@ -16,8 +16,10 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.recorded import CellRun, RecordedDesign, Registration, registrations, submission_number
-from ablations.records import (
+from dashboards.caveats import ANSWER_CHOICES
+from record.recorded import CellRun, RecordedDesign, Registration, registrations, submission_number
+from record.secrets import redact_url
+from record.vocabulary import (
     AXIS_PREFIX,
     DESIGN_ARTIFACT,
     KIND_CELL,
@@ -30,8 +32,6 @@ from ablations.records import (
     same_code,
     search_all,
 )
-from ablations.secrets import redact_url
-from dashboards.caveats import ANSWER_CHOICES
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in reports
 

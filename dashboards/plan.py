@@ -3,7 +3,7 @@
 For each contrast of the declared family, the spread of its paired differences in the pilot (failed seeds
 under the failure rule, as in the tables) gives the seeds needed to detect ``analysis.detect[metric]`` with
 ``analysis.power`` at Holm's strictest level alpha / (family size), and never fewer than the seeds at which the
-study's test can reach that level at all (dashboards.stats.seeds_needed).
+study's test can reach that level at all (record.stats.seeds_needed).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ablations.secrets import redact_url
-from ablations.spec.analysis import Analysis
-from dashboards import stats
 from dashboards.load import NoResults, load_study
 from dashboards.render import number_text
 from dashboards.table import Table, build
+from record import stats
+from record.secrets import redact_url
+from record.spec.analysis import Analysis
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ PLAN_DRAWS = 1_000  # simulated studies behind a dry run's expected seeds (about
 def sequential_plan(uri: str | None, study, *, submission: int | None = None, draws: int = PLAN_DRAWS) -> str:
     """A dry run's lines for a study with a seed plan: its looks and what each spends, the most it can train (seeds
     and compute), and, from a pilot's spread (an earlier submission, or the study's own first batch) and the declared
-    difference, the seeds each variant is expected to train (``dashboards.sequential.simulate``)."""
+    difference, the seeds each variant is expected to train (``record.stats.plans.simulate``)."""
     plan, variants, a = study.plan, study.variants, study.analysis
     spent = ", ".join(f"{x:.3g} by {n}" for n, x in zip(plan.looks(), plan.cumulative(a.alpha)))
     lines = [
@@ -134,7 +134,7 @@ def _pilot_table(uri: str | None, study, submission: int | None) -> Table | str:
 def _expected(table: Table, plan, variants: list[str], draws: int) -> tuple[dict[str, float], str]:
     """Per variant, the seeds the plan is expected to train against the declared difference, the family's
     contrasts simulated as independent with the pilot's spread; and how the effects were read."""
-    from dashboards.sequential import simulate
+    from record.stats.plans import simulate
 
     family = [c for c in table.family if c.n >= 2 and math.isfinite(c.sd) and c.sd > 0]
     if not family:

@@ -15,7 +15,7 @@ head at a time, in every trained seed of a study.
   module whole). The head kept is the best one on the validation split; its change of the metric is measured
   on the test split.
 
-Seeds are summarised as every table does (dashboards/stats.py): at each pruned fraction the importance order is
+Seeds are summarised as every table does (record/stats.py): at each pruned fraction the importance order is
 compared with the random orders by the study's paired test over seeds (the sign-flip permutation test by default,
 ``analysis.test``), with Holm's correction over the fractions.
 """
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dashboards import stats
 from dashboards.heads import each_model, load_trained, trained_cells
 from dashboards.load import load_study
+from record import stats
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
 RANDOM_ORDERS = 5
@@ -292,8 +292,8 @@ def save_pruning(
     study's latest parent run: (the files written to ``out``, the parent run's id or None, the artifacts logged)."""
     import tempfile
 
-    from ablations import records
     from dashboards.static import pruning_png
+    from record import vocabulary
 
     metric = info["metric"]
     variants = dict.fromkeys(m.variant for m in models)
@@ -308,7 +308,7 @@ def save_pruning(
         paths.append(pruning_png(curves, metric, folder / "pruning.png"))
         parent = load_study(uri, study).latest_parent
         if parent is not None:
-            c = records.client(uri)
+            c = vocabulary.client(uri)
             for path in paths:
                 c.log_artifact(parent.info.run_id, str(path), "heads")
                 logged.append(f"heads/{path.name}")

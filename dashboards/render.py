@@ -10,8 +10,9 @@ import io
 import math
 from typing import Any
 
-from dashboards import stats, verdicts
+from dashboards import verdicts
 from dashboards.table import COSTS, FAILED_MARK, Table, VariantRow
+from record import stats
 
 # --- formatting ------------------------------------------------------------------------------------------
 

@@ -16,9 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablations import records
-from ablations.secrets import redact_url
-from dashboards import export, sequential, stats
+from dashboards import export, looks
 from dashboards.load import StudyRuns, client, load_study
 from dashboards.plots import all_figures
 from dashboards.render import (
@@ -37,6 +35,8 @@ from dashboards.render import (
     verdict_text,
 )
 from dashboards.table import Table
+from record import stats, vocabulary
+from record.secrets import redact_url
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -148,7 +148,7 @@ def pairing_html(t: Table) -> str:
 
 
 def plan_html(t: Table) -> str:
-    """A seed plan's path: each contrast at each look (``dashboards.sequential``)."""
+    """A seed plan's path: each contrast at each look (``dashboards.looks``)."""
     rows = t.path
     if not rows:
         return ""
@@ -295,9 +295,9 @@ def make_report(
 ) -> Report:
     """Build the table and the report, write them to ``out_dir`` and log them to the latest parent run."""
     runs = load_study(uri, study, submission=submission)
-    table = sequential.table(runs, metric=metric, baseline=baseline)
+    table = looks.table(runs, metric=metric, baseline=baseline)
     parent = runs.latest_parent
-    description = parent.data.tags.get(records.TAG_NOTE, "") if parent is not None else ""
+    description = parent.data.tags.get(vocabulary.TAG_NOTE, "") if parent is not None else ""
     out_dir = Path(out_dir or Path(".ablate") / "reports" / study)
     out_dir.mkdir(parents=True, exist_ok=True)
     from dashboards.static import save_pngs

@@ -18,13 +18,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.recorded import RecordedDesign
-from ablations.records import AXIS_PREFIX
-from ablations.spec.analysis import Analysis
-from ablations.spec.metrics import better, majority_metric
-from dashboards import caveats, stats, testable
+from dashboards import caveats, testable
 from dashboards.exploratory import exploratory
 from dashboards.load import MODEL_PARAMS, NONFINITE, OTHER_CODE, PARAMS_PREFIX, StudyRuns
+from record import stats
+from record.recorded import RecordedDesign
+from record.spec.analysis import Analysis
+from record.spec.metrics import better, majority_metric
+from record.vocabulary import AXIS_PREFIX
 
 COSTS = [
     ("cost/n_params", "params"),
@@ -76,11 +77,11 @@ class Table:
     caveats: list[caveats.Caveat] = field(default_factory=list)  # warnings for a reader (dashboards/caveats.py)
     ranking: caveats.Best = field(default_factory=lambda: caveats.Best(None, None))  # who is bold, or why none
     source: str = ""  # the study file (its next steps are commands on it)
-    registrations: list = field(default_factory=list)  # its registration and amendments (ablations.recorded)
+    registrations: list = field(default_factory=list)  # its registration and amendments (record.recorded)
     seeds: list[dict[str, Any]] = field(default_factory=list)  # every cell's value and outcome (``seed_records``)
     levels: dict[str, list[str]] = field(default_factory=dict)  # a grid's axes and their levels, in order
     path: list[list[str]] = field(default_factory=list)  # a seed plan's looks (dashboards.render.PATH_HEAD)
-    plan: dict[str, Any] | None = None  # the seed plan (ablations.spec.seedplan), as declared
+    plan: dict[str, Any] | None = None  # the seed plan (record.spec.seedplan), as declared
     looks: list[dict[str, Any]] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
 
     @property
@@ -234,7 +235,7 @@ def _value(v: str) -> str:
 
 
 def metric_direction(metric: str) -> str:
-    """The direction of a metric other than the study's (``ablations.spec.metrics.better``: losses, perplexities,
+    """The direction of a metric other than the study's (``record.spec.metrics.better``: losses, perplexities,
     error rates and costs go down; accuracies and throughputs up); one with none of its own (when a run stopped)
     is read as lower-is-better, and the table says so."""
     return better(metric) or "minimize"

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ablations.spec.analysis import Converged, Expect
 from dashboards import caveats
+from record.spec.analysis import Converged, Expect
 
 NOT_TESTABLE = "not testable here"
 

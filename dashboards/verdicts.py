@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from dashboards import stats
 from dashboards.table import Table
 from dashboards.testable import NOT_TESTABLE
+from record import stats
 
 MAX_SEEDS_ADVISED = 100  # beyond, "add seeds" is no advice: the difference is small against the seeds' spread
 

@@ -282,7 +282,7 @@ class ModelConfig:
     # -- derived values -------------------------------------------------------------------------
     def implied(self) -> dict[str, Any]:
         """What each field left out (None) means here: the one place that says it (the properties below read it;
-        a cell's id writes a value equal to it as left out, ``ablations.spec.run.canonical``)."""
+        a cell's id writes a value equal to it as left out, ``record.spec.run.canonical``)."""
         return {
             "head_dim": self.d_model // self.n_heads if self.d_model % self.n_heads == 0 else None,  # else given
             "d_ff": 4 * self.d_model,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, RESULT_STATES, STATUS_FAILED, cell_state, client
+from record.vocabulary import KIND_CELL, RESULT_STATES, STATUS_FAILED, cell_state, client
 
 
 def count(store: str, study: str, cell_ids: list[str]) -> dict[str, int]:

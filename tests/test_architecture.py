@@ -1,25 +1,27 @@
 """The architecture's rules, checked on the source (docs/architecture.md).
 
-- One layer of declarations and records (``LAYER``) under both running (the rest of ablations/) and comparing
-  (dashboards/): each imports the layer and never the other, at module level or inside functions; the layer
-  imports neither; the command line (ablate/) alone composes them; models/ imports none of ours.
-- No import circles, module-level or inside functions, across models/, ablations/ and dashboards/.
+- The layers, import-linter's contracts in pyproject.toml: the command line (ablate/) on running (ablations/) and
+  comparing (dashboards/), which never import each other, at module level or inside functions; both on the record
+  (record/); all on the model (models/), which imports none of ours; the statistics (record/stats/) pure.
+- No import circles, module-level or inside functions, across the packages.
 - No module imports another module's private names.
-- The declarations (ablations/spec/) import no ray, mlflow or optuna; what only drives training imports no torch.
-- One module (ablations/records.py) defines the MLflow record vocabulary.
+- The declarations (record/spec/) import no ray, mlflow or optuna; what only drives training imports no torch.
+- One module (record/vocabulary.py) defines the MLflow record vocabulary.
 - No product function is longer than 60 lines; dataclasses with many (over 6) fields are keyword-only.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGES = ("models", "ablations", "dashboards", "ablate")
+PACKAGES = ("models", "record", "ablations", "dashboards", "ablate")
 
 
 def modules() -> dict[str, Path]:
@@ -64,42 +66,34 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
-LAYER = ("ablations.spec", "ablations.records", "ablations.recorded", "ablations.secrets")  # declarations, records
-COMPOSER = "ablate"  # the command line: composes running and comparing
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts of ``root``/pyproject.toml over the packages under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def side(module: str) -> str:
-    """layer | running | comparing | composer | models | other (a library)."""
-    if module == COMPOSER or module.startswith(COMPOSER + "."):
-        return "composer"
-    if any(module == m or module.startswith(m + ".") for m in LAYER):
-        return "layer"
-    top = module.split(".")[0]
-    return {"ablations": "running", "dashboards": "comparing", "models": "models"}.get(top, "other")
+def test_the_layers_are_a_kept_contract():
+    """Issue 72: the command line (ablate/) on running (ablations/) and comparing (dashboards/), which never import
+    each other, both on the record (record/: declarations, records, statistics), all on the model; the statistics
+    pure. Issue 47 found the two sides importing each other inside functions, where no circle showed."""
+    out = lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
 
 
-ALLOWED = {  # what each side may import of ours
-    "models": {"models"},
-    "layer": {"layer", "models"},
-    "running": {"layer", "running", "models"},
-    "comparing": {"layer", "comparing", "models"},
-    "composer": {"layer", "running", "comparing", "models", "composer"},
-}
-
-
-def test_running_and_comparing_stand_on_the_layer_and_never_on_each_other():
-    """Issue 47: dashboards/ imported ablations.records, .secrets and .spec.metrics, and ablations/ imported
-    dashboards/ from spec/study.py, sweep/plan.py, sweep/preview.py, ui.py, heads.py and pruning.py, each inside a
-    function: no circle showed, but the two packages could not be understood or changed apart."""
-    bad = []
-    for name, path in MODULES.items():
-        mine = side(name)
-        for target, _, line in imports(name, path):
-            theirs = side(target)
-            if theirs != "other" and target != "ablations" and theirs not in ALLOWED[mine]:
-                bad.append(f"{path.relative_to(ROOT)}:{line}: {mine} imports {theirs} ({target})")
-    assert not bad, "\n".join(bad)
-    assert {side(m) for m in MODULES} >= {"layer", "running", "comparing", "composer", "models"}
+def test_the_contract_fails_when_running_imports_comparing(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    driver = tmp_path / "ablations" / "sweep" / "driver.py"
+    driver.write_text(driver.read_text() + "\n\ndef _late():\n    import dashboards.table  # noqa: F401\n")
+    stats = tmp_path / "record" / "stats" / "summaries.py"
+    stats.write_text(stats.read_text() + "\n\ndef _late():\n    import mlflow  # noqa: F401\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode == 1, out.stdout[-4000:]
+    assert "ablations.sweep.driver -> dashboards.table" in out.stdout
+    assert "record.stats is not allowed to import mlflow" in out.stdout
 
 
 def test_no_import_circles():
@@ -137,7 +131,7 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_declarations_import_no_ray_mlflow_or_optuna():
     code = (
-        "import sys, ablations.spec, ablations.spec.study, ablations.spec.search, ablations.records; "
+        "import sys, record.spec, record.spec.study, record.spec.search, record.vocabulary; "
         "print(sorted(m for m in ('ray', 'mlflow', 'optuna') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -172,7 +166,7 @@ def test_one_module_defines_the_mlflow_record_vocabulary():
                     ):
                         owners.setdefault(n.id, []).append(name)
     assert owners, "the vocabulary was not found"
-    strays = {k: v for k, v in owners.items() if v != ["ablations.records"]}
+    strays = {k: v for k, v in owners.items() if v != ["record.vocabulary"]}
     assert not strays, strays
 
 
@@ -232,11 +226,11 @@ def tag_literals(path: Path) -> list[tuple[int, str]]:
 
 def test_no_tag_name_is_written_or_read_outside_the_vocabulary(tmp_path):
     """Issue 47: dashboards/load.py read "cell_id", "submission" and "axis." as literal strings beside the
-    vocabulary module; every tag the product writes or reads is now a name of ablations/records.py."""
+    vocabulary module; every tag the product writes or reads is now a name of record/vocabulary.py."""
     strays = [
         f"{path.relative_to(ROOT)}:{line}: {value!r}"
         for name, path in MODULES.items()
-        if name != "ablations.records" and not name.startswith("models")
+        if name != "record.vocabulary" and not name.startswith("models")
         for line, value in tag_literals(path)
     ]
     assert not strays, "\n".join(strays)

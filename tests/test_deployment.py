@@ -303,7 +303,7 @@ def test_postgres_init_refuses_missing_and_shared_passwords(extra, words):
 
 
 def test_study_files_cannot_run_code(tmp_path):
-    from ablations.spec import SpecError, load_study
+    from record.spec import SpecError, load_study
 
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.yaml"

@@ -70,7 +70,7 @@ def test_the_short_soak_meets_its_targets_as_the_stores_hold_them(tmp_path):
             "no PostgreSQL: neither server binaries (initdb, postgres) to start one nor a server on 127.0.0.1:5432"
         )
     from ablations.localcluster import marked
-    from ablations.spec import load_study
+    from record.spec import load_study
 
     seen: dict = {}
 

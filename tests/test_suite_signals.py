@@ -22,7 +22,7 @@ INNER = """
 import os, subprocess, sys
 from pathlib import Path
 
-from ablations.spec import resolve_run
+from record.spec import resolve_run
 from ablations.train import Tracking, train
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ablations import records, tracking
+from ablations import tracking
 from ablations.search.ledger import (
     FAILURE_ATTR,
     HOST_ATTR,
@@ -37,10 +37,11 @@ from ablations.search.ledger import (
 from ablations.search.results import best_trials, counts, finish_parent, last_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
-from ablations.secrets import Credentials, redact_url
 from ablations.shell import cluster_address, open_ray, refuse_unreachable
-from ablations.spec import SearchSpec, SpecError, resolve_run
 from models import plugins
+from record import vocabulary
+from record.secrets import Credentials, redact_url
+from record.spec import SearchSpec, SpecError, resolve_run
 
 
 @dataclass(kw_only=True)
@@ -108,19 +109,19 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
 def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: int) -> str:
     from mlflow.entities import Param as MLParam
 
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     parent = c.create_run(
         tracking.experiment_id(uri, experiment),
         run_name=f"search {spec.name}",
         tags={
-            records.TAG_KIND: records.KIND_SEARCH,
-            records.TAG_STUDY: spec.name,
-            records.TAG_STORAGE: redact_url(url),
-            records.TAG_SAMPLER: spec.sampler,
-            records.TAG_PRUNER: spec.pruner,
-            records.TAG_STATUS: records.STATUS_RUNNING,
-            records.TAG_DRIVER_HOST: socket.gethostname(),  # a later process ends it if this one dies
-            records.TAG_DRIVER_PID: str(os.getpid()),
+            vocabulary.TAG_KIND: vocabulary.KIND_SEARCH,
+            vocabulary.TAG_STUDY: spec.name,
+            vocabulary.TAG_STORAGE: redact_url(url),
+            vocabulary.TAG_SAMPLER: spec.sampler,
+            vocabulary.TAG_PRUNER: spec.pruner,
+            vocabulary.TAG_STATUS: vocabulary.STATUS_RUNNING,
+            vocabulary.TAG_DRIVER_HOST: socket.gethostname(),  # a later process ends it if this one dies
+            vocabulary.TAG_DRIVER_PID: str(os.getpid()),
             **tracking.code_version(),
         },
     )
@@ -220,7 +221,7 @@ class _Search:
         try:
             self.conn = open_ray(address, num_cpus, spec.resources, stores, dashboard=parallel)
         except BaseException:
-            finish_parent(self.uri, self.parent_id, spec, self.study, records.STATUS_FAILED)
+            finish_parent(self.uri, self.parent_id, spec, self.study, vocabulary.STATUS_FAILED)
             raise
         self.concurrency = min(spec.concurrency, trial_slots(spec.resources))
         if self.concurrency < spec.concurrency:
@@ -237,7 +238,7 @@ class _Search:
         )
 
     def run(self) -> SearchResult:
-        spec, status = self.spec, records.STATUS_FAILED
+        spec, status = self.spec, vocabulary.STATUS_FAILED
         pruner = "no" if spec.pruner == "none" else spec.pruner
         self.out(
             f"search {spec.name!r}: {describe_sampler(spec)}, {pruner} pruner, {self.concurrency} trial(s) at once; "
@@ -252,9 +253,9 @@ class _Search:
                 if not self.running:
                     break
                 self._collect()
-            status = records.STATUS_FINISHED
+            status = vocabulary.STATUS_FINISHED
         except KeyboardInterrupt:
-            status = records.STATUS_KILLED
+            status = vocabulary.STATUS_KILLED
             self._interrupted()
             raise
         finally:
@@ -335,7 +336,7 @@ class _Search:
             state = tell(self.study, number, result, self.spec)
             for run_id in result.get("run_ids") or [result.get("run_id")]:
                 if run_id:
-                    records.client(self.uri).set_tag(run_id, records.TAG_OPTUNA_STATE, state)
+                    vocabulary.client(self.uri).set_tag(run_id, vocabulary.TAG_OPTUNA_STATE, state)
             line = progress_line(
                 self.study, self.spec, number, state, result, time.monotonic() - started, len(self.running), self.t0
             )
@@ -367,17 +368,17 @@ def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, re
     states = {t.number: t.state for t in trials}
     retries = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
     ended = 0
-    for run in records.running_runs(uri, experiment, records.KIND_TRIAL, study=spec_name):
-        number = run.data.tags.get(records.TAG_TRIAL, "")
+    for run in vocabulary.running_runs(uri, experiment, vocabulary.KIND_TRIAL, study=spec_name):
+        number = run.data.tags.get(vocabulary.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
-            records.mark_killed(uri, run, reason)
+            vocabulary.mark_killed(uri, run, reason)
             ended += 1
-    for run in records.runs_in_status(uri, experiment, records.KIND_TRIAL, "FINISHED", study=spec_name):
-        number = run.data.tags.get(records.TAG_TRIAL, "")
+    for run in vocabulary.runs_in_status(uri, experiment, vocabulary.KIND_TRIAL, "FINISHED", study=spec_name):
+        number = run.data.tags.get(vocabulary.TAG_TRIAL, "")
         if number.isdigit() and states.get(int(number)) == TrialState.FAIL and int(number) in retries:
             retry = retries[int(number)]
             why = f"finished after its search process stopped, before Optuna was told; asked again as trial {retry}"
-            records.mark_killed(uri, run, why)
+            vocabulary.mark_killed(uri, run, why)
             ended += 1
     return ended
 
@@ -388,10 +389,10 @@ def end_dead_search_runs(uri: str, experiment: str, spec_name: str) -> int:
     fault soak found it: benchmarks/soak.py). A process on another machine is never judged dead by its pid: its run
     is left as it is. Returns how many were ended."""
     ended = 0
-    for run in records.running_runs(uri, experiment, records.KIND_SEARCH, study=spec_name):
+    for run in vocabulary.running_runs(uri, experiment, vocabulary.KIND_SEARCH, study=spec_name):
         tags = run.data.tags
-        if gone_here(tags.get(records.TAG_DRIVER_HOST), tags.get(records.TAG_DRIVER_PID, "")):
-            records.mark_killed(uri, run, "its search process stopped before the search ended")
+        if gone_here(tags.get(vocabulary.TAG_DRIVER_HOST), tags.get(vocabulary.TAG_DRIVER_PID, "")):
+            vocabulary.mark_killed(uri, run, "its search process stopped before the search ended")
             ended += 1
     return ended
 
@@ -416,9 +417,9 @@ def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:
             f"its process or node died on every attempt ({SYSTEM_RETRIES + 1}): {type(err).__name__}: "
             + str(err).strip().splitlines()[0][:300]
         )
-        for run in records.running_runs(uri, experiment, records.KIND_TRIAL, trial=str(number)):
-            records.end_run(uri, run.info.run_id, records.STATUS_FAILED, reason)
-        return {"status": records.STATUS_FAILED, "reason": reason, "values": None, "run_id": ""}
+        for run in vocabulary.running_runs(uri, experiment, vocabulary.KIND_TRIAL, trial=str(number)):
+            vocabulary.end_run(uri, run.info.run_id, vocabulary.STATUS_FAILED, reason)
+        return {"status": vocabulary.STATUS_FAILED, "reason": reason, "values": None, "run_id": ""}
 
 
 def describe_sampler(spec: SearchSpec) -> str:

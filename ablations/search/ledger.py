@@ -10,8 +10,8 @@ import socket
 import warnings
 from typing import Any
 
-from ablations import records
-from ablations.spec import SearchSpec
+from record import vocabulary
+from record.spec import SearchSpec
 
 HOST_ATTR, PID_ATTR = "ablate:host", "ablate:pid"  # user attributes of a trial: the process that asked it
 FAILURE_ATTR = "ablate:failure"  # why a trial failed (its MLflow run, when it began one, says it too)
@@ -123,13 +123,13 @@ def tell(study, number: int, result: dict[str, Any], spec: SearchSpec | None = N
     status, values = result["status"], result.get("values")
     if number not in {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}:
         return "ended by another process"  # a search started again took it for lost; its retry is the result
-    if status == records.STATUS_PRUNED:
+    if status == vocabulary.STATUS_PRUNED:
         study.tell(number, state=TrialState.PRUNED)
         return "PRUNED"
-    if status == records.STATUS_FINISHED and values and all(v is not None and math.isfinite(v) for v in values):
+    if status == vocabulary.STATUS_FINISHED and values and all(v is not None and math.isfinite(v) for v in values):
         study.tell(number, values if len(values) > 1 else values[0])
         return "COMPLETE"
-    if status == records.STATUS_DIVERGED and spec is not None and spec.diverged == "worst":
+    if status == vocabulary.STATUS_DIVERGED and spec is not None and spec.diverged == "worst":
         worst = worst_values(study, spec)
         if worst is not None:
             study.tell(number, worst if len(worst) > 1 else worst[0])

@@ -13,8 +13,8 @@ from ablations.search.driver import describe_sampler, other_objectives, prefligh
 from ablations.search.ledger import counted_trials, stale_trials
 from ablations.search.results import counts
 from ablations.search.setup import local_file, storage_url
-from ablations.secrets import redact_url
-from ablations.spec import SearchSpec
+from record.secrets import redact_url
+from record.spec import SearchSpec
 
 
 def _root(err: BaseException) -> BaseException:
@@ -135,9 +135,9 @@ def describe_search(
 ) -> list[str]:
     """Print the search's plan; return every problem that would stop it: what the storage holds, and what
     ``run_search`` checks before it starts."""
-    from ablations.spec.common import Origin
-    from ablations.spec.metrics import in_order, logged_metrics
-    from ablations.spec.run import resolve_run
+    from record.spec.common import Origin
+    from record.spec.metrics import in_order, logged_metrics
+    from record.spec.run import resolve_run
 
     pruner = "no" if spec.pruner == "none" else spec.pruner
     trials = f"{spec.n_trials} trials" if spec.n_trials else "trials until the timeout"

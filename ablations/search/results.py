@@ -8,8 +8,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from ablations import records
-from ablations.spec import SearchSpec
+from record import vocabulary
+from record.spec import SearchSpec
 
 
 def counts(study) -> dict[str, int]:
@@ -32,7 +32,7 @@ def finish_parent(uri: str, parent_id: str, spec: SearchSpec, study, status: str
     """The search's parent run: trial counts, the best trial's values and params, best.json, the plots."""
     from mlflow.entities import Metric, RunTag
 
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     n, best = counts(study), best_trials(study, spec)
     now = int(time.time() * 1000)
     metrics = [Metric(f"trials_{k.lower()}", float(v), now, 0) for k, v in n.items()]
@@ -49,7 +49,7 @@ def finish_parent(uri: str, parent_id: str, spec: SearchSpec, study, status: str
         page = plots_html(study, spec)
         if page:
             c.log_text(parent_id, page, "optuna_plots.html")
-    records.end_run(uri, parent_id, status)
+    vocabulary.end_run(uri, parent_id, status)
     return n, best
 
 
@@ -115,7 +115,7 @@ def format_best(best: list[dict[str, Any]]) -> str:
 
 def format_outcome(spec: SearchSpec, result, storage_given: bool = False) -> str:
     """What ``ablate search`` prints at its end: the trials' states, the best, where the search is kept."""
-    from ablations.secrets import redact_url
+    from record.secrets import redact_url
 
     states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
     best = "best" if len(spec.objectives) == 1 else "best (the Pareto front: no trial is better in every objective)"
@@ -134,11 +134,11 @@ def format_outcome(spec: SearchSpec, result, storage_given: bool = False) -> str
 def last_parent(uri: str, experiment: str, name: str) -> str | None:
     """The latest parent run of search ``name`` in ``experiment`` (None if none): where a search with nothing left
     to ask points, instead of opening one more."""
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = records.search_all(
-        uri, [exp.experiment_id], records.kind_filter(records.KIND_SEARCH, **{records.TAG_STUDY: name})
+    runs = vocabulary.search_all(
+        uri, [exp.experiment_id], vocabulary.kind_filter(vocabulary.KIND_SEARCH, **{vocabulary.TAG_STUDY: name})
     )
     return max(runs, key=lambda r: r.info.start_time).info.run_id if runs else None

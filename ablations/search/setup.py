@@ -15,8 +15,9 @@ from pathlib import Path
 
 import tenacity
 
-from ablations import records, stores, tracking
-from ablations.spec import SearchSpec
+from ablations import stores, tracking
+from record import vocabulary
+from record.spec import SearchSpec
 
 
 def storage_url(spec: SearchSpec, override: str | None = None) -> str:
@@ -50,7 +51,7 @@ def open_storage(url: str):
         wait=tenacity.wait_incrementing(0.2, 0.2),
         reraise=True,
     ):
-        with attempt, warnings.catch_warnings(), records.first_use(url):  # first_use: an SQLite database's folder
+        with attempt, warnings.catch_warnings(), vocabulary.first_use(url):  # first_use: an SQLite database's folder
             warnings.simplefilter("ignore")  # Optuna marks heartbeats experimental
             return optuna.storages.RDBStorage(
                 url,
@@ -126,7 +127,7 @@ def _schema(tables: list[str], version: str | None) -> str:
 
 
 # Optuna creates a new storage's schema (its tables, then Alembic's version row) on first use. Our processes take
-# records.first_use's lock for it; a process that does not (optuna-dashboard, a script of the user's) can still
+# vocabulary.first_use's lock for it; a process that does not (optuna-dashboard, a script of the user's) can still
 # collide with ours, and the loser fails on a table or row the winner has just made. The schema is there once the
 # winner is done: the loser opens it again.
 SCHEMA_ATTEMPTS = 6

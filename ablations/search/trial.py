@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ablations import records
 from ablations.process import exit_quickly, import_paused, trial_modules
 from ablations.search.setup import make_pruner, open_storage, trial_id
-from ablations.secrets import Credentials
-from ablations.spec import Resources, resolve_run
+from record import vocabulary
+from record.secrets import Credentials
+from record.spec import Resources, resolve_run
 
 if TYPE_CHECKING:
     from ablations.tracking import Hook
@@ -104,10 +104,10 @@ def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -
         try:
             patiently(lambda: trial.report(value, step))
         except UpdateFinishedTrialError:
-            raise StopTraining(records.STATUS_KILLED, TAKEN_OVER) from None
+            raise StopTraining(vocabulary.STATUS_KILLED, TAKEN_OVER) from None
         if task.pruner != "none" and (last_step is None or step < last_step) and patiently(trial.should_prune):
             raise StopTraining(
-                records.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
+                vocabulary.STATUS_PRUNED, f"pruned by the {task.pruner} pruner at {task.prune_on}={value:.4g}"
             )
 
     return [hook]
@@ -115,25 +115,25 @@ def pruning_hooks(task: TrialTask, storage=None, last_step: int | None = None) -
 
 def trial_tags(task: TrialTask) -> dict[str, str]:
     return {
-        records.TAG_KIND: records.KIND_TRIAL,
-        records.TAG_STUDY: task.spec_name,
-        records.TAG_TRIAL: str(task.number),
-        records.TAG_PID: str(os.getpid()),
-        records.TAG_HOST: socket.gethostname(),
-        records.TAG_WORKERS: str(task.resources.workers),
+        vocabulary.TAG_KIND: vocabulary.KIND_TRIAL,
+        vocabulary.TAG_STUDY: task.spec_name,
+        vocabulary.TAG_TRIAL: str(task.number),
+        vocabulary.TAG_PID: str(os.getpid()),
+        vocabulary.TAG_HOST: socket.gethostname(),
+        vocabulary.TAG_WORKERS: str(task.resources.workers),
         **task.code,
-        **{f"{records.PARAM_PREFIX}{k}": str(v) for k, v in task.params.items()},
+        **{f"{vocabulary.PARAM_PREFIX}{k}": str(v) for k, v in task.params.items()},
     }
 
 
 def lost_attempts(task: TrialTask) -> None:
     """Runs of this trial left RUNNING by an attempt whose process died (Ray runs the trial again): KILLED."""
     try:
-        running = records.running_runs(
-            task.uri, task.experiment, records.KIND_TRIAL, trial=str(task.number), study=task.spec_name
+        running = vocabulary.running_runs(
+            task.uri, task.experiment, vocabulary.KIND_TRIAL, trial=str(task.number), study=task.spec_name
         )
         for run in running:
-            records.mark_killed(task.uri, run, "lost: its process or node died before it finished; run again")
+            vocabulary.mark_killed(task.uri, run, "lost: its process or node died before it finished; run again")
     except Exception:  # the store is unreachable: the trial's own run will say so
         return
 
@@ -177,7 +177,7 @@ def _train(task: TrialTask, storage, run_data: dict[str, Any], *, reports: bool 
         experiment=task.experiment,
         parent_run_id=task.parent_run_id,
         run_name=f"trial {task.number}" + (f" seed {run.seed}" if several else ""),
-        tags=trial_tags(task) | {records.TAG_CONFIG_HASH: run.config_hash(workers=task.resources.workers)},
+        tags=trial_tags(task) | {vocabulary.TAG_CONFIG_HASH: run.config_hash(workers=task.resources.workers)},
     )
     if task.resources.workers > 1:
         from functools import partial
@@ -201,7 +201,7 @@ def _train_seeds(task: TrialTask, storage) -> tuple[Any, dict[str, float] | None
     for i, data in enumerate(seed_runs(task)):
         result = _train(task, storage, data, reports=i == 0)
         results.append(result)
-        if result.status != records.STATUS_FINISHED:
+        if result.status != vocabulary.STATUS_FINISHED:
             if task.seeds_per_trial > 1:
                 result.detail = f"seed {data['seed']}: {result.detail or result.status}"
             return result, None, [r.run_id for r in results]
@@ -236,12 +236,12 @@ def run_trial(task: TrialTask) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{type(err).__name__}: {err}"[:500], "values": None, "run_id": ""}
     finally:
         stop.set()
-    if result.status != records.STATUS_KILLED and (why := taken_from_it(storage, tid)):
+    if result.status != vocabulary.STATUS_KILLED and (why := taken_from_it(storage, tid)):
         # ended while it trained its last steps (or reported nothing: several objectives): not a result either
         for run_id in filter(None, run_ids):
             with contextlib.suppress(Exception):
-                records.end_run(task.uri, run_id, records.STATUS_KILLED, why)
-        return {"status": records.STATUS_KILLED, "reason": why, "values": None, "run_id": result.run_id}
+                vocabulary.end_run(task.uri, run_id, vocabulary.STATUS_KILLED, why)
+        return {"status": vocabulary.STATUS_KILLED, "reason": why, "values": None, "run_id": result.run_id}
     metrics = result.metrics if mean is None else mean
     return {
         "status": result.status,

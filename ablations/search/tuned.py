@@ -8,11 +8,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ablations.records import TUNED_SETTING
 from ablations.search.driver import run_search
-from ablations.spec import Cell, SearchSpec, Study, resolve_run
-from ablations.spec.run import apply_overrides
-from ablations.spec.study import Tuning
+from record.spec import Cell, SearchSpec, Study, resolve_run
+from record.spec.run import apply_overrides
+from record.spec.study import Tuning
+from record.vocabulary import TUNED_SETTING
 
 
 def tune_study(

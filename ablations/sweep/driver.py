@@ -27,19 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from ablations import claims as cl
-from ablations import records, tracking
+from ablations import tracking
 from ablations.claims import Claim, Claims
 from ablations.packing import check_before, check_on_cluster
 from ablations.register import register
-from ablations.secrets import Credentials
 from ablations.shell import close_ray, cluster_address, open_ray, refuse_unreachable
-from ablations.spec import Cell, Study
-from ablations.spec.equivalence import warning_lines
 from ablations.sweep.placement import describe_cluster, trial_slots
 from ablations.sweep.plan import Plan, format_rows, plan, summarize, unresolvable_warning
 from ablations.sweep.submission import Keeper, end_dead_submissions, open_submission
 from ablations.sweep.trial import TrialContext, trainable
 from models import plugins
+from record import vocabulary
+from record.secrets import Credentials
+from record.spec import Cell, Study
+from record.spec.equivalence import warning_lines
 
 
 class Progress:
@@ -166,7 +167,7 @@ def run_study(
     return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
     study may run at once, each training what it claims and waiting for the rest. A study with a seed plan trains
     in batches: ``next_cells()`` says which (variant, seed) the plan needs now and whether it has ended (the CLI
-    gives it: the decisions are the comparing side's, dashboards/sequential.py)."""
+    gives it: the decisions are the comparing side's, dashboards/looks.py)."""
     from ablations.cluster import check_fits
 
     address = cluster_address(address)
@@ -233,7 +234,7 @@ def _mark_stale(study: Study, p: Plan, claims: Claims, uri: str, out: Callable[[
     end_dead_submissions(study.name, uri, claims)  # and its parent run ends, even when nothing is left to train
     stale = _stale(study, p, claims)
     for run in stale:
-        records.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
+        vocabulary.mark_killed(uri, run, "its submission ended (driver stopped) before the trial finished")
     if stale:
         out(f"marked {len(stale)} run(s) left RUNNING by an earlier submission as KILLED")
 
@@ -283,7 +284,7 @@ class _Submission:
 
     def train(self, todo: list[Cell], address: str | None, num_cpus: int | None, limit: int | None) -> StudyResult:
         """Claim, train and release in rounds until no cell is left without a result; then the end."""
-        status = records.STATUS_FAILED
+        status = vocabulary.STATUS_FAILED
         try:
             pending, tried = list(todo), set()
             while pending:
@@ -297,9 +298,9 @@ class _Submission:
                     time.sleep(POLL_S)
                 if not pending:  # a seed plan's next look: the batch its open contrasts need
                     pending = [c for c in self._next_batch() if c.cell_id not in tried]
-            status = records.STATUS_FINISHED
+            status = vocabulary.STATUS_FINISHED
         except KeyboardInterrupt:
-            status = records.STATUS_KILLED
+            status = vocabulary.STATUS_KILLED
             raise
         finally:
             counts, rows = self._end(status)
@@ -362,18 +363,18 @@ class _Submission:
         close_ray(self.conn, self.out)
         for claim in self.held.values():
             self.claims.release(claim)
-        this_submission = {records.TAG_SUBMISSION: str(self.parent.submission)}
-        for run in records.running_runs(uri, study.name, records.KIND_CELL, **this_submission):
-            records.mark_killed(uri, run, "the submission stopped before the trial finished")
-        if status == records.STATUS_FINISHED:
+        this_submission = {vocabulary.TAG_SUBMISSION: str(self.parent.submission)}
+        for run in vocabulary.running_runs(uri, study.name, vocabulary.KIND_CELL, **this_submission):
+            vocabulary.mark_killed(uri, run, "the submission stopped before the trial finished")
+        if status == vocabulary.STATUS_FINISHED:
             _failed_on_every_attempt(study, uri, self.code, self.parent.submission, study.retries)
-        records.mark_outcomes(uri, study.name, [c.cell_id for c in study.cells], self.code)
+        vocabulary.mark_outcomes(uri, study.name, [c.cell_id for c in study.cells], self.code)
         counts, rows = summarize(study, uri, self.code)
-        if status == records.STATUS_FINISHED and any(
+        if status == vocabulary.STATUS_FINISHED and any(
             n for s, n in counts.items() if s.startswith(("to train", "killed"))
         ):
-            status = records.STATUS_KILLED  # Tune was interrupted (Ctrl-C) and returned
-        if status != records.STATUS_FINISHED:
+            status = vocabulary.STATUS_KILLED  # Tune was interrupted (Ctrl-C) and returned
+        if status != vocabulary.STATUS_FINISHED:
             self.out("the submission did not finish: run the same command again to train the missing cells")
         self.parent.finish(status, counts, rows, format_rows(study, rows))
         if self.alive is not None:
@@ -388,7 +389,7 @@ def _stale(study: Study, p, claims: Claims) -> list:
     the window, then trained again)."""
     out = []
     for run in p.stale:
-        rows = claims.cell_rows(study.name, run.data.tags.get(records.TAG_CELL_ID, ""))
+        rows = claims.cell_rows(study.name, run.data.tags.get(vocabulary.TAG_CELL_ID, ""))
         if not any(r["left"] > 0 and (r["state"] == "claimed" or r["run_id"] == run.info.run_id) for r in rows):
             out.append(run)
     return out
@@ -397,14 +398,16 @@ def _stale(study: Study, p, claims: Claims) -> list:
 def _still_pending(study, uri, code, pending, tried, claims: Claims, key, out) -> list:
     """The cells still without a result that this submission has not tried yet (held by another submission).
     ``key``: what this submission's claims are keyed by (its code's fingerprint, or ``claims.ANY_CODE``)."""
-    done = {cell_id for cell_id, runs in records.cell_runs(uri, study.name).items() if records.result_run(runs, code)}
+    done = {
+        cell_id for cell_id, runs in vocabulary.cell_runs(uri, study.name).items() if vocabulary.result_run(runs, code)
+    }
     left = [c for c in pending if c.cell_id not in done and c.cell_id not in tried]
     if left:
         owners, writing = set(), 0
         for cell in left:
             row = claims.state(study.name, cell.cell_id, key)
             if row is not None and row["state"] == "done":  # claimed done, but its run is not a result in MLflow
-                elsewhere = records.run_missing(uri, row["run_id"])  # another store shares these claims
+                elsewhere = vocabulary.run_missing(uri, row["run_id"])  # another store shares these claims
                 if not claims.reopen_lost(study.name, cell.cell_id, key, row["run_id"], at_once=elsewhere):
                     writing += 1
             elif row is not None or (row := claims.rival(study.name, cell.cell_id, key)) is not None:
@@ -422,15 +425,15 @@ def _still_pending(study, uri, code, pending, tried, claims: Claims, key, out) -
 def _failed_on_every_attempt(study: Study, uri: str, code, submission: int, retries: int) -> None:
     """A cell whose every attempt in this submission was killed (its process or node died each time: out of
     memory?) ends as failed, with the reason, not as killed."""
-    for runs in records.cell_runs(uri, study.name).values():
-        mine = [r for r in runs if r.data.tags.get(records.TAG_SUBMISSION) == str(submission)]
-        if not mine or records.result_run(runs, code) or len(mine) < retries + 1:
+    for runs in vocabulary.cell_runs(uri, study.name).values():
+        mine = [r for r in runs if r.data.tags.get(vocabulary.TAG_SUBMISSION) == str(submission)]
+        if not mine or vocabulary.result_run(runs, code) or len(mine) < retries + 1:
             continue
-        if all(records.cell_state(r) == records.STATUS_KILLED for r in mine):
-            records.end_run(
+        if all(vocabulary.cell_state(r) == vocabulary.STATUS_KILLED for r in mine):
+            vocabulary.end_run(
                 uri,
                 mine[-1].info.run_id,
-                records.STATUS_FAILED,
+                vocabulary.STATUS_FAILED,
                 f"its process or node died on every attempt ({len(mine)}): out of memory, or a lost node?",
             )
 

@@ -11,8 +11,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from ablations import stores
 from ablations.cluster import DoesNotFit, is_loopback_address
-from ablations.secrets import redact_url
-from ablations.spec import Resources
+from record.secrets import redact_url
+from record.spec import Resources
 
 EPS = 1e-9
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ablations import records
-from ablations.spec import Cell, Study
+from record import vocabulary
+from record.spec import Cell, Study
 
 
 @dataclass
@@ -24,11 +24,11 @@ class Plan:
 
 def plan(study: Study, uri: str, code: str | None = None) -> Plan:
     """What is done (a result trained by the code ``code``; None: by any code) and what is left."""
-    runs = records.cell_runs(uri, study.name)
+    runs = vocabulary.cell_runs(uri, study.name)
     todo, done, stale = [], {}, []
     for cell in study.cells:
         cell_runs = runs.get(cell.cell_id, [])
-        result = records.result_run(cell_runs, code)
+        result = vocabulary.result_run(cell_runs, code)
         if result is not None:
             done[cell.cell_id] = result
         else:
@@ -65,7 +65,7 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print, *, 
         out("the runs log: " + ", ".join(m for m in study.metrics if not m.startswith("cost/")) + ", cost/*")
     out(f"{'variant':<{width}}  seed  cell id           state")
     for cell in study.cells:
-        state = f"done ({records.cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
+        state = f"done ({vocabulary.cell_state(p.done[cell.cell_id])})" if cell.cell_id in p.done else "to train"
         cell_id = cell.cell_id if tuned else "(once tuned)".ljust(16)
         out(f"{cell.variant:<{width}}  {cell.seed:>4}  {cell_id}  {state if tuned else 'to train after tuning'}")
     for s in study.skipped:
@@ -79,15 +79,15 @@ def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print, *, 
 def summarize(study: Study, uri: str, code: str | None = None) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """One row per cell from MLflow: its final state (its result by the code ``code``, else its latest attempt),
     metric and run."""
-    runs = records.cell_runs(uri, study.name)
+    runs = vocabulary.cell_runs(uri, study.name)
     rows, counts = [], Counter()
     for cell in study.cells:
         every = runs.get(cell.cell_id, [])
-        cell_runs = [r for r in every if records.same_code(r, code)]
-        result = records.result_run(cell_runs)
+        cell_runs = [r for r in every if vocabulary.same_code(r, code)]
+        result = vocabulary.result_run(cell_runs)
         run = result or (cell_runs[-1] if cell_runs else None)
-        state = records.cell_state(run) if run is not None else "to train"
-        other = records.result_run(every) if run is None else None
+        state = vocabulary.cell_state(run) if run is not None else "to train"
+        other = vocabulary.result_run(every) if run is None else None
         if other is not None:  # a result exists, trained by other code: not this code's, and said so
             run, state = other, "to train (other code)"
         counts[state] += 1

@@ -7,11 +7,11 @@ import dataclasses
 from collections.abc import Callable
 
 from ablations import stores, tracking
-from ablations.secrets import redact_url
-from ablations.spec import Study
-from ablations.spec.equivalence import warning_lines
 from ablations.sweep.plan import Plan, describe_plan, plan
 from ablations.sweep.submission import live_notes
+from record.secrets import redact_url
+from record.spec import Study
+from record.spec.equivalence import warning_lines
 
 
 def dry_run(

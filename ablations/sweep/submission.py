@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablations import records, tracking
+from ablations import tracking
 from ablations.claims import RENEW_S, Claim, Claims
-from ablations.recorded import RecordedDesign
-from ablations.spec import Study
 from ablations.sweep.plan import Plan
+from record import vocabulary
+from record.recorded import RecordedDesign
+from record.spec import Study
 
 SUBMISSION_PREFIX = "submission:"
 
@@ -40,7 +41,7 @@ def alive(claims: Claims, study: str, run_id: str) -> bool:
 
 def live_submissions(study: Study, uri: str, claims: Claims) -> list:
     """The parent runs of this study's submissions that are alive now."""
-    running = records.running_runs(uri, study.name, records.KIND_STUDY)
+    running = vocabulary.running_runs(uri, study.name, vocabulary.KIND_STUDY)
     return [r for r in running if alive(claims, study.name, r.info.run_id)]
 
 
@@ -53,8 +54,8 @@ def live_notes(study: Study, uri: str, claims_url: str | None = None) -> list[st
         return []
     claims = Claims(url)
     return [
-        f"submission {r.data.tags.get(records.TAG_SUBMISSION)} of {study.name!r} is running (pid "
-        f"{r.data.tags.get(records.TAG_DRIVER_PID)} on {r.data.tags.get(records.TAG_DRIVER_HOST)}): a new submission trains the cells "
+        f"submission {r.data.tags.get(vocabulary.TAG_SUBMISSION)} of {study.name!r} is running (pid "
+        f"{r.data.tags.get(vocabulary.TAG_DRIVER_PID)} on {r.data.tags.get(vocabulary.TAG_DRIVER_HOST)}): a new submission trains the cells "
         "it has not claimed and waits for the rest"
         for r in live_submissions(study, uri, claims)
     ]
@@ -106,7 +107,7 @@ class Submission:
     def finish(self, status: str, counts: dict[str, int], rows: list[dict], table: str) -> None:
         from mlflow.entities import Metric
 
-        c = records.client(self.uri)
+        c = vocabulary.client(self.uri)
         now = int(time.time() * 1000)
         c.log_batch(
             self.run_id,
@@ -114,7 +115,7 @@ class Submission:
         )
         c.log_text(self.run_id, table + "\n", "summary.txt")
         c.log_text(self.run_id, json.dumps(rows, indent=1, default=str), "cells.json")
-        records.end_run(self.uri, self.run_id, status)
+        vocabulary.end_run(self.uri, self.run_id, status)
 
 
 def end_dead_submissions(study: str, uri: str, claims: Claims, parents: list | None = None) -> int:
@@ -122,17 +123,17 @@ def end_dead_submissions(study: str, uri: str, claims: Claims, parents: list | N
     does it first, the ones with nothing left to train too (those once left such a run RUNNING for good: found by
     the fault soak, benchmarks/soak.py). ``parents``: the study's parent runs, if already read. Returns how many."""
     if parents is None:
-        parents = records.running_runs(uri, study, records.KIND_STUDY)
+        parents = vocabulary.running_runs(uri, study, vocabulary.KIND_STUDY)
     ended = 0
     for run in parents:
         if run.info.status == "RUNNING" and not alive(claims, study, run.info.run_id):
-            records.mark_killed(uri, run, "the driver stopped before the submission ended")
+            vocabulary.mark_killed(uri, run, "the driver stopped before the submission ended")
             ended += 1
     return ended
 
 
 def design_record(study: Study, code: str | None = None, registration: int | None = None) -> dict:
-    """What a report needs to know about the design (logged as design.json; ``ablations.recorded``); ``code``: the
+    """What a report needs to know about the design (logged as design.json; ``record.recorded``); ``code``: the
     fingerprint of the code whose results count (None: any code's, ``reuse_results: any_code``), so the report
     takes the cells' results as this submission did."""
     return RecordedDesign.of(study, code, registration).to_json()
@@ -145,31 +146,31 @@ def open_submission(
     submissions whose lease expired are marked KILLED; live ones are left alone."""
     from mlflow.entities import Param
 
-    c = records.client(uri)
+    c = vocabulary.client(uri)
     exp_id = tracking.experiment_id(uri, study.name)
-    previous = records.search_all(uri, [exp_id], records.kind_filter(records.KIND_STUDY))
+    previous = vocabulary.search_all(uri, [exp_id], vocabulary.kind_filter(vocabulary.KIND_STUDY))
     end_dead_submissions(study.name, uri, claims, previous)
     # numbered by the claims store: several submissions at once never share a number (their RUNNING runs are
     # told apart by it when one of them ends); counted per experiment, whose id and creation time tell apart two
     # stores beside one claims.db, or a store started again
     number = claims.next_number(
         study.name,
-        1 + max([int(r.data.tags.get(records.TAG_SUBMISSION, 0)) for r in previous] or [0]),
+        1 + max([int(r.data.tags.get(vocabulary.TAG_SUBMISSION, 0)) for r in previous] or [0]),
         store=f"{exp_id}@{c.get_experiment(exp_id).creation_time}",
     )
     tags = {
-        records.TAG_KIND: records.KIND_STUDY,
-        records.TAG_STUDY: study.name,
-        records.TAG_SUBMISSION: str(number),
-        records.TAG_DESIGN: study.design,
-        records.TAG_DRIVER_HOST: socket.gethostname(),
-        records.TAG_DRIVER_PID: str(os.getpid()),
-        records.TAG_CLAIMS_OWNER: claims.owner,
-        records.TAG_CODE: fingerprint,
-        records.TAG_CELLS: str(len(study.cells)),
-        records.TAG_CELLS_TO_TRAIN: str(len(p.todo)),
-        records.TAG_STATUS: records.STATUS_RUNNING,
-        records.TAG_PLUGINS: plugins_tag(),
+        vocabulary.TAG_KIND: vocabulary.KIND_STUDY,
+        vocabulary.TAG_STUDY: study.name,
+        vocabulary.TAG_SUBMISSION: str(number),
+        vocabulary.TAG_DESIGN: study.design,
+        vocabulary.TAG_DRIVER_HOST: socket.gethostname(),
+        vocabulary.TAG_DRIVER_PID: str(os.getpid()),
+        vocabulary.TAG_CLAIMS_OWNER: claims.owner,
+        vocabulary.TAG_CODE: fingerprint,
+        vocabulary.TAG_CELLS: str(len(study.cells)),
+        vocabulary.TAG_CELLS_TO_TRAIN: str(len(p.todo)),
+        vocabulary.TAG_STATUS: vocabulary.STATUS_RUNNING,
+        vocabulary.TAG_PLUGINS: plugins_tag(),
         **tracking.code_version(),
     }
     run = c.create_run(exp_id, tags=tags, run_name=f"{study.name} #{number}")
@@ -186,9 +187,9 @@ def open_submission(
         copy = Path(tmp) / "study.yaml"
         copy.write_text(Path(study.source).read_text())
         c.log_artifact(run.info.run_id, str(copy))
-    c.log_dict(run.info.run_id, design_record(study, code, registration), records.DESIGN_ARTIFACT)
+    c.log_dict(run.info.run_id, design_record(study, code, registration), vocabulary.DESIGN_ARTIFACT)
     if study.description:
-        c.set_tag(run.info.run_id, records.TAG_NOTE, study.description)
+        c.set_tag(run.info.run_id, vocabulary.TAG_NOTE, study.description)
     mine = claims.claim(study.name, submission_key(run.info.run_id), SUBMISSION_CODE)
     return Submission(uri, run.info.run_id, number), mine
 

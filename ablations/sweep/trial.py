@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations import records, tracking
+from ablations import tracking
 from ablations.claims import ANY_CODE, Claim, Fence
 from ablations.process import exit_quickly, import_paused, trial_modules
-from ablations.secrets import Credentials
-from ablations.spec import Cell, Resources
 from models import plugins
+from record import vocabulary
+from record.secrets import Credentials
+from record.spec import Cell, Resources
 
 
 @dataclass(kw_only=True)
@@ -49,24 +50,24 @@ def cell_tags(cell: Cell, ctx: TrialContext, attempt: int) -> dict[str, str]:
     import ray
 
     tags = {
-        records.TAG_KIND: records.KIND_CELL,
-        records.TAG_STUDY: ctx.study,
-        records.TAG_VARIANT: cell.variant,
-        records.TAG_SEED: str(cell.seed),
-        records.TAG_CELL_ID: cell.cell_id,
-        records.TAG_CONFIG_HASH: cell.cell_id,  # the hash of what it trains, its data-parallel workers included
-        records.TAG_SUBMISSION: str(ctx.submission),
-        records.TAG_ATTEMPT: str(attempt),
-        records.TAG_PID: str(os.getpid()),
-        records.TAG_WORKERS: str(ctx.resources.workers),
+        vocabulary.TAG_KIND: vocabulary.KIND_CELL,
+        vocabulary.TAG_STUDY: ctx.study,
+        vocabulary.TAG_VARIANT: cell.variant,
+        vocabulary.TAG_SEED: str(cell.seed),
+        vocabulary.TAG_CELL_ID: cell.cell_id,
+        vocabulary.TAG_CONFIG_HASH: cell.cell_id,  # the hash of what it trains, its data-parallel workers included
+        vocabulary.TAG_SUBMISSION: str(ctx.submission),
+        vocabulary.TAG_ATTEMPT: str(attempt),
+        vocabulary.TAG_PID: str(os.getpid()),
+        vocabulary.TAG_WORKERS: str(ctx.resources.workers),
         **ctx.code,
-        records.TAG_CODE: ctx.fingerprint,  # train() replaces it with the fingerprint of the code it runs
+        vocabulary.TAG_CODE: ctx.fingerprint,  # train() replaces it with the fingerprint of the code it runs
     }
     if ray.is_initialized():
         rc = ray.get_runtime_context()
-        tags[records.TAG_RAY_NODE] = rc.get_node_id()
-        tags[records.TAG_RAY_NODE_IP] = ray.util.get_node_ip_address()
-    tags[records.TAG_CODE_DIR] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
+        tags[vocabulary.TAG_RAY_NODE] = rc.get_node_id()
+        tags[vocabulary.TAG_RAY_NODE_IP] = ray.util.get_node_ip_address()
+    tags[vocabulary.TAG_CODE_DIR] = str(Path(sys.modules["models"].__file__).resolve().parent.parent)
     return tags  # its settings are recorded once, in the submission's design.json
 
 
@@ -81,7 +82,7 @@ def _record_early_failure(cell: Cell, ctx: TrialContext, tags: dict[str, str], e
     )
     logger.start(cell.run.params(), cell.run.to_dict())
     logger.log_text("".join(traceback.format_exception(err)), "traceback.txt")
-    logger.end(records.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000])
+    logger.end(vocabulary.STATUS_FAILED, f"{type(err).__name__}: {err}"[:1000])
 
 
 def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> dict[str, Any]:
@@ -90,25 +91,25 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
     exit_quickly()  # this process ends without collecting its libraries' garbage
     import_paused(trial_modules(ctx.uri, ctx.resources.workers))  # and imports with the collector paused
     plugins.load_on_worker(ctx.plugins)  # raised here (PluginUnavailable), nothing of the cell is recorded
-    runs = records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
+    runs = vocabulary.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
     code = None if ctx.reuse_any_code else ctx.fingerprint
-    done = records.result_run(runs, code)
+    done = vocabulary.result_run(runs, code)
     if done is not None:  # trained by an earlier attempt or submission: never twice
-        out = {"status": records.cell_state(done), "run_id": done.info.run_id, "reused": True}
+        out = {"status": vocabulary.cell_state(done), "run_id": done.info.run_id, "reused": True}
         report(out)
         return out
     for run in runs:
         if run.info.status == "RUNNING":  # an attempt whose process or node died
-            records.mark_killed(ctx.uri, run, "lost: its process or node stopped before it finished; retried")
+            vocabulary.mark_killed(ctx.uri, run, "lost: its process or node stopped before it finished; retried")
     # the earlier runs of this cell by this code (any code's with reuse_any_code), whichever submission made them:
     # what the sweep's table and `ablate report` count as its attempts
-    attempt = 1 + sum(records.same_code(r, code) for r in runs)
+    attempt = 1 + sum(vocabulary.same_code(r, code) for r in runs)
     tags = cell_tags(cell, ctx, attempt)
     fence = None
     if cell.cell_id in ctx.tokens:  # the result is written only while this submission's claim holds
         claim = Claim(ctx.study, cell.cell_id, code or ANY_CODE, ctx.tokens[cell.cell_id])  # the driver's key
         fence = Fence(ctx.claims_url, ctx.owner, claim)
-        tags[records.TAG_CLAIM] = str(claim.token)
+        tags[vocabulary.TAG_CLAIM] = str(claim.token)
     where = tracking.Tracking(
         uri=ctx.uri, experiment=ctx.study, parent_run_id=ctx.parent_run_id, run_name=run_name(cell), tags=tags
     )
@@ -124,8 +125,8 @@ def run_cell(cell: Cell, ctx: TrialContext, report: Callable[[dict], None]) -> d
             result = _train_here(cell, ctx, where, hook, fence)
     except Exception as err:
         recorded = any(
-            r.data.tags.get(records.TAG_ATTEMPT) == str(attempt)
-            for r in records.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
+            r.data.tags.get(vocabulary.TAG_ATTEMPT) == str(attempt)
+            for r in vocabulary.cell_runs(ctx.uri, ctx.study, cell.cell_id).get(cell.cell_id, [])
         )
         if not recorded:
             _record_early_failure(cell, ctx, tags, err)
@@ -152,7 +153,7 @@ def _run_data_parallel(cell: Cell, ctx: TrialContext, where, fence):
     from ablations.parallel import ParallelJob, run_data_parallel
 
     job = ParallelJob(run=cell.run, where=where, resources=ctx.resources, report_validation=True, fence=fence)
-    name = f"ddp-{cell.cell_id}-{where.tags.get(records.TAG_ATTEMPT, '1')}"
+    name = f"ddp-{cell.cell_id}-{where.tags.get(vocabulary.TAG_ATTEMPT, '1')}"
     return run_data_parallel(job, name=name, storage_path=ctx.storage, callbacks=[TuneReportCallback()])
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-EXACT_MAX_N, MC_RESAMPLES = 16, 99_999  # as the report runs the sign-flip test (dashboards/stats)
+EXACT_MAX_N, MC_RESAMPLES = 16, 99_999  # as the report runs the sign-flip test (record/stats)
 CHECKED = ("diff", "diff_low", "diff_high", "p", "p_holm", "p_tost", "p_tost_holm")
 
 

@@ -136,7 +136,7 @@ def test_concurrent_claimers_get_each_cell_exactly_once(url, tmp_path):
 def _one_study(tmp_path: Path):
     import yaml
 
-    from ablations.spec import load_study
+    from record.spec import load_study
 
     spec = tmp_path / "s.yaml"
     spec.write_text(
@@ -156,8 +156,8 @@ def test_a_result_claimed_for_another_store_is_reopened_at_once_and_one_being_wr
 
     from ablations import tracking
     from ablations.claims import claims_url
-    from ablations.records import run_missing
     from ablations.sweep.driver import _still_pending
+    from record.vocabulary import run_missing
 
     study = _one_study(tmp_path)
     store = f"sqlite:///{tmp_path / 'b.db'}"
@@ -208,20 +208,25 @@ def test_a_run_whose_holder_is_writing_it_is_not_taken_for_stale(tmp_path, store
     """A submission that starts while another has passed its fence (its claim ``done``, in the write window) and is
     ending its run saw that run RUNNING and marked it killed: the result was lost, and the cell held for the window,
     then trained again. A run a live claim holds, claimed or being written, is someone's; another is stale."""
-    from ablations import records, tracking
-    from ablations.spec import load_study
+    from ablations import tracking
     from ablations.sweep import driver
     from ablations.sweep.plan import plan
+    from record import vocabulary
+    from record.spec import load_study
     from tests.ablations.sweep.test_sweep import write_study
 
     study = load_study(write_study(tmp_path, "writing", design={"grid": {"model.norm": ["pre"]}}, seeds=2))
     url = f"sqlite:///{tmp_path / 'claims.db'}"
     claims, other = Claims(url, "host:1:a"), Claims(url, "host:2:b")
-    c, exp = records.client(store), tracking.experiment_id(store, study.name)
+    c, exp = vocabulary.client(store), tracking.experiment_id(store, study.name)
     runs = []
     for cell in study.cells:  # both cells' runs RUNNING: the first being written, the second left by a dead driver
-        tags = {records.TAG_KIND: records.KIND_CELL, records.TAG_STUDY: study.name, records.TAG_CELL_ID: cell.cell_id}
-        runs.append(c.create_run(exp, tags={**tags, records.TAG_CODE: CODE}).info.run_id)
+        tags = {
+            vocabulary.TAG_KIND: vocabulary.KIND_CELL,
+            vocabulary.TAG_STUDY: study.name,
+            vocabulary.TAG_CELL_ID: cell.cell_id,
+        }
+        runs.append(c.create_run(exp, tags={**tags, vocabulary.TAG_CODE: CODE}).info.run_id)
     writer = claims.claim(study.name, study.cells[0].cell_id, CODE)
     assert claims.finish(writer, runs[0])  # past its fence, writing its run
     stale = driver._stale(study, plan(study, store, CODE), other)

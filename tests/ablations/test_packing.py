@@ -25,8 +25,8 @@ from ablations.packing import (
     packing_lines,
     step_memory_mb,
 )
-from ablations.spec import Resources, SpecError, load_study
-from ablations.spec.run import resolve_run
+from record.spec import Resources, SpecError, load_study
+from record.spec.run import resolve_run
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
 

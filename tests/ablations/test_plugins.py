@@ -15,10 +15,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations import records
-from ablations.spec import SpecError, load_run, load_study
 from models import plugins
 from models.config import ConfigError, ModelConfig
+from record import vocabulary
+from record.spec import SpecError, load_run, load_study
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
 
@@ -194,7 +194,7 @@ def ablate(*args: str, cwd: Path, env: dict | None = None, timeout: float = 900)
 def cell_runs(store: str, study: str) -> list:
     c = MlflowClient(store)
     exp = c.get_experiment_by_name(study)
-    return [] if exp is None else c.search_runs([exp.experiment_id], f"tags.kind = '{records.KIND_CELL}'")
+    return [] if exp is None else c.search_runs([exp.experiment_id], f"tags.kind = '{vocabulary.KIND_CELL}'")
 
 
 @pytest.mark.slow
@@ -210,18 +210,18 @@ def test_a_plugin_file_only_the_driver_has_trains_on_every_node_of_a_cluster(tmp
         out = ablate("sweep", str(path), "--tracking-uri", store, "--address", cluster.address, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = cell_runs(store, "plugged")
-    assert sorted(records.cell_state(r) for r in runs) == ["finished"] * 4
+    assert sorted(vocabulary.cell_state(r) for r in runs) == ["finished"] * 4
     client = MlflowClient(store)
     for run in runs:
         if run.data.params.get("model.score") != "ndist_a":
-            assert not any(k.startswith(records.TAG_PLUGIN_PREFIX) for k in run.data.tags)
+            assert not any(k.startswith(vocabulary.TAG_PLUGIN_PREFIX) for k in run.data.tags)
             continue
-        digest = run.data.tags[f"{records.TAG_PLUGIN_PREFIX}ndist_a"]
-        local = client.download_artifacts(run.info.run_id, records.PLUGINS_ARTIFACT, str(tmp_path / run.info.run_id))
+        digest = run.data.tags[f"{vocabulary.TAG_PLUGIN_PREFIX}ndist_a"]
+        local = client.download_artifacts(run.info.run_id, vocabulary.PLUGINS_ARTIFACT, str(tmp_path / run.info.run_id))
         (manifest,) = json.loads(Path(local).read_text())
         assert manifest["digest"] == digest and list(manifest["files"]) == ["ndist_a.py"]
         assert "runtime_resources" in manifest["imported_from"], manifest  # Ray's copy, not the driver's file
-    assert len({r.data.tags[records.TAG_RAY_NODE] for r in runs}) == 2  # both nodes trained (two trials at once)
+    assert len({r.data.tags[vocabulary.TAG_RAY_NODE] for r in runs}) == 2  # both nodes trained (two trials at once)
 
 
 @pytest.mark.slow
@@ -279,7 +279,7 @@ def test_the_example_package_installed_by_its_entry_point_runs_a_study_and_warns
     env = {"PYTHONPATH": str(site)}
     out = ablate("sweep", str(path), "--tracking-uri", store, "--cpus", "2", cwd=tmp_path, env=dict(env))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert sorted(records.cell_state(r) for r in cell_runs(store, "neg_distance")) == ["finished"] * 4
+    assert sorted(vocabulary.cell_state(r) for r in cell_runs(store, "neg_distance")) == ["finished"] * 4
     report = ablate(
         "report", "neg_distance", "--tracking-uri", store, "--out", str(tmp_path / "r"), cwd=tmp_path, env=dict(env)
     )

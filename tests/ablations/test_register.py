@@ -13,12 +13,12 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations import records
-from ablations.recorded import registrations
 from ablations.register import NotRegistered, register, status
-from ablations.spec import load_study
-from ablations.spec.declaration import declaration, digest
-from tests.ablations.spec.test_study import BASE
+from record import vocabulary
+from record.recorded import registrations
+from record.spec import load_study
+from record.spec.declaration import declaration, digest
+from tests.record.spec.test_study import BASE
 
 
 def write(tmp_path: Path, **changes) -> Path:
@@ -55,7 +55,7 @@ def test_the_first_submission_registers_and_an_unchanged_one_runs_under_it(tmp_p
     assert [r.to_json() for r in mirrored] == [entry.to_json()] and mirrored[0].verified
     c = MlflowClient(store)
     runs = c.search_runs([c.get_experiment_by_name("reg").experiment_id], "tags.kind = 'registration'")
-    assert len(runs) == 1 and runs[0].data.tags[records.TAG_DECLARATION_HASH] == entry.hash
+    assert len(runs) == 1 and runs[0].data.tags[vocabulary.TAG_DECLARATION_HASH] == entry.hash
     # what cannot move a verdict needs no amendment: the description, the resources, the retries
     same = load_study(write(tmp_path, description="two", resources={"cpus": 2}, retries=3))
     again, recorded = register(same, store, claims_url(tmp_path))
@@ -112,7 +112,7 @@ def test_a_registration_another_submission_is_still_mirroring_is_not_read(tmp_pa
     entry, _ = register(study, store, claims_url(tmp_path))
     c = MlflowClient(store)
     exp_id = c.get_experiment_by_name("reg").experiment_id
-    tags = {records.TAG_KIND: records.KIND_REGISTRATION, records.TAG_VERSION: "0"}
+    tags = {vocabulary.TAG_KIND: vocabulary.KIND_REGISTRATION, vocabulary.TAG_VERSION: "0"}
     c.create_run(exp_id, run_name="registration", tags=tags)  # created, its artifact not yet written
     assert [r.to_json() for r in registrations(store, "reg")] == [entry.to_json()]
     again, recorded = register(study, store, claims_url(tmp_path))

@@ -11,8 +11,8 @@ import threading
 import pytest
 import sqlalchemy
 
-from ablations import stores
 from ablate.main import main
+from ablations import stores
 from tests.conftest import ROOT, free_port, postgres_reachable
 
 STUDY = str(ROOT / "ablations" / "studies" / "quickstart.yaml")

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.spec import resolve_run
 from ablations.train import Tracking, train
+from record.spec import resolve_run
 from tests.conftest import mlflow_server
 from tests.models.devices import cuda
 

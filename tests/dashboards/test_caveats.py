@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from scipy import special
 
-from ablations.spec.analysis import Warn
-from dashboards import caveats, stats
+from dashboards import caveats
 from dashboards.compare import compare, format_changes
 from dashboards.load import load_study
 from dashboards.render import to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
+from record import stats
+from record.spec.analysis import Warn
 from tests.dashboards.test_report import fill, flips
 
 ENCODER10 = {"model.arch": "encoder", "model.n_classes": "10", "model.vocab_size": "32", "model.classifier": "mean"}
@@ -207,8 +208,8 @@ def test_an_answer_scored_decoder_is_judged_over_what_its_answers_hold(store, ta
     ln(values), not ln(vocabulary). Counted over the recall task's 36 tokens, such a model (ln 16 = 2.77) sat at
     77% of ln 36 and was not warned of. The row's params are those a run of the task logs (the run file's task
     keys as written), read back from a real store."""
-    from ablations.spec.run import resolve_run
     from models.tasks import make_task
+    from record.spec.run import resolve_run
 
     answers = answer_tokens(task)
     run = resolve_run({"task": task, "model": {"arch": "decoder", "d_model": 16, "n_heads": 2, "n_layers": 1}})

@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from ablations.spec import load_study
 from ablations.sweep import run_study
 from dashboards.heads import evaluate_heads, head_ablation, model_heads
+from record.spec import load_study
 
 
 @pytest.mark.slow
@@ -45,9 +45,9 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
     # the oracle: removing head h is zeroing its columns of the output projection (no gates involved)
     from mlflow import MlflowClient
 
-    from ablations.spec import resolve_run
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
+    from record.spec import resolve_run
 
     c = MlflowClient(store)
     config = yaml.safe_load(Path(c.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text())
@@ -143,10 +143,10 @@ def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
 def test_per_sequence_losses_add_up_to_the_modules_own_loss(task):
     """The paired test of ``ablate heads`` compares per-sequence losses; summed, they are the split's loss as
     the module computes it (masks, padding and classification included)."""
-    from ablations.spec import resolve_run
     from dashboards.heads import sequence_losses
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
+    from record.spec import resolve_run
 
     run = resolve_run({"task": task, "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}})
     data = TaskDataModule(run.task, 8, 0, 16)
@@ -173,7 +173,7 @@ def flips(d) -> float:
 
 def test_heads_are_judged_by_the_shared_tests_and_corrections():
     """Issue 14: ``ablate heads`` gave a constant difference p = 0 and counted 'better without' at the raw
-    p < 0.01. Now each head gets every table's paired test (dashboards.stats.paired_p) and Holm's correction
+    p < 0.01. Now each head gets every table's paired test (record.stats.paired_p) and Holm's correction
     over the model's heads (statsmodels), and only corrected results are counted."""
     import numpy as np
     from statsmodels.stats.multitest import multipletests
@@ -235,10 +235,10 @@ def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_he
     reaches the model (its columns of the output projection zeroed) has importance 0, so it goes first."""
     import torch.nn.functional as F
 
-    from ablations.spec import resolve_run
     from dashboards.pruning import head_importance
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
+    from record.spec import resolve_run
 
     run = resolve_run(
         {

@@ -14,16 +14,16 @@ import pytest
 import yaml
 
 from ablations.register import register
-from ablations.spec import load_study
 from dashboards.load import load_study as load_runs
 from dashboards.render import to_markdown
 from dashboards.report import make_report
 from dashboards.table import build
-from tests.ablations.spec.test_study import BASE
+from record.spec import load_study
 from tests.conftest import ROOT
 from tests.dashboards.test_legacy_store import relocated_store
 from tests.dashboards.test_report import fill
 from tests.dashboards.test_table import grid
+from tests.record.spec.test_study import BASE
 
 RECOMPUTE = ROOT / "docs" / "results" / "recompute.py"
 
@@ -174,9 +174,9 @@ def test_what_an_amendment_after_results_changes_makes_exploratory():
     """Changes after results of a contrast's cells: a margin or the seeds move every contrast; a variant's settings
     only the contrasts that compare it; a change made before its cells had results moves none; an edited record
     makes everything exploratory."""
-    from ablations.recorded import Registration
-    from ablations.spec.declaration import digest
     from dashboards.exploratory import exploratory
+    from record.recorded import Registration
+    from record.spec.declaration import digest
 
     def entry(version, declared, finished=None, changed=()):
         return Registration(version=version, hash=digest(declared), declaration=declared, created=1.0,
@@ -205,8 +205,8 @@ def test_a_study_file_registered_with_uncommitted_changes_is_not_reported_as_its
     commit's older declaration (docs/results/decoding, 2026-11-27)."""
     from types import SimpleNamespace
 
-    from ablations.recorded import Registration
     from dashboards.render import registration_lines
+    from record.recorded import Registration
 
     def line(commit):
         entry = Registration(version=0, hash="h", declaration={}, created=1.0, git_commit=commit)

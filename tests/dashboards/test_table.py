@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from dashboards import stats
 from dashboards.load import load_study
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
+from record import stats
 from tests.dashboards.test_report import fill, flips, table_part
 from tests.dashboards.test_stats import fisher_by_enumeration, holm_by_definition
 
@@ -307,8 +307,8 @@ def test_every_rendering_carries_the_same_numbers(store):
 @pytest.mark.slow
 def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
     """For the sweep's dry run: an earlier submission is the pilot for the study file's analysis section."""
-    from ablations.spec.analysis import parse_analysis
     from dashboards.plan import pilot_plan
+    from record.spec.analysis import parse_analysis
 
     assert pilot_plan(store, "nothing") is None  # no earlier submission: nothing to say
     rng = np.random.default_rng(9)
@@ -332,8 +332,8 @@ def test_a_pilot_says_how_many_seeds_a_resubmission_needs(store):
 def test_changed_says_what_differs_from_the_baseline_chosen():
     """With --baseline another variant, `changed` is what differs from that variant: its settings the row leaves
     at the study's base run count too (a row showed only its own settings, and the study's base row '-')."""
-    from ablations.recorded import RecordedDesign
     from dashboards.table import _changed
+    from record.recorded import RecordedDesign
 
     design = RecordedDesign.from_json(
         {

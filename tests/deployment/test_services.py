@@ -431,8 +431,8 @@ def test_the_ray_head_as_compose_starts_it_requires_the_token(deployment, tmp_pa
 # (issue 19, item 3): the commands' stdout and stderr (their error paths too: stores that cannot be reached), every
 # file they, Ray's nodes and Ray Tune wrote (.ablate/, the nodes' session logs, Ray Tune's results, MLflow's
 # artifacts) and a dump of the MLflow and Optuna databases (params, tags, run names, Optuna attributes). The nodes
-# do not know the credentials: the driver hands them to the trials in their arguments (ablations.secrets.Credentials),
-# the likeliest place for a leak. The masking (ablations/secrets.py) is applied where ablations/ prints or records.
+# do not know the credentials: the driver hands them to the trials in their arguments (record.secrets.Credentials),
+# the likeliest place for a leak. The masking (record/secrets.py) is applied where ablations/ prints or records.
 
 BASE = {
     "task": {"name": "reverse", "train_size": 200, "max_len": 5},
@@ -471,7 +471,7 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials_pr
     import optuna
     from mlflow import MlflowClient
 
-    from ablations import records
+    from record import vocabulary
     from tests.ray_nodes import ray_cluster
 
     values, services, prefix = deployment
@@ -552,7 +552,7 @@ def test_a_study_and_a_search_through_the_topology_with_the_roles_credentials_pr
             c = MlflowClient(url)
             cells = c.search_runs([c.get_experiment_by_name("deployed").experiment_id], "tags.kind = 'cell'")
             assert len(cells) == 4 and all(r.info.status == "FINISHED" for r in cells)
-            assert not records.run_missing(url, "0" * 32) and not records.run_missing(url, cells[0].info.run_id)
+            assert not vocabulary.run_missing(url, "0" * 32) and not vocabulary.run_missing(url, cells[0].info.run_id)
             assert "config.yaml" in {a.path for a in c.list_artifacts(cells[0].info.run_id)}  # served artifacts
         wrong = {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": "wrong-password-123"}
         with _environment(wrong), pytest.raises(Exception, match="401|Unauthorized|credentials"):

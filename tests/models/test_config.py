@@ -377,8 +377,8 @@ def test_the_null_spellings_are_accepted_and_distinct_models_are_not_refused():
 
 
 def test_a_value_equal_to_what_leaving_it_out_means_is_written_as_left_out():
-    """Such values are not refused: they are one spelling in the cell id (ablations.spec.configs.canonical)."""
-    from ablations.spec.configs import canonical
+    """Such values are not refused: they are one spelling in the cell id (record.spec.configs.canonical)."""
+    from record.spec.configs import canonical
 
     for keys, same in [
         ({"positions": "learned", "position_init_std": 1.0}, {"positions": "learned"}),
@@ -522,7 +522,7 @@ def test_the_cross_keys_default_to_the_self_attentions_and_an_equal_value_is_wri
     """Left out, the cross-attention scores as the self-attention does (every config written before the keys
     existed keeps its dictionary, hence its cell id); a value equal to that is the same model, written as left out;
     MLflow's params (``effective``) show what the cross-attention does."""
-    from ablations.spec.configs import canonical, effective
+    from record.spec.configs import canonical, effective
 
     plain = ModelConfig(**ED, score="general")
     assert (plain.cross_attention_score, plain.cross_attention_projected) == ("general", True)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablations.spec import SpecError, resolve_run
-from ablations.spec.run import load_run
-from ablations.spec.study import load_study
 from models.config import ConfigError
 from models.tasks import BOS, EOS, SEP, TASKS, DataUnavailable, make_task
+from record.spec import SpecError, resolve_run
+from record.spec.run import load_run
+from record.spec.study import load_study
 
 FIRST = 4  # the first task symbol (PAD, BOS, EOS, SEP before it)
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}

@@ -225,7 +225,7 @@ def _catalogue_task_specs() -> list[dict]:
     import glob
     import json
 
-    from ablations.spec.study import load_study
+    from record.spec.study import load_study
 
     specs = {}
     for path in sorted(glob.glob("ablations/studies/*.yaml")):

@@ -462,7 +462,7 @@ def test_classifier_heads_and_shapes():
 def test_a_target_vocabulary_equal_to_the_source_one_builds_the_shared_table():
     """tgt_vocab_size equal to vocab_size means what leaving it out means (ModelConfig.implied), and the two have
     one cell id: they must be one model, the shared table, not a second table trained under the same id."""
-    from ablations.spec.configs import canonical
+    from record.spec.configs import canonical
 
     built = {}
     for name, kw in (("left out", {}), ("equal", {"tgt_vocab_size": 17})):

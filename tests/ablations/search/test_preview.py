@@ -208,7 +208,7 @@ def test_lost_trials_are_counted_as_the_search_will_count_them(tmp_path, capsys)
     from ablations.search.driver import _open_study
     from ablations.search.ledger import counted_trials
     from ablations.search.setup import open_storage
-    from ablations.spec import load_search
+    from record.spec import load_search
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="srch", storage=open_storage(url))
@@ -244,7 +244,7 @@ def test_another_programs_database_is_named_by_the_dry_run_and_refused_by_the_se
     from mlflow import MlflowClient
 
     from ablations.search.driver import _open_study
-    from ablations.spec import load_search
+    from record.spec import load_search
 
     url = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(url).search_experiments()  # an MLflow store: MLflow's Alembic revision in alembic_version
@@ -277,7 +277,7 @@ def test_what_the_search_checks_before_it_starts_the_dry_run_checks(tmp_path, ca
     code, _, err = dry_run(tmp_path, capsys, "--storage", f"journal:{journal}")
     assert code == 1 and err.strip().endswith("is not an Optuna journal: its line 1 is not JSON"), err
     from ablations.search.driver import _open_study
-    from ablations.spec import load_search
+    from record.spec import load_search
 
     with pytest.raises(ValueError, match="is not an Optuna journal: its line 1 is not JSON"):  # the search too
         _open_study(load_search(tmp_path / "srch.yaml"), f"journal:{journal}", out=lambda _: None)

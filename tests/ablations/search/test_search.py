@@ -19,9 +19,9 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from ablations.records import KIND_SEARCH, KIND_TRIAL, client
 from ablations.search import open_storage, run_search
-from ablations.spec import SpecError, load_search, resolve_run
+from record.spec import SpecError, load_search, resolve_run
+from record.vocabulary import KIND_SEARCH, KIND_TRIAL, client
 from tests import reliability
 from tests.conftest import ROOT, postgres_reachable
 
@@ -88,8 +88,8 @@ def test_a_trial_prunes_with_the_searchs_own_pruner(tmp_path, pruner, stops):
     waits for 5 finished trials; this search's waits for 2)."""
     from ablations.search import make_pruner
     from ablations.search.trial import TrialTask, pruning_hooks
-    from ablations.spec import Resources
     from ablations.train import StopTraining
+    from record.spec import Resources
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="p", storage=open_storage(url), pruner=make_pruner(pruner))
@@ -213,7 +213,7 @@ def test_a_trial_reports_through_a_postgresql_restart_and_fails_only_when_it_sta
     from ablations.search import make_pruner
     from ablations.search import trial as trial_module
     from ablations.search.trial import TrialTask, pruning_hooks
-    from ablations.spec import Resources
+    from record.spec import Resources
     from tests.conftest import fresh_postgres_database
 
     with fresh_postgres_database("ablate_restart") as url:
@@ -349,7 +349,7 @@ def test_data_parallel_trials_report_from_rank_0_and_every_rank_stops_when_prune
 @pytest.mark.slow
 def test_a_search_whose_trials_all_fail_ends_and_says_why(tmp_path, store, local_ray):
     """Every trial raises (its data vanished after the checks): the search ends after n_trials, each a FAIL with the
-    reason (in its output and in Optuna's storage), instead of asking forever. (A typo in the objective no longer gets this far: tests/ablations/spec.)"""
+    reason (in its output and in Optuna's storage), instead of asking forever. (A typo in the objective no longer gets this far: tests/record/spec.)"""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     corpus = tmp_path / "vanishing.txt"
     corpus.write_text(" ".join(["the", "of", "and", "to", "in"] * 400))
@@ -570,8 +570,9 @@ def test_a_run_that_finished_after_its_search_process_died_is_not_a_result(tmp_p
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from ablations import records, tracking
+    from ablations import tracking
     from ablations.search.driver import end_orphaned_trial_runs
+    from record import vocabulary
 
     study = optuna.create_study(study_name="srch", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
     lr = {"training.lr": FloatDistribution(1.0e-5, 3.0e-2, log=True)}
@@ -583,9 +584,9 @@ def test_a_run_that_finished_after_its_search_process_died_is_not_a_result(tmp_p
     c, exp = client(store), tracking.experiment_id(store, "srch")
     runs = {}
     for number in (0, 1, 2):
-        tags = {records.TAG_KIND: KIND_TRIAL, records.TAG_STUDY: "srch", records.TAG_TRIAL: str(number)}
+        tags = {vocabulary.TAG_KIND: KIND_TRIAL, vocabulary.TAG_STUDY: "srch", vocabulary.TAG_TRIAL: str(number)}
         runs[number] = c.create_run(exp, tags=tags).info.run_id
-        records.end_run(store, runs[number], records.STATUS_FINISHED)
+        vocabulary.end_run(store, runs[number], vocabulary.STATUS_FINISHED)
     assert end_orphaned_trial_runs(store, "srch", study, "srch", "unused: no run is RUNNING") == 1
     orphan = c.get_run(runs[0])
     assert orphan.info.status == "KILLED" and orphan.data.tags["status_detail"] == (
@@ -604,7 +605,8 @@ def test_a_killed_search_process_leaves_no_parent_run_running(tmp_path, store):
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from ablations import records, tracking
+    from ablations import tracking
+    from record import vocabulary
 
     spec = load_search(write_spec(tmp_path, n_trials=1))
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -619,8 +621,8 @@ def test_a_killed_search_process_leaves_no_parent_run_running(tmp_path, store):
     parents = {}
     here = socket.gethostname()
     for name, host, pid in (("dead", here, dead.pid), ("live", here, live.pid), ("elsewhere", "other-host", dead.pid)):
-        tags = {records.TAG_KIND: KIND_SEARCH, records.TAG_STUDY: "srch", records.TAG_STATUS: "running"}
-        tags |= {records.TAG_DRIVER_HOST: host, records.TAG_DRIVER_PID: str(pid)}
+        tags = {vocabulary.TAG_KIND: KIND_SEARCH, vocabulary.TAG_STUDY: "srch", vocabulary.TAG_STATUS: "running"}
+        tags |= {vocabulary.TAG_DRIVER_HOST: host, vocabulary.TAG_DRIVER_PID: str(pid)}
         parents[name] = c.create_run(exp, tags=tags).info.run_id
     try:
         run_search(spec, tracking_uri=store, storage=url, out=lambda _: None)  # every trial is held: no Ray
@@ -778,7 +780,7 @@ def test_a_tuned_study_given_more_seeds_tunes_again_on_its_new_tuning_seed(tmp_p
     searches were named without it, so the old ones were found complete and their values, chosen on what is now a
     cell's seed, were judged on it (a reviewer's finding): each tuning seed has its own searches."""
     from ablations.search.tuned import tuning_seed, variant_searches
-    from ablations.spec import load_study
+    from record.spec import load_study
 
     path, _ = tuned_study_here(tmp_path, monkeypatch, seeds=2)
     two = load_study(path)
@@ -793,7 +795,7 @@ def test_a_tuned_study_of_several_seeds_per_trial_tunes_on_seeds_no_cell_uses(tm
     """``tune.seeds_per_trial: 3``: each search trains the tuning seed and the two after it, all above every
     cell's seed; the searches are named for the three (a one-seed search of the same study is another study)."""
     from ablations.search.tuned import tuned_on, variant_searches
-    from ablations.spec import load_study
+    from record.spec import load_study
 
     path, _ = tuned_study_here(tmp_path, monkeypatch, seeds=2)
     data = yaml.safe_load(path.read_text())
@@ -825,8 +827,8 @@ def test_the_dry_run_of_a_tuned_study_says_what_would_stop_a_variants_search(tmp
 
 @pytest.mark.slow
 def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(tmp_path, store, monkeypatch, local_ray):
-    from ablations.spec import load_study
     from ablations.sweep import run_study
+    from record.spec import load_study
 
     path, storage = tuned_study_here(tmp_path, monkeypatch, seeds=2, budget={"steps": 30}, concurrency=2)
     study = load_study(path)
@@ -966,7 +968,7 @@ def test_the_highest_value_a_stepped_range_can_propose_is_its_high_edge():
     """A step that does not divide the range leaves its high end out of reach: 0-200 in steps of 75 proposes 0, 75
     and 150, and a search that chose 150 chose the largest value it could (the optimum may lie beyond)."""
     from ablations.search.tuned import position
-    from ablations.spec.search import Param
+    from record.spec.search import Param
 
     stepped = Param(type="int", low=0, high=200, step=75)
     assert (position(stepped, 150)["edge"], position(stepped, 75)["edge"], position(stepped, 0)["edge"]) == (
@@ -1052,8 +1054,8 @@ def test_the_pruner_waits_for_the_warm_up_stated_in_the_file(tmp_path):
     """pruner_warmup: {trials, steps}: no trial is judged before `steps` (default: the first validation)."""
     from ablations.search import make_pruner
     from ablations.search.trial import TrialTask, pruning_hooks
-    from ablations.spec import Resources
     from ablations.train import StopTraining
+    from record.spec import Resources
 
     spec = load_search(write_spec(tmp_path, pruner="median", pruner_warmup={"trials": 1, "steps": 20}))
     assert (spec.warmup_trials, spec.warmup_steps) == (1, 20)

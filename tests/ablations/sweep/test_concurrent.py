@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state
+from record.vocabulary import KIND_CELL, KIND_STUDY, RESULT_STATES, cell_state
 from tests import reliability
 from tests.conftest import ROOT, fresh_postgres_database
 from tests.ray_nodes import ray_cluster

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from ablations.cluster import DoesNotFit
-from ablations.spec import Resources, SpecError, load_study
 from ablations.sweep.placement import check_placement, trial_slots
+from record.spec import Resources, SpecError, load_study
 
 HERE = socket.gethostname()
 

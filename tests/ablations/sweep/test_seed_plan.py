@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 
 from ablate.main import main
-from ablations.records import cell_state
 from dashboards.load import load_study as load_runs
-from dashboards.sequential import path, path_rows, plan_of
-from dashboards.sequential import table as sequential_table
+from dashboards.looks import path, path_rows, plan_of
+from dashboards.looks import table as sequential_table
+from record.vocabulary import cell_state
 from tests.ablations.sweep.test_sweep import REVERSE, runs_of, wait_for, write_study
 from tests.conftest import ROOT
 

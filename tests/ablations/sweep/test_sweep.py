@@ -21,9 +21,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablations.records import KIND_CELL, KIND_STUDY, cell_state, client
-from ablations.spec import load_study
 from ablations.sweep import run_study
+from record.spec import load_study
+from record.vocabulary import KIND_CELL, KIND_STUDY, cell_state, client
 from tests import reliability
 from tests.conftest import ROOT
 from tests.ray_nodes import ray_cluster
@@ -112,7 +112,7 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
         assert "final/val_loss" in run.data.metrics and "test/exact_match" in run.data.metrics
         history = c.get_metric_history(run.info.run_id, "val/loss")
         assert [m.step for m in history] == [10, 20]
-    from ablations.recorded import RecordedDesign
+    from record.recorded import RecordedDesign
 
     design = RecordedDesign.from_json(
         json.loads((Path(c.download_artifacts(parent.info.run_id, "design.json", str(tmp_path)))).read_text())
@@ -134,7 +134,7 @@ def test_study_end_to_end_on_local_ray_exactly_once(tmp_path, store, local_ray):
         run_study(load_study(path, seeds=[0, 1, 2]), tracking_uri=store, num_cpus=2, out=lines.append)
     bigger = dataclasses.replace(load_study(path, seeds=[0, 1, 2]), amend="a third seed")  # an amendment says why
     run_study(bigger, tracking_uri=store, num_cpus=2, max_concurrent=1, out=lines.append, reuse_any_code=True)
-    from ablations.recorded import registrations
+    from record.recorded import registrations
 
     amendment = registrations(store, "s")[-1]  # recorded with what had been seen: two results per variant
     assert (amendment.version, amendment.reason, amendment.changed) == (1, "a third seed", ["seeds"])
@@ -358,21 +358,22 @@ def test_a_dead_submissions_parent_run_ends_when_nothing_is_left_to_train(tmp_pa
     """A submission killed after its last cell had its result, before it ended its parent run: the next submission
     found nothing to train and returned at once, and that parent run stayed RUNNING for good (found by the fault
     soak, benchmarks/soak.py). Every submission ends dead submissions' parent runs first, whatever is left."""
-    from ablations import records, tracking
+    from ablations import tracking
     from ablations.claims import claims_url
     from ablations.register import register
+    from record import vocabulary
 
     study = load_study(write_study(tmp_path, "ended"))
     register(study, store, claims_url(store), out=lambda _: None)
     c = client(store)
     exp = tracking.experiment_id(store, "ended")
     for cell in study.cells:  # every cell has its result, by this code
-        tags = {records.TAG_KIND: KIND_CELL, records.TAG_STUDY: "ended", records.TAG_CELL_ID: cell.cell_id}
-        tags |= {records.TAG_CODE: tracking.code_fingerprint(), records.TAG_STATUS: "finished"}
-        c.set_terminated(c.create_run(exp, tags={**tags, records.TAG_SUBMISSION: "1"}).info.run_id, "FINISHED")
+        tags = {vocabulary.TAG_KIND: KIND_CELL, vocabulary.TAG_STUDY: "ended", vocabulary.TAG_CELL_ID: cell.cell_id}
+        tags |= {vocabulary.TAG_CODE: tracking.code_fingerprint(), vocabulary.TAG_STATUS: "finished"}
+        c.set_terminated(c.create_run(exp, tags={**tags, vocabulary.TAG_SUBMISSION: "1"}).info.run_id, "FINISHED")
     # the killed submission's parent run: RUNNING, and no lease in the claims store says it is alive
-    tags = {records.TAG_KIND: KIND_STUDY, records.TAG_STUDY: "ended", records.TAG_SUBMISSION: "1"}
-    parent = c.create_run(exp, tags={**tags, records.TAG_STATUS: "running"}).info.run_id
+    tags = {vocabulary.TAG_KIND: KIND_STUDY, vocabulary.TAG_STUDY: "ended", vocabulary.TAG_SUBMISSION: "1"}
+    parent = c.create_run(exp, tags={**tags, vocabulary.TAG_STATUS: "running"}).info.run_id
     lines: list[str] = []
     result = run_study(study, tracking_uri=store, out=lines.append)
     assert result.parent_run_id is None and any("nothing to train" in line for line in lines), lines
