@@ -144,7 +144,7 @@ def fit(trainer, module, data, drain: Drain) -> None:
         raise
 
 
-class Progress(L.Callback):
+class ProgressBar(L.Callback):
     """A bar over the optimisation steps with the latest loss and validation metrics."""
 
     SHOWN = ("train/loss", "val/loss", "val/exact_match", "val/accuracy")
@@ -281,7 +281,7 @@ class _Attempt:
             typical_source_length=source_length,
         )
         drain = Drain(run_logger, list(hooks or []))
-        callbacks = [Progress(t.max_steps), drain] if progress else [drain]  # the bar reads before drain empties
+        callbacks = [ProgressBar(t.max_steps), drain] if progress else [drain]  # the bar reads before drain empties
         with tempfile.TemporaryDirectory(prefix="ablate-") as scratch:
             trainer = _trainer(t, callbacks, scratch, trainer_options, prepare)
             fit(trainer, module, data, drain)

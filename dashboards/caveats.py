@@ -19,7 +19,7 @@ import numpy as np
 from models import plugins
 from models.tasks.base import BOS, PAD, SEP
 from record import stats
-from record.spec.analysis import Warn
+from record.spec.analysis_parts import Warn
 from record.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
 
 

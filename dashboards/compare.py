@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.table import Table, build
 
 
@@ -30,7 +30,7 @@ class Change:
         return self.a != self.b
 
 
-def verdict(table: Table, variant: str) -> tuple[str, float]:
+def verdict_of(table: Table, variant: str) -> tuple[str, float]:
     """(verdict, Δ) of a variant against the table's baseline."""
     row = next((r for r in table.rows if r.variant == variant), None)
     if row is None or row.contrast is None:
@@ -49,7 +49,7 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
     """Both tables (each with its own submission's analysis settings) and the verdict of every contrast they
     share: each variant against the baseline, then the other declared contrasts and effects."""
     (name_a, sub_a), (name_b, sub_b) = parse(ref_a), parse(ref_b)
-    runs_a, runs_b = load_study(uri, name_a, submission=sub_a), load_study(uri, name_b, submission=sub_b)
+    runs_a, runs_b = load_runs(uri, name_a, submission=sub_a), load_runs(uri, name_b, submission=sub_b)
     metric = metric or runs_a.design.metric
     ta = build(runs_a, metric)
     # each variant against the same baseline in both: a study whose first variant differs asked "y vs x" where
@@ -67,7 +67,7 @@ def compare(uri: str, ref_a: str, ref_b: str, metric: str | None = None) -> tupl
     for variant in [v for v in runs_a.variants if v in set(runs_b.variants)]:
         if variant in (ta.baseline, tb.baseline) or ta.baseline != tb.baseline:
             continue
-        (va, da), (vb, db) = verdict(ta, variant), verdict(tb, variant)
+        (va, da), (vb, db) = verdict_of(ta, variant), verdict_of(tb, variant)
         if va == "absent" or vb == "absent":
             continue
         changes.append(

@@ -8,14 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from record.recorded import Registration
-from record.spec.analysis import parse_analysis
+from record.spec.analysis import Analysis, parse_analysis
+from record.spec.decides import EVERY, keys_marked
+from record.spec.declaration import Declaration
 from record.stats.family import effect_labels
 
-# a change of any of these after results moves every contrast (what decides every verdict)
-EVERY_CONTRAST = {"metric", "direction", "seeds", "budget", "vary_data", "design", "axes", "tune"}
-EVERY_CONTRAST |= {f"analysis.{k}" for k in ("test", "alpha", "failure_rule", "failure_values", "never_learned")}
-EVERY_CONTRAST |= {"analysis.margins", "analysis.converged"}
-DESCRIPTIVE = {"analysis.power", "analysis.detect", "analysis.warn"}  # what no verdict reads
+# a change of any of these after results moves every contrast: the declaration's fields marked so
+EVERY_CONTRAST = keys_marked(Declaration, EVERY) | keys_marked(Analysis, EVERY, "analysis.")
+# the keys marked as deciding their own contrasts, each of which ``_changed_for`` reads in its own way
+PER_CONTRAST = ("variants", "runs", "analysis.expect", "analysis.contrasts")
 
 
 def family_labels(declared: dict[str, Any]) -> list[str]:

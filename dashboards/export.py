@@ -17,7 +17,7 @@ from record.vocabulary import AXIS_PREFIX
 SEED_FIELDS = ("variant", "seed", "cell_id", "outcome", "detail", "value", "rule_value", "imputed")
 
 
-def declaration(t: Table) -> dict[str, Any]:
+def analysed_under(t: Table) -> dict[str, Any]:
     """What ``t`` was analysed under, as a script needs it (JSON)."""
     latest = t.registrations[-1] if t.registrations else None
     return {
@@ -51,8 +51,8 @@ def write(t: Table, folder: Path) -> dict[str, Path]:
     axes = [f"{AXIS_PREFIX}{a}" for a in t.levels]
     rows = [{k: ("" if r.get(k) is None else r.get(k)) for k in (*SEED_FIELDS, *axes)} for r in t.seeds]
     seeds.write_text(records_csv(rows) if rows else ",".join(SEED_FIELDS) + "\n")
-    decl.write_text(json.dumps(declaration(t), indent=1, default=str) + "\n")
+    decl.write_text(json.dumps(analysed_under(t), indent=1, default=str) + "\n")
     return {"seeds": seeds, "declaration": decl}
 
 
-__all__ = ["SEED_FIELDS", "declaration", "write"]
+__all__ = ["SEED_FIELDS", "analysed_under", "write"]

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from record import stats, vocabulary
 from record.spec import resolve_run
 
@@ -203,7 +203,7 @@ def model_heads(
 def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str]:
     """([(variant, seed, run_id)] of every finished cell, by variant in the study's order then seed; the study's
     analysis.test)."""
-    runs = load_study(uri, study)
+    runs = load_runs(uri, study)
     done = runs.cells[runs.cells["state"] == "finished"]
     if not len(done):
         raise LookupError(f"study {study!r} has no finished cell to evaluate")
@@ -357,7 +357,7 @@ def save_heads(
         written = [out / "heads.md", out / "heads.json"]
         written[0].write_text(text)
         written[1].write_text(heads_json(models))
-    parent = load_study(uri, study).latest_parent
+    parent = load_runs(uri, study).latest_parent
     if parent is None:
         return written, None, []
     c = vocabulary.client(uri)

@@ -102,7 +102,7 @@ def _design(uri: str, parents: list) -> RecordedDesign:
     return RecordedDesign.from_params(parents[-1].data.params) if parents else RecordedDesign()
 
 
-def load_study(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:
+def load_runs(uri: str, study: str, *, submission: int | None = None) -> StudyRuns:
     """The cells of a study (all submissions, or one) from the MLflow store at ``uri``."""
     import pandas as pd
 

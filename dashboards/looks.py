@@ -20,7 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from dashboards.load import StudyRuns, load_study
+from dashboards.load import StudyRuns, load_runs
 from dashboards.table import Table, build
 from record import stats
 from record.spec.analysis import Analysis
@@ -52,7 +52,7 @@ class Look:
 
 
 def plan_of(runs: StudyRuns) -> SeedPlan | None:
-    return SeedPlan.model_validate(runs.design.plan) if runs.design.plan else None
+    return runs.design.plan
 
 
 def path(runs: StudyRuns, plan: SeedPlan, analysis: Analysis | None = None) -> tuple[list[Look], dict[str, int]]:
@@ -86,7 +86,7 @@ def wanted(
     """What the sweep trains next: (variant, seed) of every cell the plan needs now, and whether the plan has ended.
     Before any result: every variant's first batch."""
     try:
-        runs = load_study(uri, study)
+        runs = load_runs(uri, study)
     except LookupError:  # no cell yet
         return {(v, s) for v in variants for s in range(plan.first)}, False
     looks, upto = path(runs, plan, analysis)

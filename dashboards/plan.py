@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboards.load import NoResults, load_study
+from dashboards.load import NoResults, load_runs
 from dashboards.render import number_text
 from dashboards.table import Table, build
 from record import stats
@@ -22,14 +22,14 @@ from record.spec.analysis import Analysis
 
 
 @dataclass(frozen=True)
-class SeedPlan:
+class SeedsNeeded:
     contrast: str
     pilot_seeds: int  # paired seeds in the pilot
     sd: float  # of the pilot's paired differences
     needed: int | None  # None: the pilot has fewer than two paired seeds
 
 
-def plan_from_table(table: Table) -> list[SeedPlan]:
+def plan_from_table(table: Table) -> list[SeedsNeeded]:
     """The seeds each contrast of the table's family needs for the table's ``analysis.detect[metric]``."""
     difference = table.detect
     if not difference:
@@ -43,7 +43,7 @@ def plan_from_table(table: Table) -> list[SeedPlan]:
         needed = stats.seeds_needed(
             c.differences, difference, alpha=a.alpha, power=a.power, test=a.test, family_size=size
         ) if c.n >= 2 else None  # fmt: skip
-        out.append(SeedPlan(c.label, c.n, c.sd, needed))
+        out.append(SeedsNeeded(c.label, c.n, c.sd, needed))
     return out
 
 
@@ -54,7 +54,7 @@ def pilot_plan(
     (or one submission). ``analysis``: the study file's section (default: the one the pilot recorded).
     None when the store holds no earlier cell of the study."""
     try:
-        runs = load_study(uri, study, submission=submission)
+        runs = load_runs(uri, study, submission=submission)
     except NoResults:
         return None
     table = build(runs, metric, analysis=analysis, curves=False)  # the seeds plan needs no curves
@@ -122,7 +122,7 @@ def _pilot_table(uri: str | None, study, submission: int | None) -> Table | str:
     if uri is None:
         return "no store yet: the first batch is the pilot; dry-run again after it"
     try:
-        runs = load_study(uri, study.name, submission=submission)
+        runs = load_runs(uri, study.name, submission=submission)
     except NoResults as err:
         return f"no pilot ({err}): the first batch is one; dry-run again after it (or --pilot SUBMISSION)"
     table = build(runs, study.metric, analysis=study.analysis, curves=False)
@@ -150,4 +150,4 @@ def _expected(table: Table, plan, variants: list[str], draws: int) -> tuple[dict
     return {v: float(x.mean()) for v, x in seeds.items()}, f"the declared Δ {number_text(table.detect, 3)} is {said}"
 
 
-__all__ = ["SeedPlan", "pilot_plan", "plan_from_table", "sequential_plan"]
+__all__ = ["SeedsNeeded", "pilot_plan", "plan_from_table", "sequential_plan"]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dashboards.heads import each_model, load_trained, trained_cells
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from record import stats
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
@@ -306,7 +306,7 @@ def save_pruning(
         paths[0].write_text(format_pruning(models, info))
         paths[1].write_text(pruning_json(models))
         paths.append(pruning_png(curves, metric, folder / "pruning.png"))
-        parent = load_study(uri, study).latest_parent
+        parent = load_runs(uri, study).latest_parent
         if parent is not None:
             c = vocabulary.client(uri)
             for path in paths:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dashboards import export, looks
-from dashboards.load import StudyRuns, client, load_study
+from dashboards.load import StudyRuns, client, load_runs
 from dashboards.plots import all_figures
 from dashboards.render import (
     PATH_HEAD,
@@ -294,7 +294,7 @@ def make_report(
     log: bool = True,
 ) -> Report:
     """Build the table and the report, write them to ``out_dir`` and log them to the latest parent run."""
-    runs = load_study(uri, study, submission=submission)
+    runs = load_runs(uri, study, submission=submission)
     table = looks.table(runs, metric=metric, baseline=baseline)
     parent = runs.latest_parent
     description = parent.data.tags.get(vocabulary.TAG_NOTE, "") if parent is not None else ""

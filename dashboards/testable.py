@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dashboards import caveats
-from record.spec.analysis import Converged, Expect
+from record.spec.analysis_parts import Converged, Expect
 
 NOT_TESTABLE = "not testable here"
 

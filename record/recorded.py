@@ -8,32 +8,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
 from record import vocabulary
 from record.spec import Study
 from record.spec.analysis import Analysis, from_design
+from record.spec.decides import BY_ITS_FIELDS, EVERY, ITS_OWN, NONE, decides
 from record.spec.declaration import digest
+from record.spec.seedplan import SeedPlan
+
+SCHEMA = 2  # design.json's version; 1: every design.json written before it said its version (read the same way)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RecordedDesign:
-    """A submission's design.json: what the report needs to know about the study, as that submission ran it."""
+class RecordedDesign(BaseModel):
+    """A submission's design.json: what the report needs to know about the study, as that submission ran it. Its
+    JSON is this record's own serialisation (``to_json``); every version of it is read through one adapter
+    (``_any_version``). Each field says whether it decides verdicts (``record.spec.decides``)."""
 
-    kind: str = ""
-    axes: list[str] = field(default_factory=list)
-    metric: str = "final/val_loss"
-    direction: str = "minimize"
-    variants: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> the settings that define it
-    cells: dict[str, str] = field(default_factory=dict)  # cell id -> variant (its name in this design)
-    seeds: list[int] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    analysis: Analysis = field(default_factory=Analysis)
-    code: str | None = None  # whose results count: the code's fingerprint (None: any code's)
-    vary_data: bool = False
-    tuning: dict[str, Any] = field(default_factory=dict)
-    source: str = ""  # the study file (the report's next steps are commands on it)
-    budget: dict[str, float] = field(default_factory=dict)
-    registration: int | None = None  # the version of the study's registration this submission ran under
-    plan: dict[str, Any] | None = None  # a seed plan's first, batch, max, spending (record/spec/seedplan.py)
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_: int = Field(SCHEMA, alias="schema", json_schema_extra=decides(NONE))
+    kind: str = Field("", json_schema_extra=decides(EVERY))  # the design: grid, one_at_a_time, list
+    axes: list[str] = Field(default_factory=list, json_schema_extra=decides(EVERY))
+    metric: str = Field("final/val_loss", json_schema_extra=decides(EVERY))
+    direction: str = Field("minimize", json_schema_extra=decides(EVERY))
+    # name -> the settings that define it
+    variants: dict[str, dict[str, str]] = Field(default_factory=dict, json_schema_extra=decides(ITS_OWN))
+    # cell id -> variant (its name in this design); a cell keeps its id when the design grows (a new axis at the
+    # base's value), but its label changes
+    cells: dict[str, str] = Field(default_factory=dict, json_schema_extra=decides(ITS_OWN))
+    seeds: list[int] = Field(default_factory=list, json_schema_extra=decides(EVERY))
+    skipped: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra=decides(NONE))
+    analysis: Analysis = Field(default_factory=Analysis, json_schema_extra=decides(BY_ITS_FIELDS))
+    # whose results count: the code's fingerprint (None: any code's)
+    code: str | None = Field(None, json_schema_extra=decides(EVERY))
+    vary_data: bool = Field(False, json_schema_extra=decides(EVERY))
+    tuning: dict[str, Any] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    # the study file (the report's next steps are commands on it)
+    source: str = Field("", json_schema_extra=decides(NONE))
+    budget: dict[str, Any] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    # the version of the study's registration this submission ran under
+    registration: int | None = Field(None, json_schema_extra=decides(NONE))
+    plan: SeedPlan | None = Field(None, json_schema_extra=decides(EVERY))
 
     @classmethod
     def of(cls, study: Study, code: str | None, registration: int | None = None) -> RecordedDesign:
@@ -55,52 +71,38 @@ class RecordedDesign:
             source=study.source,
             budget=study.budget.as_dict(),
             registration=registration,
-            plan=study.plan.as_dict() if study.plan else None,
+            plan=study.plan,
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _any_version(cls, data: Any) -> Any:
+        """design.json as any version of the sweep wrote it: the variants as a list of {name, settings}, the
+        analysis with its defaults left out; keys it lacks take their defaults, nulls where a mapping belongs too."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None or k in ("code", "registration", "plan")}
+        if isinstance(data.get("variants"), list):
+            data["variants"] = {v["name"]: dict(v.get("settings", {})) for v in data["variants"]}
+        if "analysis" in data and not isinstance(data["analysis"], Analysis):
+            data["analysis"] = from_design(data)
+        return data
+
+    @field_serializer("variants")
+    def _variants_listed(self, variants: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+        return [{"name": v, "settings": s} for v, s in variants.items()]
+
+    @field_serializer("analysis")
+    def _analysis_declared(self, analysis: Analysis) -> dict[str, Any]:
+        return analysis.model_dump(mode="json", exclude_defaults=True)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "kind": self.kind,
-            "axes": self.axes,
-            "metric": self.metric,
-            "direction": self.direction,
-            "variants": [{"name": v, "settings": s} for v, s in self.variants.items()],
-            "seeds": self.seeds,
-            "skipped": self.skipped,
-            # a cell keeps its id when the design grows (a new axis at the base's value), but its label changes
-            "cells": self.cells,
-            "analysis": self.analysis.model_dump(mode="json", exclude_defaults=True),
-            "vary_data": self.vary_data,
-            "tuning": self.tuning,
-            "source": self.source,
-            "budget": self.budget,
-            "registration": self.registration,
-            "plan": self.plan,
-        }
+        return {**self.model_dump(mode="json", by_alias=True), "schema": SCHEMA}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RecordedDesign:
-        """A design.json as any version of the sweep wrote it (keys it lacks take their defaults)."""
-        analysis = from_design(data)
-        return cls(
-            kind=data.get("kind", ""),
-            axes=list(data.get("axes", [])),
-            metric=data.get("metric", "final/val_loss"),
-            direction=data.get("direction", "minimize"),
-            variants={v["name"]: dict(v.get("settings", {})) for v in data.get("variants", [])},
-            cells=dict(data.get("cells", {})),
-            seeds=list(data.get("seeds", [])),
-            skipped=list(data.get("skipped", [])),
-            analysis=analysis,
-            code=data.get("code"),
-            vary_data=bool(data.get("vary_data", False)),
-            tuning=dict(data.get("tuning") or {}),
-            source=data.get("source", ""),
-            budget=dict(data.get("budget") or {}),
-            registration=data.get("registration"),
-            plan=data.get("plan"),
-        )
+        """A design.json of any version (one without a version is of version 1)."""
+        return cls.model_validate({"schema": 1, **data})
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> RecordedDesign:

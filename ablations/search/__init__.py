@@ -1,7 +1,7 @@
 """Optuna searches on Ray (``ablate search``) and tuned ablations.
 
 ``setup`` builds Optuna's storage, sampler and pruner; ``trial`` trains one trial in a Ray worker;
-``driver`` asks, runs and tells; ``results`` writes what a search leaves; ``tuned`` tunes each variant of a
+``driver`` asks, runs and tells, ``runs`` opens and ends its MLflow runs; ``results`` writes what a search leaves; ``tuned`` tunes each variant of a
 study before its cells run.
 """
 

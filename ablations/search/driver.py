@@ -29,12 +29,12 @@ from ablations.search.ledger import (
     SURPLUS_ATTR,
     counted_trials,
     fail_and_ask_again,
-    gone_here,
     stale_trials,
     surplus,
     tell,
 )
 from ablations.search.results import best_trials, counts, finish_parent, last_parent
+from ablations.search.runs import end_dead_search_runs, end_orphaned_trial_runs, open_parent
 from ablations.search.setup import make_pruner, make_sampler, open_storage, process_seed, storage_problem, storage_url
 from ablations.search.trial import TrialTask, run_trial
 from ablations.shell import cluster_address, open_ray, refuse_unreachable
@@ -106,44 +106,6 @@ def _open_study(spec: SearchSpec, url: str, out: Callable[[str], None]):
     return study, seed
 
 
-def _open_parent(spec: SearchSpec, uri: str, url: str, experiment: str, seed: int) -> str:
-    from mlflow.entities import Param as MLParam
-
-    c = vocabulary.client(uri)
-    parent = c.create_run(
-        tracking.experiment_id(uri, experiment),
-        run_name=f"search {spec.name}",
-        tags={
-            vocabulary.TAG_KIND: vocabulary.KIND_SEARCH,
-            vocabulary.TAG_STUDY: spec.name,
-            vocabulary.TAG_STORAGE: redact_url(url),
-            vocabulary.TAG_SAMPLER: spec.sampler,
-            vocabulary.TAG_PRUNER: spec.pruner,
-            vocabulary.TAG_STATUS: vocabulary.STATUS_RUNNING,
-            vocabulary.TAG_DRIVER_HOST: socket.gethostname(),  # a later process ends it if this one dies
-            vocabulary.TAG_DRIVER_PID: str(os.getpid()),
-            **tracking.code_version(),
-        },
-    )
-    c.log_batch(
-        parent.info.run_id,
-        params=[
-            MLParam("sampler", spec.sampler),
-            MLParam("pruner", spec.pruner),
-            MLParam("objectives", ",".join(f"{m}:{d}" for m, d in spec.objectives)),
-            MLParam("n_trials", str(spec.n_trials)),
-            MLParam("space", ",".join(p.key for p in spec.space)),
-            MLParam("sampler_seed", str(seed)),
-            MLParam("startup_trials", str(spec.startup_trials)),
-            MLParam("pruner_warmup", f"{spec.warmup_trials} trials, {spec.warmup_steps} steps"),
-            MLParam("diverged", spec.diverged),
-        ],
-    )
-    if os.path.exists(spec.source):
-        c.log_artifact(parent.info.run_id, spec.source)
-    return parent.info.run_id
-
-
 def preflight(spec: SearchSpec, address: str | None, uri: str, url: str, num_cpus: int | None) -> None:
     """Before anything starts (and in a dry run): stores a remote cluster cannot reach, trials a local Ray could
     never hold. Raises ValueError."""
@@ -187,7 +149,7 @@ def run_search(
         return SearchResult(
             name=spec.name, storage=url, parent_run_id=parent, counts=counts(study), best=best, tracking_uri=uri
         )
-    parent_id = _open_parent(spec, uri, url, experiment, seed)
+    parent_id = open_parent(spec, uri, url, experiment, seed)
     search = _Search(spec, study, uri, url, experiment, parent_id, out)
     search.connect(address, num_cpus)
     return search.run()
@@ -354,47 +316,6 @@ class _Search:
 
 
 SYSTEM_RETRIES = 2  # runs of a trial whose process or node died, before it is failed with the reason
-
-
-def end_orphaned_trial_runs(uri: str, experiment: str, study, spec_name: str, reason: str) -> int:
-    """A trial's MLflow run is RUNNING only while its Optuna trial is: runs of this search whose trial has ended
-    (interrupted, or lost with a dead process, then failed and asked again) are marked KILLED with ``reason``. A
-    trial another live process runs is RUNNING in Optuna too, and keeps its run. A run that finished after its
-    search process died, before Optuna was told, is not a result either: its trial was asked again, and the retry
-    is the result. Returns how many were ended."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    states = {t.number: t.state for t in trials}
-    retries = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
-    ended = 0
-    for run in vocabulary.running_runs(uri, experiment, vocabulary.KIND_TRIAL, study=spec_name):
-        number = run.data.tags.get(vocabulary.TAG_TRIAL, "")
-        if number.isdigit() and states.get(int(number)) != TrialState.RUNNING:
-            vocabulary.mark_killed(uri, run, reason)
-            ended += 1
-    for run in vocabulary.runs_in_status(uri, experiment, vocabulary.KIND_TRIAL, "FINISHED", study=spec_name):
-        number = run.data.tags.get(vocabulary.TAG_TRIAL, "")
-        if number.isdigit() and states.get(int(number)) == TrialState.FAIL and int(number) in retries:
-            retry = retries[int(number)]
-            why = f"finished after its search process stopped, before Optuna was told; asked again as trial {retry}"
-            vocabulary.mark_killed(uri, run, why)
-            ended += 1
-    return ended
-
-
-def end_dead_search_runs(uri: str, experiment: str, spec_name: str) -> int:
-    """The parent runs of this search whose process died on this machine without ending them (SIGKILL, a crash):
-    KILLED, as a sweep's dead submissions are. Without it a killed search's parent run stayed RUNNING for good (the
-    fault soak found it: benchmarks/soak.py). A process on another machine is never judged dead by its pid: its run
-    is left as it is. Returns how many were ended."""
-    ended = 0
-    for run in vocabulary.running_runs(uri, experiment, vocabulary.KIND_SEARCH, study=spec_name):
-        tags = run.data.tags
-        if gone_here(tags.get(vocabulary.TAG_DRIVER_HOST), tags.get(vocabulary.TAG_DRIVER_PID, "")):
-            vocabulary.mark_killed(uri, run, "its search process stopped before the search ended")
-            ended += 1
-    return ended
 
 
 def _result(ref, number: int, uri: str, experiment: str) -> dict[str, Any]:

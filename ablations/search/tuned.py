@@ -10,8 +10,8 @@ from typing import Any
 
 from ablations.search.driver import run_search
 from record.spec import Cell, SearchSpec, Study, resolve_run
-from record.spec.run import apply_overrides
-from record.spec.study import Tuning
+from record.spec.overrides import apply_overrides
+from record.spec.tuning import Tuning
 from record.vocabulary import TUNED_SETTING
 
 

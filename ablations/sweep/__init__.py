@@ -2,7 +2,7 @@
 
 ``plan`` compares a study with what MLflow holds, ``submission`` owns the parent run and the leases,
 ``placement`` counts trial slots and refuses impossible placements, ``trial`` trains one cell in a Tune
-trial, ``driver`` runs a submission.
+trial, ``driver`` runs a submission, ``raytune`` its claimed cells as one Tune run.
 """
 
 from ablations.sweep.driver import StudyResult, run_study

@@ -5,11 +5,14 @@ file, the line, the key, what is wrong and the fix; the mistakes found in one pa
 together (``SpecError.every``).
 """
 
+from record.spec.cells import Cell, Skipped
 from record.spec.common import Budget, Origin, Resources
 from record.spec.errors import SpecError
-from record.spec.run import RunConfig, load_run, read_yaml, resolve_run
-from record.spec.search import Param, SearchSpec, load_search
-from record.spec.study import Cell, Skipped, Study, load_study
+from record.spec.overrides import load_run
+from record.spec.run import RunConfig, read_yaml, resolve_run
+from record.spec.search import SearchSpec, load_search
+from record.spec.space import Param
+from record.spec.study import Study, load_study
 from record.spec.yamlfile import load_yaml
 
 __all__ = [

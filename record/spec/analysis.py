@@ -31,18 +31,20 @@ analysis:
 A declaration of the layer both running and comparing stand on: it imports no ray, mlflow, optuna or torch; the
 study loader validates the section with it before anything runs (``parse_analysis`` then ``check_analysis``), and
 the report reads it back from the submission's ``design.json`` (``from_design``; absent: the defaults).
+The models of its parts (``Contrasts``, ``Expect``, ``Converged``, ``Warn``) are in record/spec/analysis_parts.py.
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
-import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from record.spec.analysis_parts import Contrasts, Converged, Expect, Warn
+from record.spec.decides import EVERY, ITS_OWN, NONE, decides
 from record.stats.family import Family, effect_labels, holm_floor, min_p, smallest_exact_n
 
 TESTS = ("permutation", "t")
@@ -73,122 +75,25 @@ FIXES = {  # what to do about a bad value, by key (the last part of its location
 }
 
 
-class Contrasts(BaseModel):
-    """The declared correction family: Holm's correction runs over exactly these contrasts."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    pairs: Literal["baseline"] | list[tuple[str, str]] = Field(
-        default_factory=list, description="[variant, comparator] pairs (Δ = variant − comparator), or 'baseline'"
-    )
-    main_effects: StrictBool | list[str] = False
-    interactions: StrictBool | list[tuple[str, str]] = False
-
-    @field_validator("pairs", "interactions", mode="before")
-    @classmethod
-    def _pairs(cls, value: Any, info: Any) -> Any:
-        """One clear message for a malformed list (pydantic would report each member of the union)."""
-        if isinstance(value, (str, bool)) or not isinstance(value, list):
-            if info.field_name == "pairs" and value != "baseline":
-                raise ValueError(f"must be a list of [variant, comparator] or 'baseline' (got {value!r})")
-            return value
-        what = "[variant, comparator]" if info.field_name == "pairs" else "[axis, axis]"
-        for i, item in enumerate(value):
-            if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
-                raise ValueError(f"item {i} ({item!r}) is not a pair {what} of names")
-        return value
-
-    @field_validator("main_effects", mode="before")
-    @classmethod
-    def _axes(cls, value: Any) -> Any:
-        if isinstance(value, bool) or (isinstance(value, list) and all(isinstance(x, str) for x in value)):
-            return value
-        raise ValueError(f"must be true, false or a list of axes (got {value!r})")
-
-    @model_validator(mode="after")
-    def _something(self) -> Contrasts:
-        if not self.pairs and not self.main_effects and not self.interactions:
-            raise ValueError(
-                "declares no contrast; list pairs, main_effects or interactions, or remove contrasts "
-                "(then each variant is compared with the baseline)"
-            )
-        return self
-
-
-class Expect(BaseModel):
-    """The effect a study looks for in one contrast (a paper's number): where the metric leaves less room than
-    this between the comparator and the metric's ceiling, floor or chance level, the verdict is *not testable
-    here* (docs/statistics.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    contrast: tuple[str, str] | str = Field(description="[variant, comparator], or a factorial effect's label")
-    value: float = Field(description="the expected difference, variant - comparator, in the metric's units")
-    metric: str | None = Field(None, description="default: the study's metric")
-    source: str = Field("", description="where the value comes from (a paper, its table)")
-
-    @field_validator("contrast", mode="before")
-    @classmethod
-    def _contrast(cls, value: Any) -> Any:
-        if isinstance(value, str) or (
-            isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(x, str) for x in value)
-        ):
-            return value
-        raise ValueError(f"must be [variant, comparator] or an effect's label (got {value!r})")
-
-    @field_validator("value")
-    @classmethod
-    def _nonzero(cls, value: float) -> float:
-        if not (math.isfinite(value) and value != 0):
-            raise ValueError(f"must be a finite difference other than 0 (got {value})")
-        return value
-
-    @property
-    def name(self) -> str:
-        """The label of the contrast it names (a pair's "a vs b")."""
-        return self.contrast if isinstance(self.contrast, str) else " vs ".join(self.contrast)
-
-
-class Converged(BaseModel):
-    """A declared convergence criterion: a variant whose validation loss (the training loss's trend where
-    validation is too sparse) still fell by more than ``fraction`` (relative) over the last ``window`` of its
-    training steps has not converged, and its contrasts are *not testable here*."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    window: float = Field(0.2, gt=0, lt=1, description="the last fraction of training steps looked at")
-    fraction: float = Field(0.05, gt=0, description="the relative fall above which a cell is still improving")
-
-
-class Warn(BaseModel):
-    """When the report warns a reader that a number could mislead (dashboards/caveats.py, docs/statistics.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    chance_fraction: float = Field(0.9, gt=0, lt=1, description="near chance: at or above this fraction of ln C")
-    converged_window: float = Field(0.2, gt=0, lt=1, description="the last fraction of steps the check looks at")
-    converged_fraction: float = Field(0.05, gt=0, description="relative fall of val/loss over that window")
-    param_ratio: float = Field(1.5, gt=1, description="parameter counts of compared variants")
-    min_seeds: int = Field(5, ge=2, strict=True, description="intervals from fewer seeds are rough")
-
-
 class Analysis(BaseModel):
     """How a study's results are compared; every field has a default (docs/statistics.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    test: Literal["permutation", "t"] = "permutation"
-    alpha: float = Field(0.05, gt=0, le=0.5)
-    failure_rule: Literal["worst", "exclude", "value"] = "worst"
-    failure_values: dict[str, float] = Field(default_factory=dict)
-    never_learned: dict[str, float] = Field(default_factory=dict)
-    margins: dict[str, float] = Field(default_factory=dict)
-    contrasts: Contrasts | None = None  # None: each variant against the baseline
-    power: float = Field(0.8, gt=0, lt=1)
-    detect: dict[str, float] = Field(default_factory=dict)
-    expect: list[Expect] = Field(default_factory=list)
-    converged: Converged | None = None  # None: not declared (the report still warns, by ``warn``)
-    warn: Warn = Field(default_factory=Warn)
+    test: Literal["permutation", "t"] = Field("permutation", json_schema_extra=decides(EVERY))
+    alpha: float = Field(0.05, gt=0, le=0.5, json_schema_extra=decides(EVERY))
+    failure_rule: Literal["worst", "exclude", "value"] = Field("worst", json_schema_extra=decides(EVERY))
+    failure_values: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    never_learned: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    margins: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    # None: each variant against the baseline
+    contrasts: Contrasts | None = Field(None, json_schema_extra=decides(ITS_OWN))
+    power: float = Field(0.8, gt=0, lt=1, json_schema_extra=decides(NONE))
+    detect: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(NONE))
+    expect: list[Expect] = Field(default_factory=list, json_schema_extra=decides(ITS_OWN))
+    # None: not declared (the report still warns, by ``warn``)
+    converged: Converged | None = Field(None, json_schema_extra=decides(EVERY))
+    warn: Warn = Field(default_factory=Warn, json_schema_extra=decides(NONE))
 
     @field_validator("margins", "detect")
     @classmethod

@@ -12,36 +12,69 @@ import json
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
+from record.spec.decides import BY_ITS_FIELDS, EVERY, ITS_OWN, NONE, decides
+from record.spec.seedplan import SeedPlan
 from record.spec.study import Study
 
+
+class Declaration(BaseModel):
+    """A study's declaration, typed: each field says whether it decides verdicts (``record.spec.decides``); its
+    JSON (``as_json``) is what a registration records and hashes, so its fields and their spelling stay as they
+    were first registered (a new field would change every registered hash)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    study: str = Field(json_schema_extra=decides(NONE))
+    metric: str = Field(json_schema_extra=decides(EVERY))
+    direction: str = Field(json_schema_extra=decides(EVERY))
+    design: str = Field(json_schema_extra=decides(EVERY))
+    axes: list[str] = Field(json_schema_extra=decides(EVERY))
+    variants: dict[str, dict[str, str]] = Field(json_schema_extra=decides(ITS_OWN))  # name -> its settings
+    runs: dict[str, str] = Field(json_schema_extra=decides(ITS_OWN))  # name -> the digest of what it trains
+    seeds: list[int] | SeedPlan = Field(json_schema_extra=decides(EVERY))
+    budget: dict[str, Any] = Field(json_schema_extra=decides(EVERY))
+    vary_data: bool = Field(json_schema_extra=decides(EVERY))
+    # the analysis section as declared (its defaults left out); each of its keys has its own mark (``Analysis``)
+    analysis: dict[str, Any] = Field(json_schema_extra=decides(BY_ITS_FIELDS))
+    tune: dict[str, Any] | None = Field(json_schema_extra=decides(EVERY))
+
+    @classmethod
+    def of(cls, study: Study) -> Declaration:
+        """The declaration of ``study`` (as loaded, before any tuning)."""
+        variants: dict[str, dict[str, str]] = {}
+        runs: dict[str, str] = {}
+        for cell in study.cells:
+            if cell.variant not in variants:
+                variants[cell.variant] = {k: str(v) for k, v in sorted(cell.settings.items())}
+                runs[cell.variant] = _run_digest(cell.run.result_config())
+        return cls(
+            study=study.name,
+            metric=study.metric,
+            direction=study.direction,
+            design=study.design,
+            axes=list(study.axes),
+            variants=variants,
+            runs=runs,
+            seeds=study.plan or study.seeds,
+            budget=study.budget.as_dict(),
+            vary_data=study.vary_data,
+            analysis=study.analysis.model_dump(mode="json", exclude_defaults=True),
+            tune=study.tune.body if study.tune else None,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 # the keys of a declaration, in the order a reader compares them
-KEYS = ("study", "metric", "direction", "design", "axes", "variants", "runs", "seeds", "budget", "vary_data")
-KEYS += ("analysis", "tune")
+KEYS = tuple(Declaration.model_fields)
 
 
 def declaration(study: Study) -> dict[str, Any]:
-    """The canonical declaration of ``study`` (as loaded, before any tuning): plain JSON values, sorted."""
-    variants: dict[str, dict[str, str]] = {}
-    runs: dict[str, str] = {}
-    for cell in study.cells:
-        if cell.variant not in variants:
-            variants[cell.variant] = {k: str(v) for k, v in sorted(cell.settings.items())}
-            runs[cell.variant] = _run_digest(cell.run.result_config())
-    return {
-        "study": study.name,
-        "metric": study.metric,
-        "direction": study.direction,
-        "design": study.design,
-        "axes": list(study.axes),
-        "variants": variants,
-        "runs": runs,
-        "seeds": study.plan.as_dict() if study.plan else study.seeds,
-        "budget": study.budget.as_dict(),
-        "vary_data": study.vary_data,
-        "analysis": study.analysis.model_dump(mode="json", exclude_defaults=True),
-        "tune": study.tune.body if study.tune else None,
-    }
+    """The canonical declaration of ``study`` (as loaded, before any tuning): plain JSON values."""
+    return Declaration.of(study).as_json()
 
 
 def _run_digest(config: dict[str, Any]) -> str:
@@ -76,4 +109,4 @@ def diff_text(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["KEYS", "changed_keys", "declaration", "diff_text", "digest"]
+__all__ = ["KEYS", "Declaration", "changed_keys", "declaration", "diff_text", "digest"]

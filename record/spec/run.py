@@ -13,6 +13,8 @@ A run file has these sections (only ``task`` is required)::
 The file's structure is the pydantic model ``RunFile``; the ``model``, ``training`` and ``task`` sections are
 checked by the configuration classes of ``models`` (which stay free of this package's dependencies). Every
 problem is one line naming the file, the line, the key and the fix (``SpecError``), before anything starts.
+A run file read with ``--set`` options is ``load_run`` (record/spec/overrides.py); the settings a run would not
+read are refused by record/spec/unread.py.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from models.training import TrainingConfig
 from record.spec.common import Origin, Strict, check_name, key_not_text, validate
 from record.spec.configs import canonical, effective
 from record.spec.errors import MAX_FOUND, SpecError, found, more, unknown_key_message
-from record.spec.yamlfile import Document, YamlFileError, load_yaml, read
+from record.spec.unread import read_by_the_run
+from record.spec.yamlfile import Document, YamlFileError, read
 from record.vocabulary import flatten
 
 SECTIONS = ("name", "seed", "plugins", "model", "task", "training", "tracking", "resources")
@@ -155,66 +158,6 @@ def run_keys(base: dict[str, Any]) -> list[str]:
 def axis_keys(base: dict[str, Any]) -> list[str]:
     """The dotted keys a design axis or a search parameter may set (result-affecting sections only)."""
     return [k for k in run_keys(base) if k.startswith(("model.", "training.", "task."))]
-
-
-# --- overrides ----------------------------------------------------------------------------------------------
-
-
-def _parse_each(overrides: list[str]) -> tuple[list[tuple[str, tuple[list[str], Any]]], list[SpecError]]:
-    """(each option that parses, with what it sets), and the mistakes of those that do not."""
-    parsed, errors = [], []
-    for item in overrides:
-        try:
-            parsed.append((item, _parse_override(item)))
-        except SpecError as err:
-            errors.append(err)
-    return parsed, errors
-
-
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise SpecError("--set", repr(item), "is not KEY=VALUE (for example --set model.n_heads=8)")
-    path = key.strip().split(".")
-    if path[0] not in SECTIONS:
-        raise SpecError("--set", item, unknown_key_message(path[0], SECTIONS, listed=SECTIONS))
-    try:
-        value = load_yaml(raw) if raw.strip() else None
-    except YamlFileError as err:
-        raise SpecError("--set", item, f"the value {raw!r} {err.message}") from None
-    if isinstance(value, dict) and len(path) == 1 and path[0] in SECTIONS[2:] and path[0] != "task":
-        # it would replace the section (a task given whole is another task: its keys are its own)
-        first = f"{path[0]}.{next(iter(value))}={next(iter(value.values()))}" if value else f"{path[0]}.KEY=VALUE"
-        raise SpecError(
-            "--set",
-            item,
-            f"would replace the whole {path[0]} section, the file's keys with it: set one key at a time (--set {first})",
-        )
-    return path, value
-
-
-def _plain(value: Any) -> Any:
-    """A deep copy of YAML data with its values made JSON's (a date becomes its text), its keys kept as YAML read
-    them: a key `3:` or `yes:` stays 3 or True, for the check that names it (JSON would make it "3", "true")."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (str, int, float)):  # JSON's already (bool is an int)
-        return value
-    return json.loads(json.dumps(value, default=str))
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]) -> dict[str, Any]:
-    data = _plain(data)
-    for path, value in overrides:
-        node = data
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[path[-1]] = value
-    return data
 
 
 # --- reading ------------------------------------------------------------------------------------------------
@@ -455,7 +398,7 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
             f"{task.name!r} trains an encoder classifier (use 'teacher_forcing')",
             involves=[("training", "sampling"), ("task", "name")],
         )
-    _read_by_the_run(origin, task, model, training)
+    read_by_the_run(origin, task, model, training)
     from models import plugins
 
     return RunConfig(
@@ -468,101 +411,3 @@ def resolve_run(data: dict[str, Any], source: str | Origin | None = None) -> Run
         tracking=file.tracking,
         resources=file.resources,
     )
-
-
-def _read_by_the_run(origin: Origin, task, model: ModelConfig, training: TrainingConfig) -> None:
-    """A setting that the run's other sections leave unread is refused (two variants would train one model under
-    two names): decoding settings for tasks that decode nothing, a window that covers every sequence of the task (full
-    attention under another name), a global token past every sequence."""
-    default = {f.name: f.default for f in fields(TrainingConfig)}
-    seq2seq, autoregressive = task.kind == "seq2seq", not model.non_autoregressive
-    for name, reads, why in (
-        ("beam_size", seq2seq and autoregressive, "beam search decodes seq2seq targets left to right"),
-        ("decode_batches", seq2seq, "exact match decodes seq2seq targets"),
-        ("length_loss_weight", not autoregressive, "the target length is predicted by non-autoregressive decoding"),
-    ):
-        if not reads and getattr(training, name) != default[name]:
-            raise origin.error(
-                ("training", name),
-                f"{name}={getattr(training, name)!r} changes nothing here: {why}, and this run trains task "
-                f"{task.name!r} ({task.kind}) with decoding={model.decoding!r} (remove {name})",
-                involves=[("training", name), ("task", "name"), ("model", "decoding")],
-            )
-    if model.arch == "encoder" and model.classifier == "token" and not getattr(task, "token_labels", False):
-        raise origin.error(
-            ("model", "classifier"),
-            f"'token' tags every token, and task {task.name!r} labels each sequence once (use 'mean' or 'first')",
-            involves=[("model", "classifier"), ("task", "name")],
-        )
-    _window_within_the_task(origin, task, model)
-
-
-def _window_within_the_task(origin: Origin, task, model: ModelConfig) -> None:
-    """Windows and global tokens against the task's longest sequence (every split, ``Task.max_length``)."""
-    longest = task.max_length
-    beyond = [t for t in model.global_tokens or () if t >= longest]
-    if beyond:
-        raise origin.error(
-            ("model", "global_tokens"),
-            f"global_tokens {beyond} are at or past every sequence of task {task.name!r} (at most {longest} tokens): "
-            "no input ever has them (remove them)",
-            involves=[("model", "global_tokens"), ("task", "name")],
-        )
-    stacks = [model.attention_layers()] + (
-        [model.attention_layers(model.decoder_layers, causal=True)] if model.arch == "encoder_decoder" else []
-    )
-    covered = sorted({i for layers in stacks for i, la in enumerate(layers) if _covers(la, longest)})
-    if covered:
-        raise origin.error(
-            ("model", "layer_windows" if model.layer_windows is not None else "window"),
-            f"the window of layer(s) {covered} sees every token of every sequence of task {task.name!r} (at most "
-            f"{longest} tokens): that is full attention under another name (use pattern 'full' there, or a smaller "
-            "window)",
-            involves=[("model", "window"), ("model", "layer_windows"), ("model", "pattern"), ("task", "name")],
-        )
-
-
-def _covers(layer, longest: int) -> bool:
-    """A windowed layer whose every head sees every key of the longest sequence."""
-    return layer.window is not None and max(layer.dilations) == 1 and layer.window >= longest - 1
-
-
-def override_origin(doc: Document, overrides: list[str], parsed: list[tuple[list[str], Any]]) -> Origin:
-    """The file's origin, with each overridden key blamed on its ``--set``."""
-    return Origin(doc.source, doc, {tuple(path): item for item, (path, _) in zip(overrides, parsed)})
-
-
-def _resolve_blaming(doc: Document, each: list, errors: list[SpecError]) -> tuple[RunConfig | None, list[SpecError]]:
-    """Resolve the file with the options ``each``; a section stops at its first mistake (the model's n_heads hides
-    its d_model), so the options blamed are set aside and the rest resolved again, until nothing new is found: every
-    bad option is named at once, each judged beside the options given with it (window=2 with pattern=local is no
-    mistake; tried alone, it was one)."""
-    remaining, said = list(each), set()
-    while True:
-        items, parsed = [item for item, _ in remaining], [one for _, one in remaining]
-        try:
-            return resolve_run(apply_overrides(doc.data, parsed), override_origin(doc, items, parsed)), errors
-        except SpecError as err:
-            new = [e for e in err.every() if str(e) not in said]
-            said |= {str(e) for e in new}
-            errors = errors + new
-            blamed = {e.key for e in new if e.source == "--set"}
-            left = [(item, one) for item, one in remaining if item not in blamed]
-            if len(left) == len(remaining):
-                return None, errors
-            remaining = left
-
-
-def load_run(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override (``--set section.key=value``), check and resolve a run file."""
-    doc = read_document(path)
-    doc.data = anchored_task(doc.data, Path(path).parent)  # its paths, not --set's: those are the shell's
-    each, errors = _parse_each(overrides or [])
-    run, errors = _resolve_blaming(doc, each, errors)
-    if errors:  # the file's first, then the options in the order given
-        order = {item: i for i, item in enumerate(overrides or [])} | {
-            repr(item): i for i, item in enumerate(overrides or [])
-        }
-        errors.sort(key=lambda e: (e.source == "--set", order.get(e.key, len(order))))
-        raise found(errors) from None
-    return run

@@ -33,13 +33,13 @@ configuration in two variants is one cell; adding a seed or an axis value adds o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from record.spec.analysis import Analysis, AnalysisError, check_analysis, parse_analysis
+from record.spec.cells import Cell, Cells, Skipped
 from record.spec.common import (
     Budget,
     Origin,
@@ -47,25 +47,15 @@ from record.spec.common import (
     Strict,
     check_axes,
     check_name,
-    settings_overrides,
-    trial_overrides,
     validate,
 )
+from record.spec.decides import BY_ITS_FIELDS, EVERY, NONE, decides
 from record.spec.errors import SpecError, found
 from record.spec.metrics import better, direction_problem, in_order, logged_metrics, variant_metrics
-from record.spec.run import (
-    RunConfig,
-    anchored_task,
-    apply_overrides,
-    axis_keys,
-    load_base,
-    read_document,
-    resolve_run,
-    structure_errors,
-)
-from record.spec.search import SearchSpec, load_search
+from record.spec.run import axis_keys, load_base, read_document, structure_errors
 from record.spec.seedplan import SeedPlan
-from record.spec.variants import DESIGNS, FIX, Design, base_errors, expand, matches, variant_error
+from record.spec.tuning import Tune, Tuning, parse_tune, tune_errors
+from record.spec.variants import DESIGNS, FIX, Design, expand
 from record.stats.family import smallest_exact_n
 
 
@@ -90,33 +80,43 @@ class Constraint(Strict):
 
 
 class StudyFile(Strict):
-    name: str
-    description: str = ""
-    plugins: list[str] = Field(default_factory=list)  # a researcher's own components (models.plugins), loaded first
-    base: str | dict[str, Any]
-    design: Design
-    seeds: Any = Field(1, validate_default=True)  # a count (3), a list ([0, 1, 2]) or a plan ({first, batch, max})
-    metric: str = "final/val_loss"
-    direction: Literal["minimize", "maximize"] | None = None  # None: the metric's own (record.spec.metrics.better)
-    constraints: list[Constraint] = Field(default_factory=list)
-    skip_invalid: bool = False
-    resources: Resources = Resources()
-    max_concurrent: int | None = Field(None, ge=1)
-    budget: Budget = Budget()
-    retries: int = Field(1, ge=0)
-    max_cells: int = Field(1000, ge=1)
-    tune: dict[str, Any] | None = None  # a search per variant before the cells (record/spec/search.py)
-    analysis: dict[str, Any] | None = None  # how the results are compared (record/spec/analysis.py)
-    vary_data: bool = False  # true: each seed also regenerates the task's data (task.data_seed = seed)
-    reuse_results: Literal["same_code", "any_code"] = "same_code"  # any_code: results of other code count as done
-    amend: str | None = None  # why this submission's declaration differs from the registered one (ablations.register)
+    """A study file as written; each field says whether it decides verdicts (``record.spec.decides``)."""
+
+    name: str = Field(json_schema_extra=decides(NONE))
+    description: str = Field("", json_schema_extra=decides(NONE))
+    # a researcher's own components (models.plugins), loaded first; their code enters each cell's identity
+    plugins: list[str] = Field(default_factory=list, json_schema_extra=decides(NONE))
+    base: str | dict[str, Any] = Field(json_schema_extra=decides(EVERY))
+    design: Design = Field(json_schema_extra=decides(EVERY))
+    # a count (3), a list ([0, 1, 2]) or a plan ({first, batch, max}): seeds, or a SeedPlan, once validated
+    seeds: list[int] | SeedPlan = Field(1, validate_default=True, json_schema_extra=decides(EVERY))
+    metric: str = Field("final/val_loss", json_schema_extra=decides(EVERY))
+    # None: the metric's own (record.spec.metrics.better)
+    direction: Literal["minimize", "maximize"] | None = Field(None, json_schema_extra=decides(EVERY))
+    constraints: list[Constraint] = Field(default_factory=list, json_schema_extra=decides(EVERY))
+    skip_invalid: bool = Field(False, json_schema_extra=decides(EVERY))
+    resources: Resources = Field(Resources(), json_schema_extra=decides(NONE))
+    max_concurrent: int | None = Field(None, ge=1, json_schema_extra=decides(NONE))
+    budget: Budget = Field(Budget(), json_schema_extra=decides(EVERY))
+    retries: int = Field(1, ge=0, json_schema_extra=decides(NONE))
+    max_cells: int = Field(1000, ge=1, json_schema_extra=decides(NONE))
+    # a search per variant before the cells (record/spec/search.py)
+    tune: dict[str, Any] | None = Field(None, json_schema_extra=decides(EVERY))
+    # how the results are compared (record/spec/analysis.py), parsed there with its own messages
+    analysis: dict[str, Any] | None = Field(None, json_schema_extra=decides(BY_ITS_FIELDS))
+    # true: each seed also regenerates the task's data (task.data_seed = seed)
+    vary_data: bool = Field(False, json_schema_extra=decides(EVERY))
+    # any_code: results of other code count as done
+    reuse_results: Literal["same_code", "any_code"] = Field("same_code", json_schema_extra=decides(EVERY))
+    # why this submission's declaration differs from the registered one (ablations.register)
+    amend: str | None = Field(None, json_schema_extra=decides(NONE))
 
     @field_validator("name")
     @classmethod
     def _name(cls, v):
         return check_name(v, "it names the MLflow experiment")
 
-    @field_validator("seeds")
+    @field_validator("seeds", mode="before")
     @classmethod
     def _seeds(cls, v):
         if isinstance(v, dict):  # a seed plan (record/spec/seedplan.py)
@@ -150,59 +150,6 @@ class StudyFile(Strict):
 
 
 STUDY_KEYS = tuple(StudyFile.model_fields)
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One trial of a study: a variant, a seed, and the resolved run."""
-
-    variant: str  # human readable: "norm=post warmup_steps=0", "baseline", or a variant's name
-    settings: dict[str, Any]  # the axis values that define the variant
-    seed: int
-    run: RunConfig
-    workers: int = 1  # data-parallel ranks, each loading a batch: the global batch is workers x batch_size
-
-    @cached_property
-    def cell_id(self) -> str:  # computed once: a corpus edited or removed mid-sweep does not move its cells
-        return self.run.config_hash(workers=self.workers)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    variant: str
-    seed: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Tune:
-    """A study's ``tune:`` section, checked with its base: the search every variant gets before its seeds run,
-    with the study's resources and budget where the section gives none."""
-
-    body: dict[str, Any]  # the search file's keys but its name
-
-    def spec(self, source: str, name: str, base: dict[str, Any]) -> SearchSpec:
-        """The search of one variant (its base) under ``name``."""
-        return load_search(source, {**self.body, "name": name}, base=base)
-
-    @property
-    def seeds_per_trial(self) -> int:
-        """Seeds each trial trains (the tuning seed and the next ones), its objective their mean."""
-        return int(self.body.get("seeds_per_trial", 1))
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """What a tuned study's searches chose: the tuning seed, and each variant's chosen values' place in their
-    ranges (variant -> key -> position)."""
-
-    seed: int
-    variants: dict[str, dict[str, Any]]
-    seeds_per_trial: int = 1  # the tuning seeds: seed and the next ones, each trial their mean
-
-    def as_dict(self) -> dict[str, Any]:
-        several = {"seeds_per_trial": self.seeds_per_trial} if self.seeds_per_trial > 1 else {}
-        return {"seed": self.seed, **several, "variants": self.variants}
 
 
 @dataclass(kw_only=True)
@@ -274,7 +221,7 @@ def load_study(path: str | Path, *, seeds: list[int] | None = None) -> Study:
             f"expands to {total} cells ({len(variants)} variants x {len(seed_list)} seeds), "
             f"more than max_cells={file.max_cells}; shrink the design or raise max_cells",
         )
-    cells = _Cells(parsed)
+    cells = Cells(parsed.file, parsed.origin, parsed.base, parsed.base_origin)
     for label, settings, where in variants:
         cells.add_variant(label, settings, where, seed_list)
     if not cells.cells and not cells.invalid:
@@ -352,75 +299,14 @@ def _read(path: Path) -> _Parsed:
     base_problems = structure_errors(base_origin, base) if has_base else []  # after the study's own (its file first)
     if has_base and not base_problems:  # a tune's search is judged with the base: only a base without mistakes
         axes_set = {k for p, k in design_keys if p[0] == "design" and "baseline" not in p}
-        errors += _tune_errors(origin, data, base, axes_set)
+        errors += tune_errors(origin, data, base, axes_set)
     errors += base_problems
     if errors:
         raise found(errors)
     return _Parsed(origin, data, file, base, base_origin, analysis)
 
 
-class _Cells:
-    """The cells of a study, variant by variant: those that resolve, those a constraint skips, and the mistakes of
-    those the model refuses (every variant's at once, each with the fix)."""
-
-    def __init__(self, parsed: _Parsed) -> None:
-        self.parsed = parsed
-        self.cells: list[Cell] = []
-        self.skipped: list[Skipped] = []
-        self.invalid: list[SpecError] = []
-        self.named: set[str] = set()  # the variants refused: names the analysis may still give
-        self.seen: set[str] = set()
-        self.in_base: set[str] | None = None
-        self.every_trial = trial_overrides(parsed.file.resources, parsed.file.budget)
-
-    @property
-    def labels(self) -> set[str]:
-        return {c.variant for c in self.cells}
-
-    def add_variant(self, label: str, settings: dict[str, Any], where: Any, seeds: list[int]) -> None:
-        file, origin = self.parsed.file, self.parsed.origin
-        run_data = apply_overrides(self.parsed.base, settings_overrides({**settings, **self.every_trial}))
-        run_data = anchored_task(run_data, Path(str(origin.source)).parent)  # a path an axis gives: the study's
-        reason = None
-        for i, c in enumerate(file.constraints):
-            if matches(run_data, c.when):
-                if c.action == "refuse":  # named beside the variants the model refuses
-                    self.invalid.append(origin.error(("constraints", i), f"variant {label!r} is refused: {c.reason}"))
-                    self.named.add(label)
-                    return
-                reason = c.reason
-                break
-        for seed in seeds:
-            if reason is not None:
-                self.skipped.append(Skipped(label, seed, reason))
-            elif not self._add(label, settings, where, seed, run_data):
-                return
-
-    def _add(self, label: str, settings: dict[str, Any], where: Any, seed: int, run_data: dict[str, Any]) -> bool:
-        """One cell; False when the variant is refused (its mistakes said once, not per seed)."""
-        file, base = self.parsed.file, self.parsed.base
-        if file.vary_data:  # the seed also draws the data: synthetic tasks regenerate (text refuses: split by position)
-            run_data = apply_overrides(run_data, [(["task", "data_seed"], seed)])
-        try:
-            run = resolve_run({**run_data, "seed": seed, "name": file.name}, Origin(None))
-        except SpecError as err:
-            if file.skip_invalid:
-                self.skipped.append(Skipped(label, seed, f"{err.key}: {err.message}"))
-                return True
-            if self.in_base is None:
-                self.in_base = base_errors(apply_overrides(base, settings_overrides(self.every_trial)), seed, file.name)
-            origins = (self.parsed.origin, self.parsed.base_origin)
-            self.invalid += [variant_error(e, label, settings, where, *origins, self.in_base) for e in err.every()]
-            self.named.add(label)
-            return False
-        cell = Cell(label, settings, seed, run, file.resources.workers)
-        if cell.cell_id not in self.seen:  # a one_at_a_time value equal to the baseline's is one cell
-            self.seen.add(cell.cell_id)
-            self.cells.append(cell)
-        return True
-
-
-def _second_pass(parsed: _Parsed, cells: _Cells, labels: list[str], axes: list[str]):
+def _second_pass(parsed: _Parsed, cells: Cells, labels: list[str], axes: list[str]):
     """Every variant refused, then the tune, the metric and its direction, and the names the analysis gives
     (judged by the variants that are valid; a refused variant is still a name the analysis may give), at once.
     Returns (tune, analysis, the metrics every variant logs, direction)."""
@@ -429,7 +315,7 @@ def _second_pass(parsed: _Parsed, cells: _Cells, labels: list[str], axes: list[s
     tune = analysis = None
     metrics: set[str] | None = None  # with no valid cell, the analysis's metrics are not judged
     try:
-        tune = _tune(origin, file, parsed.base)
+        tune = parse_tune(origin, file.name, file.tune, file.resources, file.budget, parsed.base)
     except SpecError as err:
         problems += err.every()
     if cells.cells:
@@ -524,51 +410,3 @@ def _checked_analysis(
     except AnalysisError as err:  # every mistake at once
         raise found([parsed.origin.error(e.path, e.message) for e in (err, *err.also)]) from None
     return parsed.analysis
-
-
-def _tune_errors(origin: Origin, data: dict[str, Any], base: dict[str, Any], axes: set[str]) -> list[SpecError]:
-    """The ``tune:`` section's mistakes, all at once and beside the file's others: the keys the study sets, the
-    keys the design fixes, and the search's own (checked with the base; each variant's again with its settings)."""
-    tune = data.get("tune")
-    if not isinstance(tune, dict):
-        return []  # absent, or not a mapping (the file's schema says so)
-    set_here = ("name", "base", "storage")
-    errors = [
-        origin.error(("tune", k), "is set by the study (each variant gets its own search); remove it")
-        for k in set_here
-        if k in tune
-    ]
-    if isinstance(tune.get("objectives"), list) and len(tune["objectives"]) > 1:
-        errors.append(
-            origin.error(
-                ("tune", "objectives"),
-                "a tuned study runs each variant at one best value, and several objectives have a Pareto front of "
-                "them (the first was taken): give one objective (`ablate search` explores the front)",
-            )
-        )
-    space = tune.get("space") if isinstance(tune.get("space"), dict) else {}
-    errors += [
-        origin.error(("tune", "space", k), "is also an axis of the design: a variant cannot both fix it and tune it")
-        for k in space
-        if k in axes
-    ]
-    search = {k: v for k, v in tune.items() if k not in set_here}
-    try:
-        load_search(origin.under("tune"), {**search, "name": "tune"}, base=base)  # the study's name is judged apart
-    except SpecError as err:
-        errors += err.every()
-    return errors
-
-
-def _tune(origin: Origin, file: StudyFile, base: dict[str, Any]) -> Tune | None:
-    """A study's ``tune:`` section (checked by ``_tune_errors``): the search every variant gets, with the study's
-    resources and budget, before its seeds run."""
-    if file.tune is None:
-        return None
-    tune = dict(file.tune)
-    tune.setdefault(
-        "resources", file.resources.model_dump(include={"cpus", "gpus", "gpu_memory_gb"}, exclude_none=True)
-    )
-    tune.setdefault("budget", file.budget.as_dict())
-    load_search(origin.under("tune"), {**tune, "name": f"{file.name}.tune"}, base=base)
-    return Tune(tune)

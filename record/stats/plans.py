@@ -23,7 +23,7 @@ from record.stats.family import smallest_exact_n
 from record.stats.power import power_of
 
 
-class Plan(Protocol):
+class SeedPlanLike(Protocol):
     first: int
     batch: int
     max: int
@@ -51,7 +51,7 @@ GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4, 10, 20)  # multiples of alpha 
 
 
 def decided(
-    family: list[Contrast], sizes: dict[str, tuple], plan: Plan, alpha: float, direction: str
+    family: list[Contrast], sizes: dict[str, tuple], plan: SeedPlanLike, alpha: float, direction: str
 ) -> list[Contrast]:
     """The family's verdicts by the closed test over the contrasts' group-sequential tests (``sizes``: each
     contrast's paired seeds at the looks it had), at alpha and, for the p shown (p_holm, p_tost_holm), at the GRID's
@@ -68,12 +68,12 @@ def decided(
     return out
 
 
-def _method(c: Contrast, plan: Plan) -> str:
+def _method(c: Contrast, plan: SeedPlanLike) -> str:
     return c.method if "group-sequential" in c.method else f"{c.method}; group-sequential ({plan.spending})"
 
 
 def closed_p(
-    family: list[Contrast], sizes: dict[str, tuple], plan: Plan, levels: list[float], at: int, side: int
+    family: list[Contrast], sizes: dict[str, tuple], plan: SeedPlanLike, levels: list[float], at: int, side: int
 ) -> list[float]:
     """Per contrast, the smallest of ``levels`` from which up to levels[at] (alpha) the closed test rejects it, or
     the first level above alpha at which it does (1 if none): at most alpha exactly when rejected at alpha.
@@ -95,7 +95,7 @@ def closed_p(
     return out
 
 
-def _crossings(c: Contrast, sizes: tuple, plan: Plan, levels: tuple, m: int, side: int) -> np.ndarray:
+def _crossings(c: Contrast, sizes: tuple, plan: SeedPlanLike, levels: tuple, m: int, side: int) -> np.ndarray:
     """(levels x m): whether the contrast crossed at level / s (s = 1..m, the closed test's intersections)."""
     if not sizes or not c.testable:
         return np.zeros((len(levels), m), dtype=bool)
@@ -130,7 +130,7 @@ class Simulated:
 
 
 def simulate(
-    plan: Plan,
+    plan: SeedPlanLike,
     alpha: float,
     effects: list[float],
     *,
@@ -167,7 +167,7 @@ def simulate(
 
 
 def _decide(
-    x: np.ndarray, at: np.ndarray, plan: Plan, alpha: float, margin: float | None
+    x: np.ndarray, at: np.ndarray, plan: SeedPlanLike, alpha: float, margin: float | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """One look over simulated studies: which contrasts the closed test finds different, and which are decided
     (different or, with a margin, equivalent)."""
@@ -179,7 +179,7 @@ def _decide(
     return now, now | gs.closed(tost)
 
 
-def _crossing(d: np.ndarray, last: np.ndarray, plan: Plan, levels: list[float], side: int) -> np.ndarray:
+def _crossing(d: np.ndarray, last: np.ndarray, plan: SeedPlanLike, levels: list[float], side: int) -> np.ndarray:
     """(levels x draws x contrasts): whether each contrast crossed a boundary at each level over the looks it had."""
     looks, out = plan.looks(), np.zeros((len(levels), *last.shape), dtype=bool)
     for j in range(last.shape[1]):
@@ -199,4 +199,4 @@ def fixed_seeds(alpha: float, m: int, effect: float, power: float) -> int:
     return n
 
 
-__all__ = ["GRID", "Plan", "Simulated", "closed_p", "decided", "fixed_seeds", "simulate", "spend"]
+__all__ = ["GRID", "SeedPlanLike", "Simulated", "closed_p", "decided", "fixed_seeds", "simulate", "spend"]

@@ -76,7 +76,7 @@ def test_a_store_moved_with_its_artifacts_is_followed(tmp_path, capsys):
     import shutil
 
     from ablations import tracking
-    from dashboards.load import load_study
+    from dashboards.load import load_runs
     from tests.dashboards.test_report import fill
 
     first = tmp_path / "first" / ".store"
@@ -88,10 +88,10 @@ def test_a_store_moved_with_its_artifacts_is_followed(tmp_path, capsys):
     shutil.copytree(first, elsewhere)
     shutil.rmtree(tmp_path / "first")
     uri = f"sqlite:///{elsewhere}/mlflow.db"
-    assert load_study(uri, "moved").design.analysis.margins == {}  # design.json under a folder that is gone
+    assert load_runs(uri, "moved").design.analysis.margins == {}  # design.json under a folder that is gone
     assert tracking.resolve_uri(uri) == uri
     assert f"the store moved from {(first / 'artifacts').as_uri()}" in capsys.readouterr().err
-    assert load_study(uri, "moved").design.analysis.margins == {"test/acc": 0.05}
+    assert load_runs(uri, "moved").design.analysis.margins == {"test/acc": 0.05}
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name("moved")
     assert exp.artifact_location == f"{(elsewhere / 'artifacts').as_uri()}/moved"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.report import make_report
 from tests.conftest import mlflow_server
 from tests.dashboards.test_report import three_variants
@@ -73,7 +73,7 @@ def test_mlflow_ui_and_the_report_show_the_variants_and_their_numbers(tmp_path, 
     three_variants(uri)
     report = make_report(uri, "abl", out_dir=tmp_path / "report")
     rows = {r.variant: r for r in report.table.rows}
-    runs = load_study(uri, "abl")
+    runs = load_runs(uri, "abl")
     exp = runs.experiment_id
     with mlflow_server(tmp_path) as server:
         # MLflow's own UI: the study's runs, named by variant and seed

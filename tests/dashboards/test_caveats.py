@@ -18,12 +18,12 @@ from scipy import special
 
 from dashboards import caveats
 from dashboards.compare import compare, format_changes
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.render import to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
 from record import stats
-from record.spec.analysis import Warn
+from record.spec.analysis_parts import Warn
 from tests.dashboards.test_report import fill, flips
 
 ENCODER10 = {"model.arch": "encoder", "model.n_classes": "10", "model.vocab_size": "32", "model.classifier": "mean"}
@@ -58,7 +58,7 @@ def issue_example(uri: str, study: str = "issue21", submission: int = 1) -> dict
 
 def test_the_issues_example_warns_of_everything_and_bolds_nothing(store):
     issue_example(store)
-    table = build(load_study(store, "issue21"))
+    table = build(load_runs(store, "issue21"))
     assert kinds(table) == {"chance", "convergence", "params", "seeds", "resolution"}
     assert not any(r.best for r in table.rows)
     text = {c.kind: c.text for c in table.caveats}
@@ -101,7 +101,7 @@ def test_a_clean_study_gets_no_warning_and_its_resolved_best_in_bold(store):
         cost={"cost/wall_time_s": 10.0},
         extra={(v, s): {"cost/n_params": 1400.0 if v == "big" else 1000.0} for v in values for s in range(8)},
     )  # fmt: skip
-    table = build(load_study(store, "clean"))
+    table = build(load_runs(store, "clean"))
     assert table.caveats == [] and table.warnings == []
     assert "warning" not in to_markdown(table).lower() and "WARNING" not in to_terminal(table)
     big = next(r for r in table.rows if r.variant == "big")
@@ -114,7 +114,7 @@ def test_the_thresholds_are_settings_of_the_study(store):
     min_seeds: 3}: the loss is 98% of chance, falls 6% and carries 2.4x the parameters, so nothing but the
     family's resolution (not a setting: 3 seeds cannot reach 0.05) is left to warn of."""
     issue_example(store)
-    runs = load_study(store, "issue21")
+    runs = load_runs(store, "issue21")
     table = build(runs)
     assert kinds(table) == {"chance", "convergence", "params", "seeds", "resolution"}
     loose = table.analysis.model_copy(
@@ -218,7 +218,7 @@ def test_an_answer_scored_decoder_is_judged_over_what_its_answers_hold(store, ta
     guess = uniform_guess_loss(len(answers))
     values = {"guesses": {s: guess + 0.01 * s for s in range(5)}, "learns": {s: 0.3 + 0.01 * s for s in range(5)}}
     fill(store, "answers", values, metric="final/val_loss", direction="minimize", params={v: params for v in values})
-    (c,) = [c for c in build(load_study(store, "answers")).caveats if c.kind == "chance"]
+    (c,) = [c for c in build(load_runs(store, "answers")).caveats if c.kind == "chance"]
     assert c.variants == ("guesses",) and f"ln {len(answers)} = {guess:.3g}" in c.text
 
 
@@ -252,7 +252,7 @@ def test_one_variant_near_chance_is_named_alone(store):
         "stuck": {s: 2.28 + 0.01 * rng.standard_normal() for s in range(5)},
     }
     fill(store, "one", values, metric="final/val_loss", direction="minimize", params={v: ENCODER10 for v in values})
-    (c,) = [c for c in build(load_study(store, "one")).caveats if c.kind == "chance"]
+    (c,) = [c for c in build(load_runs(store, "one")).caveats if c.kind == "chance"]
     mean = np.mean(list(values["stuck"].values()))
     assert c.variants == ("stuck",) and c.text.startswith(f"near chance on final/val_loss: stuck {mean:.3g}, ")
     assert "learns" not in c.text
@@ -285,14 +285,14 @@ def test_not_converged_fires_on_falling_curves_and_reads_the_training_loss_where
     fill(
         store, "conv", values, metric="final/val_loss", direction="minimize", curves=curves, train_curves=train,
     )  # fmt: skip
-    table = build(load_study(store, "conv"))
+    table = build(load_runs(store, "conv"))
     (c,) = [c for c in table.caveats if c.kind == "convergence"]
     assert c.variants == ("falling", "sparse")
     assert "falling: val/loss fell " in c.text and "sparse: train/loss fell 17% (mean of 5 seeds" in c.text
     assert any(n.startswith("not checked for convergence: unjudged") for n in table.notes)
     # the study's own window and threshold: over the last half, 'falling' fell about 40%, 'sparse' 33%
     loose = table.analysis.model_copy(update={"warn": Warn(converged_window=0.5, converged_fraction=0.6)})
-    assert "convergence" not in kinds(build(load_study(store, "conv"), analysis=loose))
+    assert "convergence" not in kinds(build(load_runs(store, "conv"), analysis=loose))
 
 
 # --- parameter counts -----------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_a_grid_axis_that_changes_the_size_is_named(store):
         store, "grid", values, kind="grid", settings=settings, metric="final/val_loss", direction="minimize",
         cost={"cost/wall_time_s": 1.0}, extra=extra,
     )  # fmt: skip
-    table = build(load_study(store, "grid"))
+    table = build(load_runs(store, "grid"))
     (c,) = [c for c in table.caveats if c.kind == "params"]
     base = "n_layers=2 norm=pre"
     assert set(c.contrasts) == {
@@ -467,14 +467,14 @@ def test_a_report_warns_where_two_variants_are_one_model_family(store):
     model = {"model.arch": "decoder", "model.d_model": "64", "model.qk_projections": "True"}
     params = {v: {**model, "model.score": v} for v in values}
     fill(store, "fam", values, metric="final/val_loss", direction="minimize", params=params)
-    table = build(load_study(store, "fam"))
+    table = build(load_runs(store, "fam"))
     found = [c for c in table.caveats if c.kind == "family"]
     assert len(found) == 1 and found[0].variants == ("dot", "general") and found[0].concerns("general vs dot")
     assert "one bilinear family" in found[0].text and "qk_projections: false" in found[0].text
     assert "one bilinear family" in to_markdown(table)
     luong = {v: {**p, "model.qk_projections": "False"} for v, p in params.items()}
     fill(store, "luong", values, metric="final/val_loss", direction="minimize", params=luong)
-    assert not [c for c in build(load_study(store, "luong")).caveats if c.kind == "family"]
+    assert not [c for c in build(load_runs(store, "luong")).caveats if c.kind == "family"]
 
 
 def test_a_report_warns_where_scores_are_compared_where_q_and_k_coincide(store):
@@ -488,7 +488,7 @@ def test_a_report_warns_where_scores_are_compared_where_q_and_k_coincide(store):
     values = {v: {s: x + 0.01 * i for s, x in base.items()} for i, v in enumerate(("dot", "general", "additive"))}
     raw = {"model.arch": "decoder", "model.d_model": "64", "model.qk_projections": "False"}
     fill(store, "raw", values, metric="final/val_loss", direction="minimize", params={v: {**raw, "model.score": v} for v in values})  # fmt: skip
-    table = build(load_study(store, "raw"))
+    table = build(load_runs(store, "raw"))
     found = [c for c in table.caveats if c.kind == "self_states"]
     assert len(found) == 1 and found[0].variants == ("dot", "general", "additive")
     assert found[0].concerns("general vs dot") and found[0].concerns("additive vs dot")
@@ -499,8 +499,8 @@ def test_a_report_warns_where_scores_are_compared_where_q_and_k_coincide(store):
     ed = {"model.arch": "encoder_decoder", "model.d_model": "64", "model.score": "dot", "model.qk_projections": "True"}
     luong = {v: {**ed, "model.cross_score": v, "model.cross_qk_projections": "False"} for v in values}
     fill(store, "luong_cross", values, metric="final/val_loss", direction="minimize", params=luong)
-    assert not [c for c in build(load_study(store, "luong_cross")).caveats if c.kind in ("family", "self_states")]
+    assert not [c for c in build(load_runs(store, "luong_cross")).caveats if c.kind in ("family", "self_states")]
     projected = {v: {**ed, "model.cross_score": v, "model.cross_qk_projections": "True"} for v in values}
     fill(store, "projected_cross", values, metric="final/val_loss", direction="minimize", params=projected)
-    (family,) = [c for c in build(load_study(store, "projected_cross")).caveats if c.kind == "family"]
+    (family,) = [c for c in build(load_runs(store, "projected_cross")).caveats if c.kind == "family"]
     assert family.variants == ("dot", "general") and "dot reparameterised" in family.text

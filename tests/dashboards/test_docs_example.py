@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.plan import pilot_plan
 from dashboards.render import to_markdown
 from dashboards.report import effects_markdown
@@ -54,7 +54,7 @@ def doc_analysis() -> dict:
 def test_the_worked_example_in_the_docs_is_what_the_code_produces(store):
     analysis = doc_analysis()
     fabricate(store, analysis)
-    table = build(load_study(store, "norm_placement"))
+    table = build(load_runs(store, "norm_placement"))
     text = DOC.read_text()
     produced = to_markdown(table)
     assert produced.strip() in text, "docs/statistics.md: paste the table this test produces\n" + produced
@@ -70,7 +70,7 @@ if __name__ == "__main__":  # print the example for the docs
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"sqlite:///{tmp}/m.db"
         fabricate(uri, doc_analysis())
-        t = build(load_study(uri, "norm_placement"))
+        t = build(load_runs(uri, "norm_placement"))
         print(to_markdown(t))
         print(effects_markdown(t))
         print(pilot_plan(uri, "norm_placement"))

@@ -9,7 +9,7 @@ import io
 import sqlite3
 import tarfile
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.render import records_csv, to_markdown
 from dashboards.table import build
 from tests.conftest import ROOT
@@ -35,7 +35,7 @@ def test_a_store_written_by_earlier_code_is_reported_the_same(tmp_path):
     """The same rows and numbers, and every statement the earlier code made (the next steps now say that more
     seeds after results are an amendment; a note says the study was never registered)."""
     uri = relocated_store(tmp_path)
-    table = build(load_study(uri, "legacy"))
+    table = build(load_runs(uri, "legacy"))
     now, then = to_markdown(table), (EXPECTED / "table.md").read_text()
     assert [x for x in now.splitlines() if x.startswith("|")] == [x for x in then.splitlines() if x.startswith("|")]
     kept = [x for x in then.splitlines() if "next: ablate sweep" not in x]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ablations.register import register
-from dashboards.load import load_study as load_runs
+from dashboards.load import load_runs
 from dashboards.render import to_markdown
 from dashboards.report import make_report
 from dashboards.table import build

@@ -20,7 +20,7 @@ from scipy import stats as sps
 
 from ablations import tracking
 from dashboards.compare import compare
-from dashboards.load import NoResults, load_study
+from dashboards.load import NoResults, load_runs
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
@@ -136,7 +136,7 @@ def test_table_statistics_match_independent_computations(store):
     Wilcoxon's p in the records), so with 5 seeds no p-value is below 2/32 and, after Holm over two contrasts,
     nothing is marked significant: 'better' is 'not resolved' rather than '*'."""
     values = three_variants(store)
-    table = build(load_study(store, "abl"))
+    table = build(load_runs(store, "abl"))
     rec = {r["variant"]: r for r in table.as_records()}
     assert [r.variant for r in table.rows] == ["baseline", "better", "same"]
     for variant, by_seed in values.items():
@@ -175,7 +175,7 @@ def test_the_t_test_when_the_study_asks_for_it(store):
     base = {s: 0.80 + 0.01 * rng.standard_normal() for s in SEEDS}
     values = {"baseline": base, "better": {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()}}
     fill(store, "tt", values, analysis={"test": "t"})
-    rec = {r["variant"]: r for r in build(load_study(store, "tt")).as_records()}
+    rec = {r["variant"]: r for r in build(load_runs(store, "tt")).as_records()}
     a, b = (np.array([values[v][s] for s in SEEDS]) for v in ("baseline", "better"))
     assert rec["better"]["p"] == pytest.approx(sps.ttest_rel(b, a).pvalue) and rec["better"]["test"] == "paired t-test"
     assert rec["better"]["p_holm"] == rec["better"]["p"]  # a family of one
@@ -190,7 +190,7 @@ def test_renderings_carry_the_same_numbers_and_bold_only_a_best_the_tests_suppor
     base = {s: 0.80 + 0.01 * rng.standard_normal() for s in range(8)}
     better = {s: v + 0.05 + 0.005 * rng.standard_normal() for s, v in base.items()}
     fill(store, "resolved", {"baseline": base, "better": better})
-    table = build(load_study(store, "resolved"))
+    table = build(load_runs(store, "resolved"))
     row = next(r for r in table.rows if r.variant == "better")
     d = [better[s] - base[s] for s in range(8)]
     assert row.contrast.p_holm == pytest.approx(flips(d)) and flips(d) <= 0.05
@@ -207,7 +207,7 @@ def test_renderings_carry_the_same_numbers_and_bold_only_a_best_the_tests_suppor
     assert header.startswith("variant,changed,n,mean") and len(lines) == 2
 
     three_variants(store)  # 5 seeds: the same kind of difference, not resolved
-    table = build(load_study(store, "abl"))
+    table = build(load_runs(store, "abl"))
     assert all(r.contrast is None or r.contrast.verdict == "not resolved" for r in table.rows)
     md, tex, term, html_text = to_markdown(table), to_latex(table), to_terminal(table), to_html(table)
     assert not any(r.best for r in table.rows) and table.ranking.leader == "better"
@@ -219,7 +219,7 @@ def test_renderings_carry_the_same_numbers_and_bold_only_a_best_the_tests_suppor
 def test_failures_divergences_and_missing_values_are_marked_not_zero(store):
     values = {"baseline": {0: 0.8, 1: 0.82, 2: 0.81}, "fragile": {0: 0.9, 1: None, 2: None}, "one seed": {0: 0.7}}
     fill(store, "gaps", values, states={("fragile", 1): "diverged", ("fragile", 2): "failed"})
-    table = build(load_study(store, "gaps"))
+    table = build(load_runs(store, "gaps"))
     rec = {r["variant"]: r for r in table.as_records()}
     assert (
         rec["fragile"]["cells"],
@@ -236,20 +236,20 @@ def test_failures_divergences_and_missing_values_are_marked_not_zero(store):
 def test_a_metric_absent_from_the_runs_is_a_clear_error(store):
     three_variants(store)
     with pytest.raises(ValueError, match=r"no run of 'abl' has the metric 'test/bleu'.*test/acc"):
-        build(load_study(store, "abl"), "test/bleu")
+        build(load_runs(store, "abl"), "test/bleu")
     with pytest.raises(ValueError, match=r"'test/ac'; did you mean test/acc\? metrics there: .*test/acc"):
-        build(load_study(store, "abl"), "test/ac")  # a typo gets the name it missed, as the study file's does
+        build(load_runs(store, "abl"), "test/ac")  # a typo gets the name it missed, as the study file's does
 
 
 def test_no_study_or_no_runs_is_a_clear_error(store):
     with pytest.raises(NoResults, match="no study 'nothing'"):
-        load_study(store, "nothing")
+        load_runs(store, "nothing")
     tracking.experiment_id(store, "empty")
     with pytest.raises(NoResults, match="run `ablate sweep` first"):
-        load_study(store, "empty")
+        load_runs(store, "empty")
     three_variants(store)  # beside MLflow's Default and an experiment no sweep made, only the study is listed
     with pytest.raises(NoResults, match=r"no study 'nothing' in .*; studies there: abl$"):
-        load_study(store, "nothing")
+        load_runs(store, "nothing")
 
 
 @pytest.mark.slow
@@ -368,7 +368,7 @@ def test_cli_report_prints_markdown_and_refuses_unknown_studies(store, tmp_path,
 @pytest.mark.slow
 def test_another_metric_brings_its_own_direction(store):
     three_variants(store)  # the study maximises test/acc
-    runs = load_study(store, "abl")
+    runs = load_runs(store, "abl")
     loss = build(runs, "cost/wall_time_s")
     assert loss.direction == "minimize"
     assert build(runs, "test/acc").direction == "maximize"
@@ -389,7 +389,7 @@ def test_a_perplexity_an_error_rate_and_a_throughput_are_ranked_in_their_own_dir
     }
     fill(store, "dirs", values, metric="final/val_loss", direction="minimize", extra=extra,
          analysis={"never_learned": {"test/ppl": 50.0}})  # fmt: skip
-    runs = load_study(store, "dirs")
+    runs = load_runs(store, "dirs")
     for metric, direction in (
         ("test/ppl", "minimize"),
         ("test/error_at_1", "minimize"),
@@ -412,7 +412,7 @@ def test_the_report_takes_the_results_of_the_latest_submission_s_code_as_the_swe
     new = {"baseline": {s: 0.7 for s in SEEDS}, "other": {s: 0.9 for s in SEEDS[:3]}}  # two cells not yet again
     fill(store, "recode", old, code="c0de0ld", submission=1)
     fill(store, "recode", new, code="c0de2", submission=2)
-    runs = load_study(store, "recode")
+    runs = load_runs(store, "recode")
     cells = runs.cells.set_index("cell_id")
     assert cells.loc["baseline-0", "test/acc"] == 0.7 and cells.loc["other-0", "test/acc"] == 0.9
     assert (cells.loc["other-4", "state"], math.isnan(cells.loc["other-4", "test/acc"])) == ("other code", True)
@@ -421,17 +421,17 @@ def test_the_report_takes_the_results_of_the_latest_submission_s_code_as_the_swe
     assert (row.outcomes.pending, row.summary.n, row.summary.mean) == (2, 3, pytest.approx(0.9))
     # a study swept with reuse_results: any_code (no code recorded), or before the code was recorded: any code's
     fill(store, "anycode", old, submission=1)
-    assert set(load_study(store, "anycode").cells["test/acc"]) == {0.5, 0.6}
+    assert set(load_runs(store, "anycode").cells["test/acc"]) == {0.5, 0.6}
     # NAME@N: the cells that submission trained, whatever the latest code (they all read "other code" and the
     # comparison of the two submissions failed on a metric no run had)
-    first = load_study(store, "recode", submission=1).cells
+    first = load_runs(store, "recode", submission=1).cells
     assert set(first["test/acc"]) == {0.5, 0.6} and set(first["state"]) == {"finished"}
     _, _, changes = compare(store, "recode@1", "recode@2")
     assert {c.variant for c in changes} == {"other"}
     # a study no cell of which the new code has trained yet: every cell without an outcome, not an error
     fill(store, "untrained", old, code="c0de0ld", submission=1)
     fill(store, "untrained", {}, code="c0de2", submission=2, settings={v: {"model.variant": v} for v in old})
-    table = build(load_study(store, "untrained"))
+    table = build(load_runs(store, "untrained"))
     assert {r.variant: (r.outcomes.pending, r.summary.n) for r in table.rows} == {"baseline": (5, 0), "other": (5, 0)}
 
 
@@ -456,7 +456,7 @@ def test_cells_take_the_latest_designs_names(store):
         },
         "design.json",
     )
-    runs = load_study(store, "abl")
+    runs = load_runs(store, "abl")
     assert set(runs.cells["variant"]) == {"baseline lr=0.003", "better lr=0.003", "same lr=0.003"}
     assert set(runs.cells["axis.training.lr"]) == {"0.003"}  # the new axis, at the base's value, filled in
     assert [r.variant for r in build(runs).rows] == ["baseline lr=0.003", "better lr=0.003", "same lr=0.003"]
@@ -470,7 +470,7 @@ def test_the_report_draws_the_decoded_error_by_target_position(store, tmp_path):
     errors = {("tf", s): {f"test/error_at_{k}": 0.1 * k + 0.01 * s for k in (1, 2, 3)} for s in SEEDS}
     errors |= {("ss", s): {f"test/error_at_{k}": 0.05 * k for k in (1, 2, 3)} for s in SEEDS}
     fill(store, "pos", {"tf": dict.fromkeys(SEEDS, 0.5), "ss": dict.fromkeys(SEEDS, 0.6)}, extra=errors)
-    runs = load_study(store, "pos")
+    runs = load_runs(store, "pos")
     data = error_by_position(runs)
     assert list(data) == ["test"] and list(data["test"]) == ["tf", "ss"]
     mean_seed = np.mean(SEEDS)
@@ -479,13 +479,13 @@ def test_the_report_draws_the_decoded_error_by_target_position(store, tmp_path):
     report = make_report(store, "pos", out_dir=tmp_path / "out", log=False)
     assert (tmp_path / "out" / "error_by_position.png").stat().st_size > 1000 and "error_by_position" in report.files
     three_variants(store)  # a study whose runs log no error by position: no figure
-    assert error_by_position(load_study(store, "abl")) == {}
+    assert error_by_position(load_runs(store, "abl")) == {}
 
 
 def test_a_misspelt_baseline_gets_the_nearest_variant(store):
     three_variants(store)
     with pytest.raises(ValueError) as info:
-        build(load_study(store, "abl"), baseline="bettr")
+        build(load_runs(store, "abl"), baseline="bettr")
     assert (
         str(info.value)
         == "baseline 'bettr' is not a variant of 'abl'; did you mean 'better'? variants: baseline, better, same"
@@ -497,6 +497,6 @@ def test_a_submission_that_trained_nothing_is_named_with_the_submissions_there(s
 
     three_variants(store)
     with pytest.raises(NoResults) as info:
-        load_study(store, "abl", submission=5)
+        load_runs(store, "abl", submission=5)
     assert str(info.value).startswith("submission 5 of study 'abl' trained no cell in ")
     assert str(info.value).endswith("; its submissions: 1")

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from dashboards.load import load_study
+from dashboards.load import load_runs
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
 from record import stats
 from tests.dashboards.test_report import fill, flips, table_part
-from tests.dashboards.test_stats import fisher_by_enumeration, holm_by_definition
+from tests.record.test_stats import fisher_by_enumeration, holm_by_definition
 
 SEEDS5 = range(5)
 SEEDS8 = range(8)
@@ -44,7 +44,7 @@ def test_failed_seeds_enter_under_the_worst_rule_and_are_never_best_unmarked(sto
     values = {"baseline": base, "fragile": fragile}
     states = {("fragile", 3): "diverged", ("fragile", 4): "failed"}
     fill(store, "worst", values, states=states)
-    table = build(load_study(store, "worst"))
+    table = build(load_runs(store, "worst"))
     rec = {r["variant"]: r for r in table.as_records()}
     worst = min(list(base.values()) + [0.95])  # accuracy: the lowest value any successful cell reached
     assert table.worst == pytest.approx(worst)
@@ -63,7 +63,7 @@ def test_failed_seeds_enter_under_the_worst_rule_and_are_never_best_unmarked(sto
     # under 'exclude' the survivors have the best mean, but three paired seeds cannot show it better (issue 21:
     # best is marked only where the family's tests support it): no bold, and the caption says why
     fill(store, "excl", values, states=states, analysis={"failure_rule": "exclude"})
-    excl = build(load_study(store, "excl"))
+    excl = build(load_runs(store, "excl"))
     row = next(r for r in excl.rows if r.variant == "fragile")
     assert not row.best and row.failed_any and row.contrast.n == 3 and row.contrast.verdict == "not resolved"
     md = to_markdown(excl)
@@ -81,7 +81,7 @@ def test_survivors_that_are_shown_better_are_bold_but_marked(store):
     fragile = {s: (base[s] + 0.05 if s < 8 else None) for s in seeds}
     states = {("fragile", 8): "diverged", ("fragile", 9): "failed"}
     fill(store, "excl", {"baseline": base, "fragile": fragile}, states=states, analysis={"failure_rule": "exclude"})
-    table = build(load_study(store, "excl"))
+    table = build(load_runs(store, "excl"))
     row = next(r for r in table.rows if r.variant == "fragile")
     assert row.contrast.n == 8 and flips([0.05] * 8) == pytest.approx(2 / 256)
     assert row.contrast.p_holm == pytest.approx(flips([fragile[s] - base[s] for s in range(8)]))
@@ -99,7 +99,7 @@ def test_a_variant_that_failed_on_every_seed_is_a_result(store):
     values = {"baseline": base, "other": other, "dead": {s: None for s in SEEDS8}}
     states = {("dead", s): ("diverged" if s % 2 else "failed") for s in SEEDS8}
     fill(store, "dead", values, states=states)
-    table = build(load_study(store, "dead"))
+    table = build(load_runs(store, "dead"))
     rec = {r["variant"]: r for r in table.as_records()}
     r = rec["dead"]
     assert (r["successes"], r["cells"], r["n"]) == (0, 8, 0) and math.isnan(r["mean"])
@@ -116,10 +116,10 @@ def test_a_variant_that_failed_on_every_seed_is_a_result(store):
         assert name == "csv" or "dead: failed on every seed (4 diverged, 4 failed)" in text, name
     # excluded instead: untestable, but it stays in the family with p = 1 (the family does not shrink)
     fill(store, "dead_excl", values, states=states, analysis={"failure_rule": "exclude"})
-    excl = {r["variant"]: r for r in build(load_study(store, "dead_excl")).as_records()}
+    excl = {r["variant"]: r for r in build(load_runs(store, "dead_excl")).as_records()}
     assert excl["dead"]["n_paired"] == 0 and excl["dead"]["p_holm"] == 1.0 and excl["dead"]["verdict"] == "untestable"
     assert excl["other"]["p_holm"] == pytest.approx(holm_by_definition([p_other, 1.0])[0])
-    md = to_markdown(build(load_study(store, "dead_excl")))
+    md = to_markdown(build(load_runs(store, "dead_excl")))
     assert "| – (no paired seed) | 1 (untestable) | untestable |" in md
     assert "counted in the family with p = 1" in md
 
@@ -133,7 +133,7 @@ def test_missing_and_running_cells(store):
     exp = c.get_experiment_by_name("gaps").experiment_id
     tags = {"kind": "cell", "variant": "short", "seed": "3", "cell_id": "short-3", "submission": "1"}
     c.create_run(exp, tags={**tags, "status_detail": "running"})  # still training: no outcome yet
-    table = build(load_study(store, "gaps"))
+    table = build(load_runs(store, "gaps"))
     rec = {r["variant"]: r for r in table.as_records()}
     assert rec["short"]["cells"] == 3 and rec["short"]["pending"] == 1 and rec["short"]["n_paired"] == 3
     assert rec["short"]["p"] == pytest.approx(0.25)  # +0.01 in each of the 3 seeds: the exact test's floor
@@ -148,7 +148,7 @@ def test_never_learned_cells_are_failures(store):
     base = base_values(SEEDS5, rng)
     values = {"baseline": base, "stuck": {s: (0.1 if s < 2 else 0.7) for s in SEEDS5}}
     fill(store, "nl", values, analysis={"never_learned": {"test/acc": 0.2}})
-    table = build(load_study(store, "nl"))
+    table = build(load_runs(store, "nl"))
     r = {r["variant"]: r for r in table.as_records()}["stuck"]
     assert (r["successes"], r["not_learned"], r["finished"], r["cells"]) == (3, 2, 5, 5)
     assert r["mean"] == pytest.approx(0.7)  # the mean over the cells that learned
@@ -180,7 +180,7 @@ def test_the_declared_family_is_exactly_what_holm_corrects(store, tmp_path):
     # Post-LN against Pre-LN without warm-up (not against the baseline, pre with warm-up), and the main effect of norm
     analysis = {"contrasts": {"pairs": [["norm=post warmup=0", "norm=pre warmup=0"]], "main_effects": ["model.norm"]}}
     values = grid(store, "fam", analysis)
-    table = build(load_study(store, "fam"))
+    table = build(load_runs(store, "fam"))
     family = table.family
     assert [c.label for c in family] == ["norm=post warmup=0 vs norm=pre warmup=0", "model.norm: post vs pre"]
     d = np.array([values["norm=post warmup=0"][s] - values["norm=pre warmup=0"][s] for s in SEEDS8])
@@ -212,7 +212,7 @@ def test_equivalence_is_a_test_and_the_words_come_from_it(store):
         "noisy": {s: v + 0.05 * rng.standard_normal() for s, v in base.items()},
     }
     fill(store, "eq", values, analysis={"margins": {"test/acc": 0.01}})
-    table = build(load_study(store, "eq"))
+    table = build(load_runs(store, "eq"))
     rec = {r["variant"]: r for r in table.as_records()}
     d = np.array([values["close"][s] - base[s] for s in SEEDS8])
     assert rec["close"]["p_tost"] == pytest.approx(max(flips_one(d + 0.01, "greater"), flips_one(d - 0.01, "less")))
@@ -233,7 +233,7 @@ def test_equivalence_is_a_test_and_the_words_come_from_it(store):
 
 
 def flips_one(d, alternative):
-    from tests.dashboards.test_stats import flips as flips_any
+    from tests.record.test_stats import flips as flips_any
 
     return flips_any(d, alternative)
 
@@ -245,7 +245,7 @@ def test_ceilings_get_an_exact_answer(store):
         study = f"ceiling{len(seeds)}"
         values = {"baseline": {s: 1.0 for s in seeds}, "also": {s: 1.0 for s in seeds}}
         fill(store, study, values, analysis={"margins": {"test/acc": 0.01}})
-        table = build(load_study(store, study))
+        table = build(load_runs(store, study))
         r = {r["variant"]: r for r in table.as_records()}["also"]
         assert r["p"] == 1.0 and r["p_holm"] == 1.0 and r["p_tost"] == pytest.approx(1 / 2 ** len(seeds))
         assert r["verdict"] == verdict and math.isnan(r["diff_low"]) and r["spread"] is False
@@ -259,7 +259,7 @@ def test_power_and_seeds_needed_are_stated(store, tmp_path):
     base = base_values(SEEDS5, rng)
     values = {"baseline": base, "v": {s: v + 0.01 + 0.01 * rng.standard_normal() for s, v in base.items()}}
     fill(store, "pow", values, analysis={"detect": {"test/acc": 0.005}, "test": "t"})
-    table = build(load_study(store, "pow"))
+    table = build(load_runs(store, "pow"))
     c = table.rows[1].contrast
     d = np.array([values["v"][s] - base[s] for s in SEEDS5])
     assert c.seeds_needed == stats.seeds_needed(d, 0.005, test="t")
@@ -289,7 +289,7 @@ def test_every_rendering_carries_the_same_numbers(store):
     values = {"baseline": base, "v": {s: v + 0.02 + 0.004 * rng.standard_normal() for s, v in base.items()}}
     values["w"] = {s: (v + 0.01 if s else None) for s, v in base.items()}
     fill(store, "render", values, states={("w", 0): "diverged"})
-    table = build(load_study(store, "render"))
+    table = build(load_runs(store, "render"))
     for row in table.rows[1:]:
         c = row.contrast
         p = f"{c.p_holm:.3g}"
@@ -359,7 +359,7 @@ def test_stars_follow_the_verdict_at_the_study_s_alpha(store):
     for alpha, verdict, star in ((0.05, "different (better)", True), (0.01, "not resolved", False)):
         study = f"stars{int(alpha * 100)}"
         fill(store, study, values, analysis={"alpha": alpha})
-        table = build(load_study(store, study))
+        table = build(load_runs(store, study))
         row = next(r for r in table.rows if r.variant == "higher")
         assert row.contrast.p_holm == pytest.approx(2 / 2**6) and row.contrast.verdict == verdict
         line = next(x for x in to_markdown(table).splitlines() if x.startswith("| higher |"))
@@ -377,7 +377,7 @@ def test_a_finished_run_without_a_finite_metric_is_a_failure_whatever_its_name(s
     odd = {s: base[s] + 0.01 for s in SEEDS5}
     odd[3], odd[4] = float("nan"), None  # seed 3 logged nan, seed 4 logged no test/acc at all
     fill(store, "nonfinite", {"baseline": base, "odd": odd})
-    table = build(load_study(store, "nonfinite"))
+    table = build(load_runs(store, "nonfinite"))
     r = {r["variant"]: r for r in table.as_records()}["odd"]
     assert (r["successes"], r["cells"], r["diverged"], r["failed"], r["pending"]) == (3, 5, 1, 1, 0)
     assert any("odd: 2 finished run(s) without a finite test/acc, counted as failures" in n for n in table.notes)
@@ -392,7 +392,7 @@ def test_an_imputed_value_is_shown_as_imputed_with_no_interval_of_its_own(store)
     values["half"][0] = None
     states = {**{("dead", s): "diverged" for s in SEEDS5}, ("half", 0): "failed"}
     fill(store, "imputed", values, states=states)
-    table = build(load_study(store, "imputed"))
+    table = build(load_runs(store, "imputed"))
     rows = {r.variant: r for r in table.rows}
     dead, half = rows["dead"].contrast, rows["half"].contrast
     assert dead.all_imputed == "dead" and dead.imputed == 5 and half.imputed == 1 and not half.all_imputed
@@ -429,7 +429,7 @@ def test_no_room_for_the_expected_effect_is_not_testable_here(store):
     leaves the verdict to the test."""
     source = "Tay et al. 2021, Table 1"
     room_study(store, "room", [{"contrast": ["local", "full"], "value": -0.21, "source": source}])
-    table = build(load_study(store, "room"))
+    table = build(load_runs(store, "room"))
     c = table.rows[1].contrast
     full_mean = table.rows[0].summary.mean
     assert c.verdict == "not testable here" and c.p == pytest.approx(flips([x for x in c.differences]))
@@ -441,7 +441,7 @@ def test_no_room_for_the_expected_effect_is_not_testable_here(store):
     lead = table_lead(to_markdown(table))
     assert "local vs full: not testable here" in lead and "why: no room" in lead and "next: a task, length" in lead
     room_study(store, "roomy", [{"contrast": ["local", "full"], "value": -0.1}])
-    assert build(load_study(store, "roomy")).rows[1].contrast.verdict in ("not resolved", "different (worse)")
+    assert build(load_runs(store, "roomy")).rows[1].contrast.verdict in ("not resolved", "different (worse)")
 
 
 def table_lead(md: str) -> str:
@@ -459,7 +459,7 @@ def test_a_variant_not_converged_by_the_declared_criterion_is_not_testable_here(
     steps = {"cost/steps": 100.0, "cost/wall_time_s": 10.0, "cost/n_params": 1000.0}
     analysis = {"converged": {"window": 0.2, "fraction": 0.05}}
     fill(store, "conv", values, curves=curves, analysis=analysis, cost=steps)
-    c = build(load_study(store, "conv")).rows[1].contrast
+    c = build(load_runs(store, "conv")).rows[1].contrast
     assert (
         c.verdict == "not testable here"
         and "not converged" in c.untestable_here
@@ -467,7 +467,7 @@ def test_a_variant_not_converged_by_the_declared_criterion_is_not_testable_here(
     )
     assert c.make_testable == "a longer budget (budget.steps: 200)"
     fill(store, "conv_undeclared", values, curves=curves, cost=steps)
-    plain = build(load_study(store, "conv_undeclared"))
+    plain = build(load_runs(store, "conv_undeclared"))
     assert plain.rows[1].contrast.verdict != "not testable here" and any(w.kind == "convergence" for w in plain.caveats)
 
 
@@ -477,7 +477,7 @@ def test_the_table_leads_with_each_verdict_why_and_the_next_step(store):
     effects and interaction; each comes first with its verdict, why (the exact test's floor at 2 seeds) and the
     command that resolves it; the interval the exact test does not share is marked."""
     grid(store, "g2", None, seeds=range(2))
-    table = build(load_study(store, "g2"))
+    table = build(load_runs(store, "g2"))
     assert [c.label for c in table.family] == [
         "model.norm: post vs pre",
         "training.warmup: 0 vs 100",
@@ -504,7 +504,7 @@ def test_no_more_seeds_are_advised_where_these_seeds_had_the_power(store):
     base = base_values(SEEDS5, rng)
     values = {"baseline": base, "v": {s: v + 0.002 * rng.standard_normal() for s, v in base.items()}}
     fill(store, "powered", values, analysis={"detect": {"test/acc": 0.05}, "test": "t"})
-    table = build(load_study(store, "powered"))
+    table = build(load_runs(store, "powered"))
     c = table.rows[1].contrast
     d = np.array([values["v"][s] - base[s] for s in SEEDS5])
     assert c.verdict == "not resolved" and stats.seeds_needed(d, 0.05, test="t") <= 5
@@ -523,7 +523,7 @@ def test_decided_verdicts_count_the_seeds_as_measured(store):
     fill(
         store, "counts", {"base": base, "cos": better}, metric="final/val_loss", direction="minimize", analysis=analysis
     )
-    table = build(load_study(store, "counts"))
+    table = build(load_runs(store, "counts"))
     c = table.rows[1].contrast
     assert c.p == pytest.approx(flips([better[s] - base[s] for s in seeds]))
     lead = table_lead(to_markdown(table))

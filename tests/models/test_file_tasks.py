@@ -16,7 +16,7 @@ import yaml
 from models.config import ConfigError
 from models.tasks import BOS, EOS, SEP, TASKS, DataUnavailable, make_task
 from record.spec import SpecError, resolve_run
-from record.spec.run import load_run
+from record.spec.overrides import load_run
 from record.spec.study import load_study
 
 FIRST = 4  # the first task symbol (PAD, BOS, EOS, SEP before it)

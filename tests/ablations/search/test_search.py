@@ -571,7 +571,7 @@ def test_a_run_that_finished_after_its_search_process_died_is_not_a_result(tmp_p
     from optuna.trial import create_trial
 
     from ablations import tracking
-    from ablations.search.driver import end_orphaned_trial_runs
+    from ablations.search.runs import end_orphaned_trial_runs
     from record import vocabulary
 
     study = optuna.create_study(study_name="srch", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
@@ -864,7 +864,7 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
         expected = (math.log(lr) - math.log(1e-5)) / (math.log(3e-2) - math.log(1e-5))
         assert where["position"] == pytest.approx(expected, abs=1e-3)
         assert where["edge"] == ("low" if expected <= 0.05 else "high" if expected >= 0.95 else None)
-    from dashboards.load import load_study as load_runs
+    from dashboards.load import load_runs
     from dashboards.render import to_markdown
     from dashboards.table import build
 
@@ -968,7 +968,7 @@ def test_the_highest_value_a_stepped_range_can_propose_is_its_high_edge():
     """A step that does not divide the range leaves its high end out of reach: 0-200 in steps of 75 proposes 0, 75
     and 150, and a search that chose 150 chose the largest value it could (the optimum may lie beyond)."""
     from ablations.search.tuned import position
-    from record.spec.search import Param
+    from record.spec.space import Param
 
     stepped = Param(type="int", low=0, high=200, step=75)
     assert (position(stepped, 150)["edge"], position(stepped, 75)["edge"], position(stepped, 0)["edge"]) == (

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from ablate.main import main
-from dashboards.load import load_study as load_runs
+from dashboards.load import load_runs as load_runs
 from dashboards.looks import path, path_rows, plan_of
 from dashboards.looks import table as sequential_table
 from record.vocabulary import cell_state
