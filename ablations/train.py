@@ -318,6 +318,7 @@ def _run_logger(run: RunConfig, where: Tracking, uri: str, experiment: str, devi
         vocabulary.TAG_SEED: str(run.seed),
         vocabulary.TAG_TASK: run.task.name,
         vocabulary.TAG_ARCH: run.model.arch,
+        vocabulary.TAG_OUTPUT_CLASSES: str(run.task.output_classes(run.model) or ""),
         vocabulary.TAG_CONFIG_HASH: run.config_hash(),
         **where.tags,
         vocabulary.TAG_CODE: tracking.code_fingerprint(),  # of the code this process runs

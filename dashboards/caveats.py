@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from models import plugins
-from models.tasks.base import BOS, PAD, SEP
 from record import stats
 from record.spec.analysis_parts import Warn
 from record.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
@@ -96,56 +95,12 @@ def own_warnings(view: TableView) -> list[Caveat]:
 
 # --- near chance ----------------------------------------------------------------------------------------------
 
-NEVER_TARGETS = (PAD, BOS, SEP)  # the special tokens a sequence-to-sequence target never holds (EOS it does)
-# a decoder task scored on its answers only (``answer_mask``): the field of its params that counts the tokens an
-# answer can hold (a recall answer is one of the values, a retrieval answer one of the symbols)
-ANSWER_CHOICES = {"recall": "values", "retrieval": "symbols"}
 
-
-def output_classes(params: dict[str, Any]) -> int | None:
-    """How many classes a run's loss is over (the ``params.model.*`` of a cell's row, dashboards/load.py): an
-    encoder's classes; the tokens an encoder-decoder's target can hold (its target vocabulary less the special
-    tokens no target holds: padding, the start and the separator; the end of sequence is predicted); a decoder's
-    vocabulary. None when the run did not record them, or for token tagging (its loss is summed over a sequence's
-    tokens, not one choice); a decoder scored on its answers only (recall, retrieval), the tokens an answer can
-    hold. Counting the never-targets, a model that learned nothing of its input (on reversal 2.354 nats against
-    ln 11 = 2.40 for a guess over the 10 symbols and the end) sat at 89% of ln 14 and went unwarned; counting a
-    recall task's whole vocabulary (36 tokens), a model that guessed among its 16 values (ln 16 = 2.77) sat at 77%
-    of ln 36."""
-
-    def count(key: str) -> int | None:
-        try:
-            n = int(str(params.get(f"params.model.{key}")))
-        except ValueError:
-            return None
-        return n if n >= 2 else None
-
-    arch = str(params.get("params.model.arch", ""))
-    if arch == "encoder":
-        return None if str(params.get("params.model.classifier")) == "token" else count("n_classes")
-    if arch == "encoder_decoder":
-        vocabulary = count("tgt_vocab_size") or count("vocab_size")
-        return None if vocabulary is None else max(2, vocabulary - len(NEVER_TARGETS))
-    if arch != "decoder":
-        return None
-    task = str(params.get("params.task.name", ""))
-    if task in ANSWER_CHOICES:
-        return _answer_choices(params, task)
-    return count("vocab_size")
-
-
-def _answer_choices(params: dict[str, Any], task: str) -> int | None:
-    """How many tokens an answer of ``task`` can hold: its params' count, or the task's default where the run
-    file left it out (MLflow's params hold the task's keys as written)."""
-    from models.tasks import TASKS
-
-    key = ANSWER_CHOICES[task]
-    value = params.get(f"params.task.{key}")
-    try:
-        n = int(str(value)) if value is not None else getattr(TASKS[task].Params(), key)
-    except ValueError:
-        return None
-    return n if n >= 2 else None
+def output_classes(row: dict[str, Any]) -> int | None:
+    """How many classes a cell's loss is over, as its task declared it with the run (``Task.output_classes``;
+    ``record.recorded.legacy_output_classes`` for older runs): None where unknown."""
+    n = row.get("output_classes")
+    return int(n) if isinstance(n, int | float) and math.isfinite(n) and n >= 2 else None
 
 
 def chance_kind(metric: str) -> str | None:

@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboards.caveats import ANSWER_CHOICES
 from record.recorded import CellRun, RecordedDesign, Registration, registrations, submission_number
 from record.secrets import redact_url
 from record.vocabulary import (
@@ -39,7 +38,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no pro
 # what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the model's
 # every field (the size of the output the loss is over, from which the report knows the level of a uniform guess;
 # variants that are one model family under two names, caveats.py), and the task's name and what an answer holds
-PARAMS_KEPT = ("task.name", *(f"task.{key}" for key in ANSWER_CHOICES.values()))
+PARAMS_KEPT = ("task.name",)
+OUTPUT_CLASSES = "output_classes"  # the column of the classes a cell's loss is over (its task's declaration)
 MODEL_PARAMS = "model."
 PARAMS_PREFIX = "params."
 OTHER_CODE = "other code"  # a cell's state when only other code than its study's latest submission trained it
@@ -172,6 +172,7 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
         "ray_node": r.ray_node,
         "start_time": r.start_time,
         "end_time": r.end_time,
+        OUTPUT_CLASSES: r.output_classes,
     }
     row.update({PARAMS_PREFIX + k: v for k, v in r.params.items() if k in PARAMS_KEPT or k.startswith(MODEL_PARAMS)})
     if metrics:

@@ -144,11 +144,13 @@ class CellRun:
     end_time: int | None
     metrics: dict[str, float]
     params: dict[str, str]
+    output_classes: int | None = None  # the classes its loss is over, as its task declared (None: unknown)
 
     @classmethod
     def of(cls, run) -> CellRun:
         tags = run.data.tags
         seed = tags.get(vocabulary.TAG_SEED, "")
+        declared = tags.get(vocabulary.TAG_OUTPUT_CLASSES)
         return cls(
             run_id=run.info.run_id,
             cell_id=tags.get(vocabulary.TAG_CELL_ID, run.info.run_id),
@@ -162,7 +164,45 @@ class CellRun:
             end_time=run.info.end_time,
             metrics=dict(run.data.metrics),
             params=dict(run.data.params),
+            output_classes=(int(declared) if declared else None)
+            if declared is not None
+            else legacy_output_classes(run.data.params),
         )
+
+
+# --- runs recorded before their task declared its classes (the scoring.classes tag) ---------------------------
+
+NEVER_TARGETS = 3  # padding, the start and the separator: what no sequence-to-sequence target holds
+ANSWER_CHOICES = {"recall": "values", "retrieval": "symbols"}  # the task param that counted an answer's tokens
+
+
+def legacy_output_classes(params: dict[str, str]) -> int | None:
+    """What ``models.tasks.Task.output_classes`` declares, worked out from an older run's params as the report did
+    before runs recorded it (the one adapter for those stores; a new task needs no entry here)."""
+
+    def count(key: str) -> int | None:
+        try:
+            n = int(str(params.get(key)))
+        except ValueError:
+            return None
+        return n if n >= 2 else None
+
+    arch = str(params.get("model.arch", ""))
+    if arch == "encoder":
+        return None if str(params.get("model.classifier")) == "token" else count("model.n_classes")
+    if arch == "encoder_decoder":
+        vocabulary_size = count("model.tgt_vocab_size") or count("model.vocab_size")
+        return None if vocabulary_size is None else max(2, vocabulary_size - NEVER_TARGETS)
+    if arch != "decoder":
+        return None
+    task = str(params.get("task.name", ""))
+    if task not in ANSWER_CHOICES:
+        return count("model.vocab_size")
+    from models.tasks import TASKS  # a run file that left the count out took the task's default
+
+    key = ANSWER_CHOICES[task]
+    given = params.get(f"task.{key}")
+    return count(f"task.{key}") if given is not None else getattr(TASKS[task].Params(), key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,4 +277,12 @@ def submission_number(run) -> int:
     return int(run.data.tags.get(vocabulary.TAG_SUBMISSION, 0))
 
 
-__all__ = ["CellRun", "RecordedDesign", "Registration", "recorded_plugins", "registrations", "submission_number"]
+__all__ = [
+    "CellRun",
+    "legacy_output_classes",
+    "RecordedDesign",
+    "Registration",
+    "recorded_plugins",
+    "registrations",
+    "submission_number",
+]

@@ -43,6 +43,8 @@ TAG_CONFIG_HASH = "config_hash"  # the hash of what a run trains (a cell's equal
 TAG_TASK, TAG_ARCH, TAG_WORKERS = "task", "arch", "workers"
 TAG_PID, TAG_HOST, TAG_CODE_DIR = "pid", "host", "code_dir"  # the process that trains, and the code it runs
 TAG_DEVICE = "device"  # what a run trains on: the GPU's name, or "cpu (<architecture>)"
+# what comparing needs of a run's task: the classes its loss is over (its chance level), as the task declares it
+TAG_OUTPUT_CLASSES = "scoring.classes"
 TAG_PLUGIN_PREFIX = "plugin."  # plugin.<module>: the source digest of a plugin whose components the run uses
 TAG_PLUGINS = "plugins"  # a submission's: the plugins it loaded, as JSON (module, path, digest)
 PLUGINS_ARTIFACT = "plugins.json"  # those plugins' source files and digests, where they were imported from

@@ -26,6 +26,7 @@ from models.config import ConfigError
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 FIRST_SYMBOL = 4  # task symbols start here
+NEVER_TARGETS = (PAD, BOS, SEP)  # the special tokens a sequence-to-sequence target never holds (EOS it does)
 
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
@@ -124,6 +125,18 @@ class Task:
         """The split as a ``datasets.Dataset`` (generated, cached by fingerprint)."""
         raise NotImplementedError
 
+    def output_classes(self, model: Any) -> int | None:
+        """How many classes a run's loss is over, for its chance level (a uniform guess scores ln C), recorded with
+        every run for comparing to read: an encoder's classes; the tokens an encoder-decoder's target can hold (its
+        target vocabulary less ``NEVER_TARGETS``); a decoder's vocabulary. None for token tagging (its loss sums
+        over a sequence's tokens, not one choice). A task scored on part of its tokens overrides it (recall: its
+        answers are values). ``model``: the run's ModelConfig."""
+        if model.arch == "encoder":
+            return None if model.classifier == "token" else _at_least_two(model.n_classes)
+        if model.arch == "encoder_decoder":
+            return max(2, (model.tgt_vocab_size or model.vocab_size) - len(NEVER_TARGETS))
+        return _at_least_two(model.vocab_size)
+
     def target_positions(self, split: str) -> int:
         """seq2seq: the most target positions (end of sequence included) of the split, whose decoded error is
         logged position by position after training (``<split>/error_at_<k>``); 0: none."""
@@ -147,6 +160,10 @@ class Task:
         """``spec`` as it enters a run's identity (``RunConfig.config_hash``): each local file it reads named by the
         digest of its contents, not by its path (an edited file is other data, one file at two paths the same)."""
         return spec
+
+
+def _at_least_two(n: int | None) -> int | None:
+    return n if n is not None and n >= 2 else None
 
 
 @functools.cache

@@ -65,6 +65,11 @@ class RecallTask(Task):
     archs = ("decoder",)
     Params = RecallParams
 
+    def output_classes(self, model) -> int:
+        """Only the answers are scored, each one of the values: a model that knows which tokens are values but
+        not which one is asked guesses among them (ln values), not among the vocabulary."""
+        return self.params.values
+
     @property
     def vocab_size(self) -> int:
         return FIRST_SYMBOL + self.params.keys + self.params.values

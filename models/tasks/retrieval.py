@@ -53,6 +53,11 @@ class RetrievalTask(Task):
     archs = ("decoder",)
     Params = RetrievalParams
 
+    def output_classes(self, model) -> int:
+        """Only the answers are scored, each one of the symbols: a model that knows which tokens are symbols but
+        not which one is asked guesses among them (ln symbols), not among the vocabulary."""
+        return self.params.symbols
+
     @property
     def vocab_size(self) -> int:
         return FIRST_SYMBOL + self.params.symbols

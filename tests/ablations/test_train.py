@@ -120,6 +120,7 @@ def assert_run_recorded(uri: str, experiment: str, run, result) -> None:
 
     assert tags["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({_arch()})")
     assert tags["config_hash"] == run.config_hash()
+    assert tags["scoring.classes"] == str(run.task.output_classes(run.model))  # what comparing reads of the task
     assert len(tags["git_sha"]) == 40 and tags["code_version"].startswith(tags["git_sha"][:12])
     # per-step metrics: training every log_every steps, validation every val_every steps
     train_loss = c.get_metric_history(result.run_id, "train/loss")

@@ -22,7 +22,7 @@ from dashboards.load import load_runs
 from dashboards.render import to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
-from record import stats
+from record import stats, vocabulary
 from record.spec.analysis_parts import Warn
 from tests.dashboards.test_report import fill, flips
 
@@ -159,8 +159,11 @@ def test_compare_lists_the_warnings_of_each_conclusion(store):
         ({}, None),  # an older run without params: unknown, no warning
     ],
 )
-def test_the_classes_a_loss_is_over(params, classes):
-    assert caveats.output_classes({f"params.{k}": v for k, v in params.items()}) == classes
+def test_the_classes_an_older_runs_loss_is_over(params, classes):
+    """Runs recorded before their task declared its classes: the one adapter works them out from the params."""
+    from record.recorded import legacy_output_classes
+
+    assert legacy_output_classes(params) == classes
 
 
 def test_an_encoder_decoder_that_learned_nothing_of_its_input_is_near_chance():
@@ -168,11 +171,12 @@ def test_an_encoder_decoder_that_learned_nothing_of_its_input_is_near_chance():
     over 10 symbols, above ln 10 = 2.30, what a guess that ignores the input scores; over its 14-token vocabulary
     (ln 14 = 2.64) it sat at 89% and was not warned of. Its targets hold 11 tokens (the symbols and the end)."""
     from models.tasks import make_task
+    from record.spec.run import resolve_run
 
     task = make_task({"name": "reverse", "symbols": 10})
-    params = {"params.model.arch": "encoder_decoder", "params.model.vocab_size": str(task.vocab_size)}
-    assert caveats.output_classes(params) == 11
-    classes = {"post, no warm-up": caveats.output_classes(params), "pre": caveats.output_classes(params)}
+    run = resolve_run({"task": {"name": "reverse", "symbols": 10}, "model": {"d_model": 16, "n_heads": 2}})
+    assert task.output_classes(run.model) == 11 == caveats.output_classes({"output_classes": 11.0})
+    classes = {"post, no warm-up": 11, "pre": 11}
     c = caveats.near_chance({"post, no warm-up": (2.354, 9), "pre": (0.026, 9)}, classes, "final/val_loss", Warn())
     assert c is not None and c.variants == ("post, no warm-up",) and "ln 11" in c.text
 
@@ -220,6 +224,26 @@ def test_an_answer_scored_decoder_is_judged_over_what_its_answers_hold(store, ta
     fill(store, "answers", values, metric="final/val_loss", direction="minimize", params={v: params for v in values})
     (c,) = [c for c in build(load_runs(store, "answers")).caveats if c.kind == "chance"]
     assert c.variants == ("guesses",) and f"ln {len(answers)} = {guess:.3g}" in c.text
+
+
+def test_the_classes_are_read_from_what_the_runs_task_declared(store):
+    """A researcher's own task (a plugin) declares its classes; the report reads them from its runs, with no entry
+    in the comparing code: 5 answer classes, although its decoder's vocabulary (its params) holds 300 tokens."""
+    params = {"model.arch": "decoder", "model.vocab_size": "300", "task.name": "my_own_task"}
+    guess = uniform_guess_loss(5)
+    values = {"guesses": {s: guess + 0.01 * s for s in range(5)}, "learns": {s: 0.3 + 0.01 * s for s in range(5)}}
+    tags = {v: {vocabulary.TAG_OUTPUT_CLASSES: "5"} for v in values}
+    fill(
+        store,
+        "own",
+        values,
+        metric="final/val_loss",
+        direction="minimize",
+        params={v: params for v in values},
+        tags=tags,
+    )
+    (c,) = [c for c in build(load_runs(store, "own")).caveats if c.kind == "chance"]
+    assert c.variants == ("guesses",) and f"ln 5 = {guess:.3g}" in c.text
 
 
 def test_near_chance_by_its_definition():

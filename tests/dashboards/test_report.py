@@ -52,12 +52,14 @@ def fill(
     train_curves: dict[tuple[str, int], list[tuple[int, float]]] | None = None,
     code: str | None = None,
     plan: dict | None = None,
+    tags: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """A study as a sweep records it: a parent run with design.json (with the study's ``analysis`` section when
     given), one child run per cell (``extra``: more metrics of a cell; ``params``: variant -> the run's params,
     the flattened configuration; ``curves``: a cell's val/loss history [(step, value)], by default one that
     levelled off long before its last step; ``train_curves``: its train/loss history, none by default)."""
     c = MlflowClient(uri)
+    given = tags or {}  # variant -> more tags of its cells' runs
     exp_id = tracking.experiment_id(uri, study)  # artifacts beside the store, as every study's
     settings = settings or {v: {"model.variant": v} for v in values}
     parent = c.create_run(
@@ -94,7 +96,7 @@ def fill(
                 "status_detail": state,
                 **({"code_fingerprint": code} if code is not None else {}),
             }
-            run = c.create_run(exp_id, tags=tags, run_name=f"{variant} | seed {seed}")
+            run = c.create_run(exp_id, tags={**tags, **(given.get(variant, {}))}, run_name=f"{variant} | seed {seed}")
             now = int(time.time() * 1000)
             points = [(metric, value, 0)] if value is not None else []
             points += [(k, v, 0) for k, v in (extra or {}).get((variant, seed), {}).items()]
