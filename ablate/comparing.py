@@ -12,9 +12,9 @@ from ablate.exits import OK, error, ready
 
 def report(args: argparse.Namespace) -> int:
     from ablations import tracking
-    from dashboards.load import NoResults
     from dashboards.render import RENDERERS
     from dashboards.report import make_report
+    from record.runs import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     for line in _recorded_plugins(uri, args.study):
@@ -79,8 +79,8 @@ def heads(args: argparse.Namespace) -> int:
     """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module."""
     from ablations import tracking
     from dashboards.heads import check_options, format_heads, head_ablation, save_heads
-    from dashboards.load import NoResults
     from dashboards.pruning import format_pruning, save_pruning, study_pruning
+    from record.runs import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
@@ -126,7 +126,7 @@ def compare(args: argparse.Namespace) -> int:
     from ablations import tracking
     from dashboards.compare import compare as changes_between
     from dashboards.compare import format_changes
-    from dashboards.load import NoResults
+    from record.runs import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:

@@ -83,7 +83,6 @@ def _dry_run(study, args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         claims_url=args.claims,
         reuse_any_code=args.reuse_any_code,
-        next_cells=_decider(study, args.tracking_uri, create=False),
     )
     if pilot := _pilot(study, args.tracking_uri, args.pilot):
         print(pilot)
@@ -103,7 +102,6 @@ def _submit(study, args: argparse.Namespace) -> int:
             num_cpus=args.cpus,
             claims_url=args.claims,
             reuse_any_code=args.reuse_any_code,
-            next_cells=_decider(study, args.tracking_uri),
         )
     except ValueError as err:
         return error(str(err))
@@ -118,18 +116,6 @@ def _submit(study, args: argparse.Namespace) -> int:
     flag = "" if args.tracking_uri is None else " --tracking-uri " + args.tracking_uri
     print(f"report: ablate report {study.name}{flag}   browse: {browse_hint(result.tracking_uri, study.name)}")
     return OK if result.complete else FAILED
-
-
-def _decider(study, tracking_uri: str | None, create: bool = True):
-    """A seed plan's looks, decided by the comparing side (dashboards/looks.py), for the sweep to ask which
-    cells come next; None without a plan."""
-    if study.plan is None:
-        return None
-    from ablations import tracking
-    from dashboards.looks import wanted
-
-    uri = tracking.resolve_uri(tracking_uri, create=create)
-    return lambda: wanted(uri, study.name, study.variants, study.plan, study.analysis)
 
 
 def _pilot(study, tracking_uri: str | None, submission: int | None = None) -> str | None:

@@ -20,6 +20,7 @@ from models import plugins
 from record import stats
 from record.spec.analysis_parts import Warn
 from record.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
+from record.spec.metrics import chance_kind, chance_share
 
 
 @dataclass(frozen=True)
@@ -94,38 +95,6 @@ def own_warnings(view: TableView) -> list[Caveat]:
 
 
 # --- near chance ----------------------------------------------------------------------------------------------
-
-
-def output_classes(row: dict[str, Any]) -> int | None:
-    """How many classes a cell's loss is over, as its task declared it with the run (``Task.output_classes``;
-    ``record.recorded.legacy_output_classes`` for older runs): None where unknown."""
-    n = row.get("output_classes")
-    return int(n) if isinstance(n, int | float) and math.isfinite(n) and n >= 2 else None
-
-
-def chance_kind(metric: str) -> str | None:
-    """loss | ppl | accuracy: a metric whose uniform-guess level is known from the number of classes."""
-    name = metric.rsplit("/", 1)[-1]
-    if name.endswith("loss"):
-        return "loss"
-    if name.endswith(("ppl", "perplexity")):
-        return "ppl"
-    if name.endswith("length_acc"):  # over predicted lengths, not classes
-        return None
-    if name.endswith(("accuracy", "acc", "exact_match")):
-        return "accuracy"
-    return None
-
-
-def chance_share(value: float, kind: str, classes: int) -> float:
-    """How far ``value`` sits from perfect towards a uniform guess over ``classes``: 1 at chance, 0 perfect. A
-    uniform guess scores a loss of ln C, a perplexity of C and an accuracy of 1/C (an exact match of a whole
-    sequence at most 1/C); a loss share is value / ln C, an accuracy's (1 − value) / (1 − 1/C)."""
-    if kind == "loss":
-        return value / math.log(classes)
-    if kind == "ppl":
-        return math.log(max(value, 1e-300)) / math.log(classes)
-    return (1 - value) / (1 - 1 / classes)
 
 
 def _chance_words(value: float, kind: str, classes: int, metric: str) -> str:
@@ -423,13 +392,10 @@ __all__ = [
     "Best",
     "Caveat",
     "best_variant",
-    "chance_kind",
-    "chance_share",
     "coinciding_scores",
     "few_seeds",
     "near_chance",
     "not_converged",
-    "output_classes",
     "param_ratio",
     "same_family",
     "recent_fall",

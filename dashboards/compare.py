@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dashboards.load import load_runs
 from dashboards.table import Table, build
+from record.runs import load_runs
 
 
 @dataclass

@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dashboards.load import load_runs
 from record import stats, vocabulary
+from record.runs import load_runs
 from record.spec import resolve_run
 
 T = TypeVar("T")

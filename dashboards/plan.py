@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboards.load import NoResults, load_runs
 from dashboards.render import number_text
 from dashboards.table import Table, build
 from record import stats
+from record.runs import NoResults, load_runs
 from record.secrets import redact_url
 from record.spec.analysis import Analysis
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from dashboards.load import StudyRuns
 from dashboards.table import COSTS, Table
+from record.runs import StudyRuns
 from record.spec.metrics import better
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dashboards.heads import each_model, load_trained, trained_cells
-from dashboards.load import load_runs
 from record import stats
+from record.runs import load_runs
 
 FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
 RANDOM_ORDERS = 5

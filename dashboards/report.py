@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dashboards import export, looks
-from dashboards.load import StudyRuns, client, load_runs
 from dashboards.plots import all_figures
 from dashboards.render import (
     PATH_HEAD,
@@ -36,6 +35,7 @@ from dashboards.render import (
 )
 from dashboards.table import Table
 from record import stats, vocabulary
+from record.runs import StudyRuns, client, load_runs
 from record.secrets import redact_url
 
 CSS = """

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dashboards.load import StudyRuns
 from dashboards.plots import PALETTE, curves, forest_label
 from dashboards.table import Table
+from record.runs import StudyRuns
 
 
 def _finish(ax, xlabel: str, ylabel: str, title: str, title_size: float | None = None) -> None:

@@ -1,7 +1,7 @@
 """Each contrast's verdict for a reader: the verdict in words with its numbers, why it is not decided, and the
 next step as a command to copy (``readings``), which every rendering leads with. The words come from the tests
 only: "equivalent" only after a margin test that passed, seed counts only as measured, "not testable here" from
-dashboards/testable.py (docs/statistics.md, "Verdicts").
+record/testable.py (docs/statistics.md, "Verdicts").
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from dashboards.table import Table
-from dashboards.testable import NOT_TESTABLE
 from record import stats
+from record.testable import NOT_TESTABLE
 
 MAX_SEEDS_ADVISED = 100  # beyond, "add seeds" is no advice: the difference is small against the seeds' spread
 

@@ -17,6 +17,7 @@ from record.spec.decides import BY_ITS_FIELDS, EVERY, ITS_OWN, NONE, decides
 from record.spec.declaration import digest
 from record.spec.seedplan import SeedPlan
 
+Setting = str | int | float | bool | None  # a design value: the sweep writes strings, older sweeps wrote some as given
 SCHEMA = 2  # design.json's version; 1: every design.json written before it said its version (read the same way)
 
 
@@ -33,7 +34,7 @@ class RecordedDesign(BaseModel):
     metric: str = Field("final/val_loss", json_schema_extra=decides(EVERY))
     direction: str = Field("minimize", json_schema_extra=decides(EVERY))
     # name -> the settings that define it
-    variants: dict[str, dict[str, str]] = Field(default_factory=dict, json_schema_extra=decides(ITS_OWN))
+    variants: dict[str, dict[str, Setting]] = Field(default_factory=dict, json_schema_extra=decides(ITS_OWN))
     # cell id -> variant (its name in this design); a cell keeps its id when the design grows (a new axis at the
     # base's value), but its label changes
     cells: dict[str, str] = Field(default_factory=dict, json_schema_extra=decides(ITS_OWN))
@@ -89,7 +90,7 @@ class RecordedDesign(BaseModel):
         return data
 
     @field_serializer("variants")
-    def _variants_listed(self, variants: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    def _variants_listed(self, variants: dict[str, dict[str, Setting]]) -> list[dict[str, Any]]:
         return [{"name": v, "settings": s} for v, s in variants.items()]
 
     @field_serializer("analysis")

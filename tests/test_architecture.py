@@ -241,7 +241,7 @@ def tag_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_no_tag_name_is_written_or_read_outside_the_vocabulary(tmp_path):
-    """Issue 47: dashboards/load.py read "cell_id", "submission" and "axis." as literal strings beside the
+    """Issue 47: record/runs.py read "cell_id", "submission" and "axis." as literal strings beside the
     vocabulary module; every tag the product writes or reads is now a name of record/vocabulary.py."""
     strays = [
         f"{path.relative_to(ROOT)}:{line}: {value!r}"

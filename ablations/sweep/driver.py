@@ -28,7 +28,7 @@ from ablations.packing import check_before, check_on_cluster
 from ablations.register import register
 from ablations.shell import close_ray, cluster_address, open_ray, refuse_unreachable
 from ablations.sweep.placement import describe_cluster, trial_slots
-from ablations.sweep.plan import Plan, format_rows, plan, summarize, unresolvable_warning
+from ablations.sweep.plan import Plan, format_rows, plan, seed_plan_cells, summarize, unresolvable_warning
 from ablations.sweep.raytune import run_tune
 from ablations.sweep.submission import Keeper, end_dead_submissions, open_submission
 from ablations.sweep.trial import TrialContext
@@ -65,14 +65,13 @@ def run_study(
     num_cpus: int | None = None,
     claims_url: str | None = None,
     reuse_any_code: bool = False,
-    next_cells: Callable[[], tuple[set[tuple[str, int]], bool]] | None = None,
     out: Callable[[str], None] = print,
 ) -> StudyResult:
     """Run the cells of a study that MLflow does not hold yet (trained by this code, unless ``reuse_any_code``);
     return the summary from MLflow. Cells are claimed first (``ablations.claims``): several submissions of one
     study may run at once, each training what it claims and waiting for the rest. A study with a seed plan trains
-    in batches: ``next_cells()`` says which (variant, seed) the plan needs now and whether it has ended (the CLI
-    gives it: the decisions are the comparing side's, dashboards/looks.py)."""
+    in batches: after each, its looks say which (variant, seed) the plan needs now and whether it has ended
+    (``seed_plan_cells``: the family judged as the report judges it, ``record.looks``)."""
     from ablations.cluster import check_fits
 
     address = cluster_address(address)
@@ -99,8 +98,7 @@ def run_study(
         from ablations.search.tuned import tune_study
 
         study = tune_study(study, uri=uri, address=address, num_cpus=num_cpus, storage=None, out=out)
-    if study.plan is not None and next_cells is None:
-        raise ValueError(f"{study.source}: a seed plan is decided look by look: submit it with `ablate sweep`")
+    next_cells = seed_plan_cells(study, uri)
     p = _planned(study, plan(study, uri, code), next_cells)
     if p.todo:
         fits()  # before anything is recorded

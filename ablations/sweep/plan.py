@@ -117,3 +117,17 @@ def format_rows(study: Study, rows: list[dict[str, Any]]) -> str:
             f"{r['variant']:<{width}}  {r['seed']:>4}  {r['state']:<9}  {value:>20}  {r['attempts']:>8}  {r['run_id']}"
         )
     return "\n".join(lines)
+
+
+def seed_plan_cells(study: Study, uri: str) -> Callable[[], tuple[set[tuple[str, int]], bool]] | None:
+    """A seed plan's next cells, asked after every batch: which (variant, seed) its looks need now and whether it
+    has ended, decided from the store's results as the report will judge them (``record.looks``). None: no plan."""
+    if study.plan is None:
+        return None
+
+    def next_cells() -> tuple[set[tuple[str, int]], bool]:
+        from record.looks import wanted
+
+        return wanted(uri, study.name, study.variants, study.plan, study.analysis)
+
+    return next_cells

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ablations import stores, tracking
-from ablations.sweep.plan import Plan, describe_plan, plan
+from ablations.sweep.plan import Plan, describe_plan, plan, seed_plan_cells
 from ablations.sweep.submission import live_notes
 from record.secrets import redact_url
 from record.spec import Study
@@ -20,11 +20,10 @@ def dry_run(
     tracking_uri: str | None,
     claims_url: str | None,
     reuse_any_code: bool,
-    next_cells: Callable[[], tuple[set[tuple[str, int]], bool]] | None = None,
     out: Callable[[str], None] = print,
 ) -> list[str]:
     """What the sweep would do, said through ``out``; returned: what would stop it (a tuned variant's search).
-    A seed plan's ``next_cells`` (as ``run_study``'s) narrows the cells to those of the look it has reached."""
+    A seed plan's cells are narrowed to those of the look it has reached."""
     from ablations.register import status
 
     uri = tracking.resolve_uri(tracking_uri, create=False)
@@ -52,7 +51,7 @@ def dry_run(
         return problems
     code = None if reuse_any_code or study.reuse_any_code else tracking.code_fingerprint()
     p = plan(study, uri, code)
-    if next_cells is not None:  # a seed plan: the look it has reached, not every seed up to its maximum
+    if (next_cells := seed_plan_cells(study, uri)) is not None:  # the look it has reached, not every seed to max
         wanted, _ = next_cells()
         p = Plan([c for c in p.todo if (c.variant, c.seed) in wanted], p.done, p.stale)
         out(f"seed plan: the cells of the look it has reached ({len(wanted)} of {len(study.cells)} up to its maximum)")

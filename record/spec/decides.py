@@ -1,5 +1,5 @@
 """Whether a declared field decides verdicts: every field of the study record says so, and what a late change of it
-makes exploratory follows from the mark (``dashboards/exploratory.py``), so a new key cannot escape it silently."""
+makes exploratory follows from the mark (``record/exploratory.py``), so a new key cannot escape it silently."""
 
 from __future__ import annotations
 

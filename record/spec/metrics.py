@@ -13,6 +13,7 @@ A run logs, for every split its task evaluates:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
@@ -182,3 +183,28 @@ def pruned_on(given: str | None, metric: str, direction: str, reported: set[str]
             f"would stop the best trials; prune on a validation metric that moves with it ({', '.join(along)})"
         )
     return prune_on, None
+
+
+def chance_kind(metric: str) -> str | None:
+    """loss | ppl | accuracy: a metric whose uniform-guess level is known from the number of classes."""
+    name = metric.rsplit("/", 1)[-1]
+    if name.endswith("loss"):
+        return "loss"
+    if name.endswith(("ppl", "perplexity")):
+        return "ppl"
+    if name.endswith("length_acc"):  # over predicted lengths, not classes
+        return None
+    if name.endswith(("accuracy", "acc", "exact_match")):
+        return "accuracy"
+    return None
+
+
+def chance_share(value: float, kind: str, classes: int) -> float:
+    """How far ``value`` sits from perfect towards a uniform guess over ``classes``: 1 at chance, 0 perfect. A
+    uniform guess scores a loss of ln C, a perplexity of C and an accuracy of 1/C (an exact match of a whole
+    sequence at most 1/C); a loss share is value / ln C, an accuracy's (1 − value) / (1 − 1/C)."""
+    if kind == "loss":
+        return value / math.log(classes)
+    if kind == "ppl":
+        return math.log(max(value, 1e-300)) / math.log(classes)
+    return (1 - value) / (1 - 1 / classes)

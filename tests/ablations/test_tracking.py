@@ -76,7 +76,7 @@ def test_a_store_moved_with_its_artifacts_is_followed(tmp_path, capsys):
     import shutil
 
     from ablations import tracking
-    from dashboards.load import load_runs
+    from record.runs import load_runs
     from tests.dashboards.test_report import fill
 
     first = tmp_path / "first" / ".store"

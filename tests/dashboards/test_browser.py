@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from dashboards.load import load_runs
 from dashboards.report import make_report
+from record.runs import load_runs
 from tests.conftest import mlflow_server
 from tests.dashboards.test_report import three_variants
 

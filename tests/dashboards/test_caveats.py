@@ -18,11 +18,11 @@ from scipy import special
 
 from dashboards import caveats
 from dashboards.compare import compare, format_changes
-from dashboards.load import load_runs
 from dashboards.render import to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
 from record import stats, vocabulary
+from record.runs import load_runs, output_classes
 from record.spec.analysis_parts import Warn
 from tests.dashboards.test_report import fill, flips
 
@@ -175,7 +175,7 @@ def test_an_encoder_decoder_that_learned_nothing_of_its_input_is_near_chance():
 
     task = make_task({"name": "reverse", "symbols": 10})
     run = resolve_run({"task": {"name": "reverse", "symbols": 10}, "model": {"d_model": 16, "n_heads": 2}})
-    assert task.output_classes(run.model) == 11 == caveats.output_classes({"output_classes": 11.0})
+    assert task.output_classes(run.model) == 11 == output_classes({"output_classes": 11.0})
     classes = {"post, no warm-up": 11, "pre": 11}
     c = caveats.near_chance({"post, no warm-up": (2.354, 9), "pre": (0.026, 9)}, classes, "final/val_loss", Warn())
     assert c is not None and c.variants == ("post, no warm-up",) and "ln 11" in c.text

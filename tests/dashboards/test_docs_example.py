@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from dashboards.load import load_runs
 from dashboards.plan import pilot_plan
 from dashboards.render import to_markdown
 from dashboards.report import effects_markdown
 from dashboards.table import build
+from record.runs import load_runs
 from tests.conftest import ROOT
 from tests.dashboards.test_report import fill
 

@@ -9,9 +9,9 @@ import io
 import sqlite3
 import tarfile
 
-from dashboards.load import load_runs
 from dashboards.render import records_csv, to_markdown
 from dashboards.table import build
+from record.runs import load_runs
 from tests.conftest import ROOT
 from tests.fixtures.make_legacy_store import EXPECTED, FIXTURE_ROOT
 

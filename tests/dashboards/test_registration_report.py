@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from ablations.register import register
-from dashboards.load import load_runs
 from dashboards.render import to_markdown
 from dashboards.report import make_report
 from dashboards.table import build
+from record.runs import load_runs
 from record.spec import load_study
 from tests.conftest import ROOT
 from tests.dashboards.test_legacy_store import relocated_store
@@ -174,7 +174,7 @@ def test_what_an_amendment_after_results_changes_makes_exploratory():
     """Changes after results of a contrast's cells: a margin or the seeds move every contrast; a variant's settings
     only the contrasts that compare it; a change made before its cells had results moves none; an edited record
     makes everything exploratory."""
-    from dashboards.exploratory import exploratory
+    from record.exploratory import exploratory
     from record.recorded import Registration
     from record.spec.declaration import digest
 

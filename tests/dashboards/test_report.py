@@ -20,10 +20,10 @@ from scipy import stats as sps
 
 from ablations import tracking
 from dashboards.compare import compare
-from dashboards.load import NoResults, load_runs
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
+from record.runs import NoResults, load_runs
 
 SEEDS = [0, 1, 2, 3, 4]
 
@@ -495,7 +495,7 @@ def test_a_misspelt_baseline_gets_the_nearest_variant(store):
 
 
 def test_a_submission_that_trained_nothing_is_named_with_the_submissions_there(store):
-    from dashboards.load import NoResults
+    from record.runs import NoResults
 
     three_variants(store)
     with pytest.raises(NoResults) as info:

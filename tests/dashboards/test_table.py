@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from dashboards.load import load_runs
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
 from record import stats
+from record.runs import load_runs
 from tests.dashboards.test_report import fill, flips, table_part
 from tests.record.test_stats import fisher_by_enumeration, holm_by_definition
 

@@ -864,9 +864,9 @@ def test_a_tuned_ablation_tunes_each_variant_then_runs_its_best_over_the_seeds(t
         expected = (math.log(lr) - math.log(1e-5)) / (math.log(3e-2) - math.log(1e-5))
         assert where["position"] == pytest.approx(expected, abs=1e-3)
         assert where["edge"] == ("low" if expected <= 0.05 else "high" if expected >= 0.95 else None)
-    from dashboards.load import load_runs
     from dashboards.render import to_markdown
     from dashboards.table import build
+    from record.runs import load_runs
 
     table = build(load_runs(store, "tuned"))  # the ablation table says what each variant's search chose
     assert {r["variant"]: r["tuned"] for r in table.as_records()} == {v: f"lr={lr:.3g}" for v, lr in best.items()}

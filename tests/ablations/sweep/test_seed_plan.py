@@ -14,9 +14,10 @@ from collections import Counter
 import pytest
 
 from ablate.main import main
-from dashboards.load import load_runs as load_runs
-from dashboards.looks import path, path_rows, plan_of
+from dashboards.looks import path_rows
 from dashboards.looks import table as sequential_table
+from record.looks import path, plan_of
+from record.runs import load_runs as load_runs
 from record.vocabulary import cell_state
 from tests.ablations.sweep.test_sweep import REVERSE, runs_of, wait_for, write_study
 from tests.conftest import ROOT

@@ -1,13 +1,13 @@
 """Issue 72: every field of the study record says whether it decides verdicts, and what a late change makes
 exploratory follows from the marks: a new key cannot escape the exploratory marking silently (before, it was a set
-of strings in dashboards/exploratory.py that a new analysis key was simply not in)."""
+of strings in record/exploratory.py that a new analysis key was simply not in)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, Field
 
-from dashboards import exploratory
+from record import exploratory
 from record.recorded import RecordedDesign
 from record.spec.analysis import Analysis
 from record.spec.decides import EVERY, ITS_OWN, MARKS, NONE, decides, keys_marked, marks
@@ -35,7 +35,7 @@ def test_what_a_late_change_makes_exploratory_follows_from_the_marks():
     assert keys_marked(Analysis, EVERY, "analysis.") <= exploratory.EVERY_CONTRAST
     assert keys_marked(Declaration, EVERY) <= exploratory.EVERY_CONTRAST
     per_contrast = keys_marked(Declaration, ITS_OWN) | keys_marked(Analysis, ITS_OWN, "analysis.")
-    assert per_contrast == set(exploratory.PER_CONTRAST), "teach dashboards.exploratory._changed_for the new key"
+    assert per_contrast == set(exploratory.PER_CONTRAST), "teach record.exploratory._changed_for the new key"
     assert not keys_marked(Analysis, NONE, "analysis.") & exploratory.EVERY_CONTRAST
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboards import caveats
 from record.spec.analysis_parts import Converged, Expect
+from record.spec.metrics import chance_kind
 
 NOT_TESTABLE = "not testable here"
 
@@ -34,7 +34,7 @@ def bounds(metric: str, classes: int | None, majority: float | None) -> Bounds |
     """The span an accuracy, loss or perplexity can take where a model that learned nothing sits at one end: an
     accuracy from the majority class's share (or a uniform guess's 1/C; 0 for an exact match of whole sequences)
     to 1; a loss from 0 to ln C, a perplexity from 1 to C (a uniform guess). None for other metrics."""
-    kind = caveats.chance_kind(metric)
+    kind = chance_kind(metric)
     if kind == "accuracy":
         if metric.endswith("exact_match"):
             return Bounds(0.0, "no sequence right", 1.0, "a perfect score")

@@ -36,8 +36,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no pro
 
 
 # what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the model's
-# every field (the size of the output the loss is over, from which the report knows the level of a uniform guess;
-# variants that are one model family under two names, caveats.py), and the task's name and what an answer holds
+# every field (variants that are one model family under two names, dashboards/caveats.py) and the task's name
 PARAMS_KEPT = ("task.name",)
 OUTPUT_CLASSES = "output_classes"  # the column of the classes a cell's loss is over (its task's declaration)
 MODEL_PARAMS = "model."
@@ -179,6 +178,13 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
         row.update(r.metrics)
         row[NONFINITE] = ",".join(k for k, v in r.metrics.items() if not math.isfinite(v))
     return row
+
+
+def output_classes(row: dict[str, Any]) -> int | None:
+    """How many classes a cell's loss is over, as its task declared it with the run (``Task.output_classes``;
+    ``record.recorded.legacy_output_classes`` for older runs): None where unknown."""
+    n = row.get("output_classes")
+    return int(n) if isinstance(n, int | float) and math.isfinite(n) and n >= 2 else None
 
 
 def metric_history(uri: str, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float, float]]]:

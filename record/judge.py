@@ -1,0 +1,357 @@
+"""A study's family of contrasts judged from its cells, as every verdict is: each cell's outcome, each variant's
+values under the failure rule, the declared contrasts (pairs and a grid's effects) tested, the ones the miniature
+cannot test marked (``record.testable``), those changed after results marked exploratory (``record.exploratory``),
+and Holm's correction. The report's table (``dashboards/table.py``) and a seed plan's looks (``record.looks``) both
+judge through it, so a sweep decides its next seeds by the verdicts its report will show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from record import stats, testable
+from record.exploratory import exploratory
+from record.runs import NONFINITE, OTHER_CODE, StudyRuns, output_classes
+from record.spec.analysis import Analysis
+from record.spec.metrics import better, majority_metric
+from record.vocabulary import AXIS_PREFIX
+
+
+def metric_direction(metric: str) -> str:
+    """The direction of a metric other than the study's (``record.spec.metrics.better``: losses, perplexities,
+    error rates and costs go down; accuracies and throughputs up); one with none of its own (when a run stopped)
+    is read as lower-is-better, and the table says so."""
+    return better(metric) or "minimize"
+
+
+def as_float(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x
+
+
+def outcome(row: Any, metric: str, never_learned: dict[str, tuple[float, str]]) -> str:
+    """A cell's outcome: success | diverged | failed | killed | not_learned | pending (running, or trained only by
+    other code: no outcome of this code yet). A finished run whose decision metric is non-finite diverged (its
+    outputs did, whatever the metric is called); one without the metric at all failed to give a result."""
+    state = str(row.get("state", ""))
+    if state in ("running", OTHER_CODE):
+        return "pending"
+    if state == "finished":
+        if not math.isfinite(as_float(row.get(metric))):
+            return "diverged" if metric in str(row.get(NONFINITE) or "").split(",") else "failed"
+        for m, (threshold, direction) in never_learned.items():
+            v = as_float(row.get(m))
+            if math.isfinite(v) and (v >= threshold if direction == "minimize" else v <= threshold):
+                return "not_learned"
+        return "success"
+    return state if state in ("diverged", "killed") else "failed"
+
+
+@dataclass
+class Frame:
+    """What ``build`` works from: the cells with their outcomes, and each variant's values under the failure rule
+    (``values``), with the seeds whose value was imputed for a failure (``imputed``)."""
+
+    cells: Any
+    variants: list[str]
+    values: dict[str, dict[Any, float]]
+    imputed: dict[str, set[Any]]
+    worst: float
+
+
+def decision_metric(runs: StudyRuns, metric: str | None) -> tuple[str, str, list[str]]:
+    """The metric compared, its direction, and a note when it has none of its own."""
+    study_metric, direction = runs.design.metric, runs.design.direction
+    if metric and metric != study_metric:
+        direction = metric_direction(metric)
+    metric = metric or study_metric
+    if metric not in runs.cells.columns:
+        raise stats_error(runs, metric)
+    notes = []
+    if better(metric) is None and metric != study_metric:
+        notes.append(
+            f"{metric} has no direction of its own (it says when a run stopped): 'better' reads lower as better"
+        )
+    return metric, direction, notes
+
+
+def baseline_of(runs: StudyRuns, baseline: str | None) -> str:
+    baseline = baseline or runs.baseline
+    if baseline not in runs.variants:
+        close = difflib.get_close_matches(str(baseline), runs.variants, 1, 0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"baseline {baseline!r} is not a variant of {runs.name!r}; {hint}variants: {', '.join(runs.variants)}"
+        )
+    return baseline
+
+
+def frame_of(runs: StudyRuns, metric: str, direction: str, analysis: Analysis, notes: list[str]) -> Frame:
+    """Each cell's outcome, and each variant's values with failed seeds entered under the failure rule."""
+    cells = runs.cells
+    study_metric, study_direction = runs.design.metric, runs.design.direction
+    never = {
+        m: (t, (study_direction or "minimize") if m == study_metric else metric_direction(m))
+        for m, t in analysis.never_learned.items()
+    }
+    for key in ("margins", "detect", "never_learned", "failure_values"):
+        notes += [
+            f"analysis.{key} names {m!r}, which no run of this study logged"
+            for m in getattr(analysis, key)
+            if m not in cells.columns
+        ]
+    kinds = [outcome(row, metric, never) for row in cells.to_dict("records")]
+    cells = cells.assign(_outcome=kinds)
+    # the values cells reached by finishing (learned or not); a diverged run's last value is not a measurement
+    observed = stats.finite(cells.loc[cells["_outcome"].isin(FINISHED), metric])
+    worst = float(observed.max() if direction == "minimize" else observed.min()) if observed.size else math.nan
+    fill = _fill(analysis, metric, worst, notes)
+    variants = [v for v in runs.variants if (cells["variant"] == v).any()]
+    values, imputed = {}, {}
+    for v in variants:
+        sub = cells[cells["variant"] == v]
+        values[v], imputed[v] = {}, set()
+        for seed, kind, value in zip(sub["seed"], sub["_outcome"], sub[metric]):
+            if kind == "success":
+                values[v][seed] = float(value)
+            elif kind != "pending" and fill is not None and math.isfinite(fill):
+                values[v][seed] = fill
+                imputed[v].add(seed)
+    if analysis.failure_rule != "exclude" and any(k not in ("success", "pending") for k in kinds) and not observed.size:
+        notes.append(f"no finished cell has {metric}: failed seeds have no worst value to take")
+    return Frame(cells, variants, values, imputed, worst)
+
+
+def _fill(analysis: Analysis, metric: str, worst: float, notes: list[str]) -> float | None:
+    """The value a failed seed takes under the failure rule (None: left out)."""
+    if analysis.failure_rule == "value" and metric in analysis.failure_values:
+        return float(analysis.failure_values[metric])
+    if analysis.failure_rule == "exclude":
+        return None
+    if analysis.failure_rule == "value":
+        notes.append(f"analysis.failure_values has no value for {metric}: failed seeds take the worst observed")
+    return worst
+
+
+def grid(runs: StudyRuns, frame: Frame) -> tuple[list[str], bool, dict[str, list[str]]]:
+    """The design's axes present in the cells, whether it is a grid, and each axis's levels in the study's order."""
+    cells = frame.cells
+    axes = [a for a in runs.design.axes if AXIS_PREFIX + a in cells.columns]
+    is_grid = runs.design.kind == "grid" and len(axes) >= 1
+    order = cells["variant"].map({v: i for i, v in enumerate(frame.variants)})
+    ordered = cells.assign(_order=order).sort_values("_order")
+    return axes, is_grid, {a: list(dict.fromkeys(str(x) for x in ordered[AXIS_PREFIX + a])) for a in axes}
+
+
+def contrasts_of(
+    runs: StudyRuns, frame: Frame, baseline: str, analysis: Analysis, n_boot: int, metric: str
+) -> list[stats.Contrast]:
+    """Every row's contrast against the baseline, the family's other pairs, and a grid's factorial effects (in
+    the family where declared, or by default), before Holm's correction."""
+    axes, is_grid, levels = grid(runs, frame)
+    family = analysis.family(frame.variants, baseline, axes, is_grid)
+    explore = _explored(runs, frame, family, levels)  # outside the confirmatory family: not counted in its size
+    size = max(1, family.size({a: len(v) for a, v in levels.items()}) - len(explore))
+    common = dict(
+        test=analysis.test,
+        confidence=analysis.confidence,
+        margin=analysis.margins.get(metric),
+        power=analysis.power,
+        detect=analysis.detect.get(metric),
+        family_size=size,
+        n_boot=n_boot,
+    )
+    outcomes = outcomes_of(frame, analysis)
+    declared = set(family.pairs)
+
+    def pair(a: str, b: str) -> stats.Contrast:
+        c = stats.paired_contrast(frame.values.get(b, {}), frame.values.get(a, {}), a=a, b=b, **common)
+        ia, ib = frame.imputed.get(a, set()), frame.imputed.get(b, set())
+        every = next((v for v, i in ((a, ia), (b, ib)) if c.seeds and set(c.seeds) <= i), "")
+        p_rate = stats.rate_test(outcomes.get(a, EMPTY), outcomes.get(b, EMPTY))
+        return dataclasses.replace(
+            c, in_family=(a, b) in declared, p_rate=p_rate, imputed=len(set(c.seeds) & (ia | ib)), all_imputed=every
+        )
+
+    contrasts = [pair(v, baseline) for v in frame.variants if v != baseline]
+    contrasts += [pair(a, b) for a, b in family.pairs if b != baseline or a not in frame.variants]
+    if is_grid:
+        df = frame.cells.rename(columns={AXIS_PREFIX + a: a for a in axes})
+        df = df[df["variant"].isin(frame.variants)]
+        df = df.assign(_value=[frame.values[v].get(s, math.nan) for v, s in zip(df["variant"], df["seed"])])
+        contrasts += stats.factorial_effects(
+            df, axes, "_value", declared_main=family.main, declared_interactions=family.interactions, **common
+        )
+    return [
+        dataclasses.replace(c, in_family=False, exploratory=explore[c.label])
+        if c.in_family and c.label in explore
+        else c
+        for c in contrasts
+    ]
+
+
+def _explored(runs: StudyRuns, frame: Frame, family, levels: dict[str, list[str]]) -> dict[str, str]:
+    """The family's contrasts added or changed after results of their cells existed (``record.exploratory``)."""
+    involved = {f"{a} vs {b}": (a, b) for a, b in family.pairs}
+    for label in stats.effect_labels(levels, family.main, family.interactions):
+        involved[label] = tuple(frame.variants)  # an effect compares every variant's cells
+    return exploratory(runs.registrations, involved)
+
+
+EMPTY = stats.Successes(0, 0, stats.NAN2)
+
+
+def outcomes_of(frame: Frame, analysis: Analysis) -> dict[str, stats.Successes]:
+    cells = frame.cells
+    out = {}
+    for v in frame.variants:
+        kinds = list(cells.loc[cells["variant"] == v, "_outcome"])
+        out[v] = stats.successes(
+            [k for k in kinds if k != "pending"], analysis.confidence, pending=kinds.count("pending")
+        )
+    return out
+
+
+def judged(
+    runs: StudyRuns,
+    frame: Frame,
+    contrasts: list[stats.Contrast],
+    metric: str,
+    analysis: Analysis,
+    falls: dict[str, list[float]],
+) -> list[stats.Contrast]:
+    """Mark the family's contrasts the miniature cannot test (``record/testable.py``): no room in the metric
+    for the effect the study expects, or a variant not converged by the declared criterion."""
+    still = testable.not_converged(falls, analysis.converged) if analysis.converged else {}
+    steps = mean_of(frame.cells, "cost/steps")
+    out = []
+    for c in contrasts:
+        problem = None
+        if c.in_family and still:
+            involved = (c.a, c.b) if c.kind == "pair" else frame.variants
+            problem = testable.convergence_problem(involved, still, analysis.converged, steps)
+        if c.in_family and problem is None:
+            problem = _room(runs, frame, c, metric, analysis)
+        if problem:
+            c = dataclasses.replace(c, untestable_here=problem[0], make_testable=problem[1])
+        out.append(c)
+    return out
+
+
+def _room(runs: StudyRuns, frame: Frame, c: stats.Contrast, metric: str, analysis: Analysis) -> tuple[str, str] | None:
+    """The room check of an expectation declared for this contrast on this metric (pairs and main effects)."""
+    expect = next(
+        (e for e in analysis.expect if e.name == c.label and (e.metric or runs.design.metric) == metric), None
+    )
+    if expect is None or c.kind == "interaction":
+        return None
+    cells = frame.cells
+    ok = cells[cells["_outcome"] == "success"]
+    if c.kind == "pair":
+        comparator = ok[ok["variant"] == c.b]
+    else:
+        axis = c.label.split(": ", 1)[0]
+        comparator = ok[ok[AXIS_PREFIX + axis].astype(str) == c.b]
+    rows = comparator.to_dict("records")
+    classes = next((k for k in map(output_classes, rows) if k is not None), None)
+    majority = mean_of(comparator, majority_metric(metric))
+    span = testable.bounds(metric, classes, majority if math.isfinite(majority) else None)
+    return testable.room_problem(expect, mean_of(comparator, metric), span, metric)
+
+
+def mean_of(cells: Any, column: str) -> float:
+    x = stats.finite(cells[column]) if column in cells.columns else stats.finite([])
+    return float(x.mean()) if x.size else math.nan
+
+
+FINISHED = ("success", "not_learned")  # outcomes of cells whose runs trained to the end
+
+
+def stats_error(runs: StudyRuns, metric: str) -> ValueError:
+    known = sorted(c for c in runs.cells.columns if "/" in c and not c.startswith(("train/", AXIS_PREFIX)))
+    close = difflib.get_close_matches(metric, known, 3, 0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    shown = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
+    return ValueError(f"no run of {runs.name!r} has the metric {metric!r}; {hint}metrics there: {shown}")
+
+
+@dataclass
+class Judged:
+    """The family's judgment: the metric and its direction, the baseline, the cells' frame, every contrast (the
+    family's and the others, corrected), and the notes said on the way."""
+
+    metric: str
+    direction: str
+    baseline: str
+    frame: Frame
+    contrasts: list[stats.Contrast]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def family(self) -> list[stats.Contrast]:
+        return [c for c in self.contrasts if c.in_family]
+
+
+def corrected(
+    runs: StudyRuns,
+    frame: Frame,
+    baseline: str,
+    analysis: Analysis,
+    metric: str,
+    direction: str,
+    *,
+    n_boot: int = stats.BOOT_RESAMPLES,
+    falls: dict[str, list[float]] | None = None,
+) -> list[stats.Contrast]:
+    """Every contrast tested, the untestable marked (``falls``: the convergence criterion's judged falls, per
+    variant; none: not judged), Holm's correction over the family and the verdicts."""
+    contrasts = contrasts_of(runs, frame, baseline, analysis, n_boot, metric)
+    contrasts = judged(runs, frame, contrasts, metric, analysis, falls or {})
+    return stats.correct(contrasts, analysis.alpha, direction)
+
+
+def judge(
+    runs: StudyRuns,
+    analysis: Analysis | None = None,
+    metric: str | None = None,
+    *,
+    baseline: str | None = None,
+    n_boot: int = stats.BOOT_RESAMPLES,
+    falls: dict[str, list[float]] | None = None,
+) -> Judged:
+    """The family of ``runs`` judged under ``analysis`` (default: the one its design recorded)."""
+    analysis = analysis or runs.design.analysis
+    metric, direction, notes = decision_metric(runs, metric)
+    baseline = baseline_of(runs, baseline)
+    frame = frame_of(runs, metric, direction, analysis, notes)
+    contrasts = corrected(runs, frame, baseline, analysis, metric, direction, n_boot=n_boot, falls=falls)
+    return Judged(metric, direction, baseline, frame, contrasts, notes)
+
+
+__all__ = [
+    "EMPTY",
+    "FINISHED",
+    "Frame",
+    "Judged",
+    "as_float",
+    "baseline_of",
+    "contrasts_of",
+    "corrected",
+    "decision_metric",
+    "frame_of",
+    "grid",
+    "judge",
+    "judged",
+    "mean_of",
+    "metric_direction",
+    "outcome",
+    "outcomes_of",
+    "stats_error",
+]
