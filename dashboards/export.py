@@ -8,33 +8,33 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from dashboards.render import records_csv
 from dashboards.table import Table
+from record.recorded import AnalysedUnder, RegistrationRef
 from record.vocabulary import AXIS_PREFIX
 
 SEED_FIELDS = ("variant", "seed", "cell_id", "outcome", "detail", "value", "rule_value", "imputed")
 
 
-def analysed_under(t: Table) -> dict[str, Any]:
-    """What ``t`` was analysed under, as a script needs it (JSON)."""
+def analysed_under(t: Table) -> AnalysedUnder:
+    """What ``t`` was analysed under, as a script needs it (``record.recorded.AnalysedUnder``)."""
     latest = t.registrations[-1] if t.registrations else None
-    return {
-        "study": t.study,
-        "metric": t.metric,
-        "direction": t.direction,
-        "baseline": t.baseline,
-        "variants": [r.variant for r in t.rows],
-        "analysis": t.analysis.model_dump(mode="json"),
-        "family": [c.label for c in t.family],
-        "exploratory": {c.label: c.exploratory for c in t.exploratory},
-        "levels": t.levels,
-        "settings": _settings(t),
-        "registration": None if latest is None else {"version": latest.version, "hash": latest.hash},
-        "plan": t.plan,  # a seed plan's looks, replayed by recompute.py: what was trained when, and what stayed open
-        "looks": t.looks,
-    }
+    return AnalysedUnder(
+        study=t.study,
+        metric=t.metric,
+        direction=t.direction,
+        baseline=t.baseline,
+        variants=[r.variant for r in t.rows],
+        analysis=t.analysis,
+        family=[c.label for c in t.family],
+        exploratory={c.label: c.exploratory for c in t.exploratory},
+        levels=t.levels,
+        settings=_settings(t),
+        registration=None if latest is None else RegistrationRef(version=latest.version, hash=latest.hash),
+        plan=t.plan,
+        looks=t.looks,
+    )
 
 
 def _settings(t: Table) -> dict[str, dict[str, str]]:
@@ -51,7 +51,7 @@ def write(t: Table, folder: Path) -> dict[str, Path]:
     axes = [f"{AXIS_PREFIX}{a}" for a in t.levels]
     rows = [{k: ("" if r.get(k) is None else r.get(k)) for k in (*SEED_FIELDS, *axes)} for r in t.seeds]
     seeds.write_text(records_csv(rows) if rows else ",".join(SEED_FIELDS) + "\n")
-    decl.write_text(json.dumps(analysed_under(t), indent=1, default=str) + "\n")
+    decl.write_text(json.dumps(analysed_under(t).to_json(), indent=1) + "\n")
     return {"seeds": seeds, "declaration": decl}
 
 

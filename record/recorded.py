@@ -18,6 +18,7 @@ from record.spec.declaration import digest
 from record.spec.seedplan import SeedPlan
 
 Setting = str | int | float | bool | None  # a design value: the sweep writes strings, older sweeps wrote some as given
+ANALYSED_SCHEMA = 1  # declaration.json's version
 SCHEMA = 2  # design.json's version; 1: every design.json written before it said its version (read the same way)
 
 
@@ -127,6 +128,56 @@ class RecordedDesign(BaseModel):
             for k, v in settings.items()
             if k.startswith(vocabulary.TUNED_SETTING)
         }
+
+
+class LookRecord(BaseModel):
+    """A look of a seed plan as declaration.json records it: the seeds each variant had, the alpha spent, the
+    contrasts it left open and those the miniature cannot test."""
+
+    seeds: dict[str, int]
+    alpha: float
+    open: list[str]
+    not_testable: list[str]
+
+
+class PlanRecord(SeedPlan):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    decides_on: str | None = None  # a table of another metric: the metric the plan's looks decide on
+
+
+class RegistrationRef(BaseModel):
+    version: int
+    hash: str
+
+
+class AnalysedUnder(BaseModel):
+    """declaration.json: what a table was analysed under, its own serialisation (``to_json``), versioned; what
+    docs/results/recompute.py recomputes every number of the table from, with the per-seed values of seeds.csv."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: int = Field(ANALYSED_SCHEMA, alias="schema")
+    study: str
+    metric: str
+    direction: str
+    baseline: str
+    variants: list[str]
+    analysis: Analysis
+    family: list[str]  # the confirmatory family's labels
+    exploratory: dict[str, str]  # label -> why it is outside the family
+    levels: dict[str, list[str]]  # a grid's axes and their levels
+    settings: dict[str, dict[str, str]]  # variant -> its levels of the grid's axes
+    registration: RegistrationRef | None
+    plan: PlanRecord | None  # a seed plan's looks, replayed by recompute.py: what was trained when, what stayed open
+    looks: list[LookRecord]
+
+    @field_serializer("plan")
+    def _plan_as_declared(self, plan: PlanRecord | None) -> dict[str, Any] | None:
+        return None if plan is None else plan.model_dump(mode="json", exclude_none=True)  # decides_on where given
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -129,6 +129,7 @@ def test_a_seed_plan_s_looks_are_replayed_from_the_exported_seeds_alone(tmp_path
     fill(store, "planned", values, analysis=analysis, plan=PLAN)
     make_report(store, "planned", out_dir=tmp_path / "r", log=False)
     declared = json.loads((tmp_path / "r" / "declaration.json").read_text())
+    assert declared["schema"] == 1  # record.recorded.AnalysedUnder, its own serialisation
     assert declared["plan"] == PLAN and [look["open"] for look in declared["looks"]] == [["near vs base"]] * 3
     assert [look["seeds"]["far"] for look in declared["looks"]] == [8, 8, 8]
     done = recompute(tmp_path / "r")
