@@ -76,21 +76,27 @@ def report_options(p: argparse.ArgumentParser) -> None:
 
 
 def heads(args: argparse.Namespace) -> int:
-    """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module."""
+    """``ablate heads``: each head removed alone; with ``--prune``, pruning curves and one head per module. The
+    models are evaluated on the running side (``ablations.evaluate``, ``ablations.pruning``), which records what it
+    measures with each cell's run; the comparing side reads it and judges."""
     from ablations import tracking
-    from dashboards.heads import check_options, format_heads, head_ablation, save_heads
+    from ablations.evaluate import check_options, evaluate_study_heads
+    from ablations.pruning import evaluate_study_pruning
+    from dashboards.heads import format_heads, head_ablation, save_heads
     from dashboards.pruning import format_pruning, save_pruning, study_pruning
     from record.runs import NoResults
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
         check_options(uri, args.study, args.metric, args.prune)  # before minutes of evaluation
+        evaluate_study_heads(uri, args.study, args.metric)
         effects, info = head_ablation(uri, args.study, args.metric)
         text = format_heads(effects, info)
         print(text)
         saved = [save_heads(uri, args.study, text, effects, args.out)]
         if args.prune:
             print(f"pruning every model's heads 10% at a time, measured on {args.prune} ...", flush=True)
+            evaluate_study_pruning(uri, args.study, args.prune)
             models, info = study_pruning(uri, args.study, args.prune)
             print(format_pruning(models, info))
             saved.append(save_pruning(uri, args.study, models, info, args.out))

@@ -1,13 +1,13 @@
 """``ablate heads STUDY``: remove one attention head at a time at evaluation time (Michel et al. 2019, "Are
 Sixteen Heads Really Better than One?") in every trained seed of a study, and report what each head costs.
 
-Each finished cell's weights (``tracking: {checkpoint: true}``) and resolved configuration come back from
-MLflow; the model is evaluated on a split with all heads, then with each single head's output gated to zero
-(``Transformer.set_head_mask``).
+Each finished cell's model is evaluated on the running side (``ablations.evaluate``: its kept weights, every head,
+then each single head gated to zero), which records the scores with the cell's run (``record.evaluations``);
+this module reads them and judges.
 
 As in the paper, a head's effect is judged within its own trained model: for a loss metric, the per-sequence
 losses with and without the head are compared by the study's paired test over the split's sequences, with the
-rules of every table (record/stats.py): the sign-flip permutation test by default (Monte Carlo over
+rules of every table (record/stats/): the sign-flip permutation test by default (Monte Carlo over
 hundreds of sequences, with enough resamples to reach the corrected level) or the paired t-test
 (``analysis.test``), a head with no spread in its differences tested exactly rather than given p = 0, and
 Holm's correction over the model's heads before anything is counted (at p <= 0.01, the paper's level). Heads
@@ -20,20 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-
-from record import stats, vocabulary
+from record import evaluations, stats, vocabulary
+from record.evaluations import HeadScores
 from record.runs import load_runs
-from record.spec import resolve_run
-
-T = TypeVar("T")
 
 ALPHA = 0.01  # Michel et al.'s significance level
 
@@ -60,91 +53,6 @@ class ModelHeads:
     full: float  # the metric with every head
     sequences: int
     heads: list[HeadEffect]
-
-
-KEPT_NOTHING = (
-    "run {run_id} kept no weights (checkpoint/model.pt and config.yaml): train the study with "
-    "`tracking: {{checkpoint: true}}` in its base run"
-)
-
-
-def trained_run(run_id: str, uri: str):
-    """The resolved run configuration a trained run kept (config.yaml). LookupError if it kept none."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = vocabulary.client(uri).download_artifacts(run_id, "config.yaml", tmp)
-        except Exception as err:
-            raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
-        return resolve_run(yaml.safe_load(Path(path).read_text()), f"run {run_id}")
-
-
-def load_trained(run_id: str, uri: str):
-    """(the resolved run, its data (set up), the LitTransformer with the run's kept weights, in eval mode)."""
-    import torch
-
-    from models.lightning import LitTransformer
-    from models.tasks import TaskDataModule
-
-    run = trained_run(run_id, uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            weights = vocabulary.client(uri).download_artifacts(run_id, "checkpoint/model.pt", tmp)
-        except Exception as err:
-            raise LookupError(KEPT_NOTHING.format(run_id=run_id)) from err
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-    data = TaskDataModule(run.task, run.training.batch_size, run.seed, run.training.eval_batch_size)
-    data.setup()
-    module = LitTransformer(run.model, run.training, run.task.kind)
-    module.model.load_state_dict(state)
-    module.eval()
-    return run, data, module
-
-
-def sequence_losses(module, loader) -> tuple[Any, Any]:
-    """(summed negative log-likelihood, scored tokens) per sequence, in the loader's order; the split's loss is
-    their ratio of sums (for classification, one 'token' per sequence)."""
-    import torch
-    import torch.nn.functional as F
-
-    nll, weight = [], []
-    with torch.no_grad():
-        for batch in loader:
-            logits, targets = module.scored_logits(batch)
-            if targets.dim() == 1:  # classification: one label per sequence
-                nll.append(F.cross_entropy(logits.float(), targets, reduction="none"))
-                weight.append(torch.ones_like(nll[-1]))
-                continue
-            per_token = F.cross_entropy(
-                logits.float().transpose(1, 2), targets, ignore_index=-100, reduction="none"
-            )  # (B, T)
-            nll.append(per_token.sum(1))
-            weight.append((targets != -100).sum(1).float())
-    return torch.cat(nll).double().numpy(), torch.cat(weight).double().numpy()
-
-
-def evaluate_heads(run_id: str, uri: str, metric: str) -> tuple[float, dict[tuple[str, int], float]]:
-    """(the metric with every head, {(module, head): the metric without that head}) for one trained run."""
-    _, data, module = load_trained(run_id, uri)
-    split, key = metric.split("/", 1)
-    loader = data.val_dataloader() if split == "val" else data.loader(split)
-
-    def score() -> float:
-        return module.evaluate(loader, split)[f"{split}/{key}"]
-
-    return _each_head(module, score)
-
-
-def _each_head(module, score) -> tuple[Any, dict[tuple[str, int], Any]]:
-    full = score()
-    out = {}
-    for name, attn in module.model.attention_modules():
-        for h in range(attn.n_heads):
-            gates = [1.0] * attn.n_heads
-            gates[h] = 0.0
-            module.model.set_head_mask({name: gates})
-            out[(name, h)] = score()
-        module.model.set_head_mask(None)
-    return full, out
 
 
 def judge_heads(
@@ -184,74 +92,29 @@ def judge_heads(
 
 
 def model_heads(
-    run_id: str, seed: int, uri: str, metric: str, variant: str = "", *, test: str = "permutation", alpha: float = ALPHA
+    scores: HeadScores, variant: str, seed: int, run_id: str, *, test: str = "permutation", alpha: float = ALPHA
 ) -> ModelHeads:
-    """Every head of one trained model: its effect on ``metric`` and, for a loss, its paired test (``test``: the
-    study's analysis.test) with Holm's correction over the model's heads."""
-    split, key = metric.split("/", 1)
-    if key != "loss":
-        full, without = evaluate_heads(run_id, uri, metric)
-        heads = [HeadEffect(seed=seed, module=m, head=h, change=v - full, p=math.nan) for (m, h), v in without.items()]
-        return ModelHeads(variant, seed, run_id, full, 0, heads)
-    _, data, module = load_trained(run_id, uri)
-    loader = data.val_dataloader() if split == "val" else data.loader(split)
-    (nll, w), without = _each_head(module, lambda: sequence_losses(module, loader))
-    full, sequences, heads = judge_heads(nll, w, {k: v[0] for k, v in without.items()}, seed, test=test, alpha=alpha)
+    """Every head of one trained model, from its recorded scores: its effect on the metric and, for a loss, its
+    paired test (``test``: the study's analysis.test) with Holm's correction over the model's heads."""
+    if scores.nll is None:
+        heads = [
+            HeadEffect(seed=seed, module=m, head=h, change=v - scores.full, p=math.nan)
+            for (m, h), v in scores.without.items()
+        ]
+        return ModelHeads(variant, seed, run_id, scores.full, 0, heads)
+    full, sequences, heads = judge_heads(scores.nll, scores.weight, scores.without_nll, seed, test=test, alpha=alpha)
     return ModelHeads(variant, seed, run_id, full, sequences, heads)
-
-
-def trained_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str]:
-    """([(variant, seed, run_id)] of every finished cell, by variant in the study's order then seed; the study's
-    analysis.test)."""
-    runs = load_runs(uri, study)
-    done = runs.cells[runs.cells["state"] == "finished"]
-    if not len(done):
-        raise LookupError(f"study {study!r} has no finished cell to evaluate")
-    order = {v: i for i, v in enumerate(runs.variants)}
-    cells = sorted(zip(done["variant"], done["seed"], done["run_id"]), key=lambda c: (order.get(c[0], 0), int(c[1])))
-    return [(v, int(seed), run_id) for v, seed, run_id in cells], runs.design.analysis.test
-
-
-def check_options(uri: str, study: str, metric: str, prune: str | None = None) -> None:
-    """Before any model is evaluated: ``metric`` (--metric) and ``prune`` (--prune) must be what the trained runs
-    evaluate (val/<name>, <test split>/<name>); pruning measures on another split than the one that chooses the
-    heads (validation). Raises ValueError naming the option, with the names there are."""
-    from record.spec.metrics import split_names, unknown_metric
-
-    cells, _ = trained_cells(uri, study)
-    try:
-        run = trained_run(cells[0][2], uri)
-    except LookupError:  # no config kept: load_trained says what to do
-        return
-    splits = ["val"] + [s for s in run.task.splits if s not in ("train", "validation")]
-    known = [f"{split}/{name}" for split in splits for name in split_names(run)]
-    measured = [m for m in known if not m.startswith("val/")]  # --prune: never the split that chooses the heads
-    for option, value, allowed in (("--metric", metric, known), ("--prune", prune, measured)):
-        if value is not None and (problem := unknown_metric(value, allowed)):
-            if value in known:  # a validation metric for --prune
-                problem = f"pruning chooses its heads on the validation split: measure on another ({', '.join(allowed[:3])}, ...)"
-            raise ValueError(f"{option} {value}: {problem.replace(' these runs log', ' these runs evaluate')}")
-
-
-def each_model(cells: list[tuple[str, int, str]], what: str, work: Callable[[str, int, str], T]) -> list[T]:
-    """``work(variant, seed, run_id)`` for every trained cell, with a progress line per model (minutes each)."""
-    out, start = [], time.monotonic()
-    for i, (variant, seed, run_id) in enumerate(cells, 1):
-        out.append(work(variant, int(seed), run_id))
-        print(
-            f"  [{time.monotonic() - start:.0f}s] {what}: {i}/{len(cells)} models ({variant}, seed {seed})", flush=True
-        )
-    return out
 
 
 def head_ablation(
     uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
 ) -> tuple[list[ModelHeads], dict[str, Any]]:
     """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
-    cells, test = trained_cells(uri, study)
-    models = each_model(
-        cells, "heads removed one at a time", lambda v, s, r: model_heads(r, s, uri, metric, v, test=test, alpha=alpha)
-    )
+    _, test = evaluations.finished_cells(uri, study)
+    models = [
+        model_heads(HeadScores.from_json(data), v, s, r, test=test, alpha=alpha)
+        for v, s, r, data in evaluations.recorded_cells(uri, study, "heads", metric)
+    ]
     return models, {
         "study": study,
         "metric": metric,

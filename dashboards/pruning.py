@@ -15,7 +15,8 @@ head at a time, in every trained seed of a study.
   module whole). The head kept is the best one on the validation split; its change of the metric is measured
   on the test split.
 
-Seeds are summarised as every table does (record/stats.py): at each pruned fraction the importance order is
+Each model is pruned on the running side (``ablations.pruning``), which records its curves with the cell's run;
+this module reads them. Seeds are summarised as every table does (record/stats/): at each pruned fraction the importance order is
 compared with the random orders by the study's paired test over seeds (the sign-flip permutation test by default,
 ``analysis.test``), with Holm's correction over the fractions.
 """
@@ -24,167 +25,26 @@ from __future__ import annotations
 
 import json
 import math
-import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dashboards.heads import each_model, load_trained, trained_cells
-from record import stats
+from record import evaluations, stats
+from record.evaluations import ModelPruning, lower_is_better
 from record.runs import load_runs
 
-FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0%, 10%, ..., 90% of the heads removed
-RANDOM_ORDERS = 5
 ALPHA = 0.05  # the level of the pruning curves' tests, Holm over the fractions
 
 
-@dataclass(kw_only=True)
-class ModelPruning:
-    """One trained model: its pruning curves and its one-head-per-module changes."""
-
-    variant: str
-    seed: int
-    run_id: str
-    heads: int  # attention heads of the model
-    fractions: list[float]
-    by_importance: list[float]  # the metric after removing each fraction of heads, least important first
-    at_random: list[float]  # the same, averaged over RANDOM_ORDERS random orders
-    random_orders: list[list[float]] = field(default_factory=list)
-    one_head: dict[str, float] = field(default_factory=dict)  # module -> change with only its best head kept
-    one_head_kept: dict[str, int] = field(default_factory=dict)  # module -> the head kept (chosen on validation)
-    full: float = math.nan  # the metric with every head
-
-
-def _all_heads(model) -> list[tuple[str, int]]:
-    return [(name, h) for name, attn in model.attention_modules() for h in range(attn.n_heads)]
-
-
-def _gates(model, removed: set[tuple[str, int]]) -> dict[str, list[float]]:
-    return {
-        name: [0.0 if (name, h) in removed else 1.0 for h in range(a.n_heads)] for name, a in model.attention_modules()
-    }
-
-
-def head_importance(module, loader, removed: set[tuple[str, int]]) -> dict[tuple[str, int], float]:
-    """Michel et al.'s I_h over the loader's sequences (heads in ``removed`` gated off), normalised by the l2 norm
-    within each module. One gate per sequence and head (``Transformer.set_head_mask`` with (B, H) tensors), so one
-    backward pass gives every sequence's own dL(x)/d xi_h."""
-    import torch
-    import torch.nn.functional as F
-
-    model = module.model
-    base = _gates(model, removed)
-    sums = {name: torch.zeros(len(g), dtype=torch.float64) for name, g in base.items()}
-    count = 0
-    was_training = module.training
-    module.eval()
-    try:
-        for batch in loader:
-            rows = next(iter(batch.values())).shape[0]
-            gates = {
-                name: torch.tensor(g, dtype=torch.float32).repeat(rows, 1).requires_grad_(True)
-                for name, g in base.items()
-            }
-            model.set_head_mask(gates)
-            logits, targets = module.scored_logits(batch)
-            if targets.dim() == 1:  # classification: one loss per sequence
-                per_seq = F.cross_entropy(logits.float(), targets, reduction="none")
-            else:
-                tok = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100, reduction="none")
-                per_seq = tok.sum(1) / (targets != -100).sum(1).clamp(min=1)
-            grads = torch.autograd.grad(per_seq.sum(), list(gates.values()))
-            for name, g in zip(gates, grads):
-                sums[name] += g.abs().sum(0).double()
-            count += rows
-    finally:
-        model.set_head_mask(None)
-        module.train(was_training)
-    out = {}
-    for name, total in sums.items():
-        mean = total / max(count, 1)
-        norm = float(mean.norm()) or 1.0
-        out.update({(name, h): float(v) / norm for h, v in enumerate(mean)})
-    return out
-
-
-def _score(module, loader, split: str, key: str, removed: set[tuple[str, int]]) -> float:
-    """The metric with the heads in ``removed`` gated off; sequences are decoded only for exact match."""
-    module.model.set_head_mask(_gates(module.model, removed))
-    try:
-        return module.evaluate(loader, split, decode_batches=None if key == "exact_match" else 0)[f"{split}/{key}"]
-    finally:
-        module.model.set_head_mask(None)
-
-
-def prune_model(
-    run_id: str, seed: int, uri: str, metric: str, variant: str = "", *, orders: int = RANDOM_ORDERS
-) -> ModelPruning:
-    """The pruning curves and one-head-per-module changes of one trained model; ``metric`` is measured on its
-    split (test/loss, say), importance and the head kept per module are chosen on validation."""
-    split, key = metric.split("/", 1)
-    if split in ("val", "validation"):
-        raise ValueError(
-            f"{metric}: pruning chooses heads on the validation split, so measure on another one "
-            "(test/loss, test/exact_match, ...)"
-        )
-    _, data, module = load_trained(run_id, uri)
-    val, test = data.val_dataloader(), data.loader(split)
-    model = module.model
-    heads = _all_heads(model)
-    targets = [round(f * len(heads)) for f in FRACTIONS]
-
-    removed: set[tuple[str, int]] = set()
-    by_importance = []
-    for target in targets:
-        if target > len(removed):
-            importance = head_importance(module, val, removed)
-            order = sorted((h for h in heads if h not in removed), key=lambda h: importance[h])
-            removed |= set(order[: target - len(removed)])
-        by_importance.append(_score(module, test, split, key, removed))
-
-    rng = random.Random(seed)
-    random_orders = []
-    for _ in range(orders):
-        order = heads[:]
-        rng.shuffle(order)
-        random_orders.append([_score(module, test, split, key, set(order[:t])) for t in targets])
-    at_random = [sum(c[i] for c in random_orders) / len(random_orders) for i in range(len(targets))]
-
-    full = by_importance[0]
-    one_head, kept = {}, {}
-    better = min if _lower_is_better(metric) else max
-    for name, attn in model.attention_modules():
-        others = [(name, h) for h in range(attn.n_heads)]
-        if len(others) < 2:
-            continue
-        on_val = {h: _score(module, val, "val", key, set(others) - {(name, h)}) for h in range(attn.n_heads)}
-        best = better(on_val, key=on_val.get)
-        kept[name] = best
-        one_head[name] = _score(module, test, split, key, set(others) - {(name, best)}) - full
-    return ModelPruning(
-        variant=variant,
-        seed=seed,
-        run_id=run_id,
-        heads=len(heads),
-        fractions=list(FRACTIONS),
-        by_importance=by_importance,
-        at_random=at_random,
-        random_orders=random_orders,
-        one_head=one_head,
-        one_head_kept=kept,
-        full=full,
-    )
-
-
-def _lower_is_better(metric: str) -> bool:
-    return metric.endswith(("loss", "ppl", "perplexity"))
-
-
 def study_pruning(uri: str, study: str, metric: str = "test/loss") -> tuple[list[ModelPruning], dict[str, Any]]:
-    """Every finished cell's model of ``study``, by variant then seed."""
-    cells, test = trained_cells(uri, study)
-    models = each_model(cells, "pruned", lambda v, s, r: prune_model(r, s, uri, metric, v))
-    return models, {"study": study, "metric": metric, "test": test, "orders": RANDOM_ORDERS}
+    """Every finished cell's pruned model of ``study`` as its run recorded it (``ablations.pruning``), by variant
+    then seed."""
+    _, test = evaluations.finished_cells(uri, study)
+    models = [
+        ModelPruning.from_json(data) for _, _, _, data in evaluations.recorded_cells(uri, study, "pruning", metric)
+    ]
+    orders = len(models[0].random_orders) if models else 0
+    return models, {"study": study, "metric": metric, "test": test, "orders": orders}
 
 
 def compare_orders(
@@ -217,7 +77,7 @@ def compare_orders(
     tested = [r for r in rows if r["fraction"] > 0]
     for r, q in zip(tested, stats.holm([r["p"] for r in tested])):
         r["p_holm"] = q
-        good = (r["diff"] < 0) == _lower_is_better(metric)
+        good = (r["diff"] < 0) == lower_is_better(metric)
         r["verdict"] = (
             "not resolved" if q > alpha else f"different ({'importance better' if good else 'random better'})"
         )
@@ -242,7 +102,7 @@ def _format_variant(variant: str, models: list[ModelPruning], info: dict[str, An
         "",
         f"{metric} after removing a fraction of the {models[0].heads} attention heads, least important first "
         "(importance on the validation split, estimated again before each step) or in random order (mean of "
-        f"{info.get('orders', RANDOM_ORDERS)} orders per model); mean over {len(models)} seed(s). Δ = importance − "
+        f"{info.get('orders') or len(models[0].random_orders)} orders per model); mean over {len(models)} seed(s). Δ = importance − "
         f"random, paired by seed, with the 95% t interval; p: {rows[1]['method'] if len(rows) > 1 else ''}, "
         "Holm over the fractions.",
         "",

@@ -66,6 +66,7 @@ TUNED_SETTING = "tuned:"  # the prefix of a tuned value in a variant's settings 
 # --- artifacts of a study's parent run -------------------------------------------------------------------
 DESIGN_ARTIFACT = "design.json"  # kind, axes, variants [{name, settings}], seeds, metric, direction, cells
 REGISTRATION_ARTIFACT = "registration.json"  # a registration run's: the declaration, its hash, time, reason, ...
+EVALUATION_FOLDER = "evaluation"  # a cell run's evaluations of its trained model (record.evaluations: ablate heads)
 
 # --- states ------------------------------------------------------------------------------------------------
 STATUS_FINISHED, STATUS_DIVERGED, STATUS_FAILED, STATUS_KILLED = "finished", "diverged", "failed", "killed"

@@ -10,8 +10,9 @@ import pytest
 import torch
 import yaml
 
+from ablations.evaluate import evaluate_heads, head_scores
 from ablations.sweep import run_study
-from dashboards.heads import evaluate_heads, head_ablation, model_heads
+from dashboards.heads import head_ablation, model_heads
 from record.spec import load_study
 
 
@@ -65,7 +66,7 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
 
     # per-sequence losses (for the paired test) add up to the module's own validation loss, head by head
     seed = int(result.rows[0]["seed"])
-    heads = {(e.module, e.head): e for e in model_heads(run_id, seed, store, "val/loss").heads}
+    heads = {(e.module, e.head): e for e in model_heads(head_scores(run_id, store, "val/loss"), "", seed, run_id).heads}
     assert set(heads) == set(without)
     for key, value in without.items():
         assert heads[key].change == pytest.approx(value - full, rel=1e-4, abs=1e-7)
@@ -106,9 +107,17 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
     parent = c.search_runs([c.get_experiment_by_name("mh").experiment_id], "tags.kind = 'study'")[0]
     logged = {a.path for a in c.list_artifacts(parent.info.run_id, "heads")}
     assert {"heads/pruning.md", "heads/pruning.json", "heads/pruning.png"} <= logged
+    # issue 72: the running side recorded what it measured with each cell's run, once; comparing read it from there
+    from ablations.evaluate import evaluate_study_heads
+    from ablations.pruning import evaluate_study_pruning
+
+    for m in models:
+        held = {a.path for a in c.list_artifacts(m["run_id"], "evaluation")}
+        assert held == {"evaluation/heads-val_loss.json", "evaluation/pruning-test_loss.json"}
+    assert evaluate_study_heads(store, "mh", "val/loss") == 0 == evaluate_study_pruning(store, "mh", "test/loss")
 
     # the options are judged before any model is evaluated, with the names the runs evaluate
-    from dashboards.heads import check_options
+    from ablations.evaluate import check_options
 
     check_options(store, "mh", "val/loss", "test/exact_match")  # what the runs evaluate: fine
     for metric, prune, said in [
@@ -125,10 +134,13 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
 
 
 def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
+    from ablations.evaluate import evaluate_study_heads
     from tests.dashboards.test_report import three_variants
 
     three_variants(store)
     with pytest.raises(LookupError, match="checkpoint: true"):
+        evaluate_study_heads(store, "abl", "val/loss")
+    with pytest.raises(LookupError, match="`ablate heads abl` evaluates it"):  # nothing recorded to compare
         head_ablation(store, "abl")
 
 
@@ -143,7 +155,7 @@ def test_heads_without_checkpoints_is_a_clear_error(tmp_path, store):
 def test_per_sequence_losses_add_up_to_the_modules_own_loss(task):
     """The paired test of ``ablate heads`` compares per-sequence losses; summed, they are the split's loss as
     the module computes it (masks, padding and classification included)."""
-    from dashboards.heads import sequence_losses
+    from ablations.evaluate import sequence_losses
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
     from record.spec import resolve_run
@@ -235,7 +247,7 @@ def test_head_importance_is_each_sequences_own_gradient_and_zero_for_a_silent_he
     reaches the model (its columns of the output projection zeroed) has importance 0, so it goes first."""
     import torch.nn.functional as F
 
-    from dashboards.pruning import head_importance
+    from ablations.pruning import head_importance
     from models.lightning import LitTransformer
     from models.tasks import TaskDataModule
     from record.spec import resolve_run
@@ -283,7 +295,9 @@ def test_the_pruning_table_says_when_its_seeds_cannot_resolve_any_fraction(seeds
     """Holm over the 9 fractions that remove heads: the first step is 0.05/9, and the exact sign-flip test over n
     seeds cannot go below 2/2^n (0.25 at 3 seeds, 0.0039 at 9). Below that, every row reads "not resolved" whatever
     the data, even beside an interval that excludes 0: the table says so, and how many seeds can."""
-    from dashboards.pruning import FRACTIONS, ModelPruning, format_pruning
+    from ablations.pruning import FRACTIONS
+    from dashboards.pruning import format_pruning
+    from record.evaluations import ModelPruning
 
     models = [
         ModelPruning(
