@@ -24,8 +24,6 @@ from record.spec.seedplan import SeedPlan
 from record.stats import plans
 
 DECIDED = ("different", "equivalent", "not testable here")
-
-
 QUICK_BOOT = 199  # the looks' BCa intervals are not what decides: fewer resamples
 
 
@@ -111,15 +109,15 @@ def _judge(
     cells = runs.cells
     keep = [s < upto.get(v, 0) for v, s in zip(cells["variant"], cells["seed"])]
     seen = dataclasses.replace(runs, cells=cells[keep].reset_index(drop=True))
-    table = judge(seen, analysis, n_boot=QUICK_BOOT)
+    judged = judge(seen, analysis, n_boot=QUICK_BOOT)
     frozen = {c.label: c for c in before.contrasts if c.label not in before.open} if before else {}
     sizes = {label: before.sizes[label] for label in frozen} if before else {}
     family = []
-    for c in table.family:
+    for c in judged.family:
         c = frozen.get(c.label) or _in_seed_order(c)
         sizes.setdefault(c.label, _sizes(c, history, list(runs.variants)))
         family.append(c)
-    family = plans.decided(family, sizes, plan, analysis.alpha, table.direction)
+    family = plans.decided(family, sizes, plan, analysis.alpha, judged.direction)
     still = [c.label for c in family if c.label not in frozen and not c.verdict.startswith(DECIDED)]
     return Look(len(history) - 1, dict(upto), analysis.alpha, family, still, sizes)
 
