@@ -11,6 +11,7 @@ import math
 from dashboards.table import Table, build
 from record import stats
 from record.looks import Look, decided_at, path, plan_of
+from record.recorded import LookRecord, PlanRecord
 from record.runs import StudyRuns
 from record.spec.seedplan import SeedPlan
 
@@ -36,7 +37,7 @@ def table(runs: StudyRuns, **options) -> Table:
             r.contrast = final[r.contrast.label]
     full.notes.append(_path_note(plan, looks, full.analysis.alpha))
     full.path = path_rows(looks)
-    full.plan, full.looks = plan.as_dict(), [look_record(look) for look in looks]
+    full.plan, full.looks = PlanRecord(**plan.as_dict()), [look_record(look) for look in looks]
     return full
 
 
@@ -48,15 +49,15 @@ def _secondary(full: Table, plan: SeedPlan, decides: str) -> Table:
         f"seed plan: its looks decide on {decides}, not on {full.metric}: each contrast here is the fixed-sample "
         "exact test over the seeds the plan trained (its seed counts followed the other metric; a secondary result)"
     )
-    full.plan = {**plan.as_dict(), "decides_on": decides}
+    full.plan = PlanRecord(**plan.as_dict(), decides_on=decides)
     return full
 
 
-def look_record(look: Look) -> dict:
+def look_record(look: Look) -> LookRecord:
     """A look as docs/results/recompute.py replays it: the seeds each variant had, the alpha spent, the contrasts
     it left open and those the miniature cannot test (a declared rule on the values, not a p-value)."""
     untestable = [c.label for c in look.contrasts if c.verdict == "not testable here"]
-    return {"seeds": look.seeds, "alpha": look.alpha, "open": look.open, "not_testable": untestable}
+    return LookRecord(seeds=look.seeds, alpha=look.alpha, open=look.open, not_testable=untestable)
 
 
 def _final(c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Contrast | None) -> stats.Contrast:

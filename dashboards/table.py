@@ -30,7 +30,7 @@ from record.judge import (
     grid,
     outcomes_of,
 )
-from record.recorded import RecordedDesign
+from record.recorded import LookRecord, PlanRecord, RecordedDesign
 from record.runs import MODEL_PARAMS, PARAMS_PREFIX, StudyRuns, output_classes
 from record.spec.analysis import Analysis
 from record.vocabulary import AXIS_PREFIX
@@ -89,8 +89,8 @@ class Table:
     seeds: list[dict[str, Any]] = field(default_factory=list)  # every cell's value and outcome (``seed_records``)
     levels: dict[str, list[str]] = field(default_factory=dict)  # a grid's axes and their levels, in order
     path: list[list[str]] = field(default_factory=list)  # a seed plan's looks (dashboards.render.PATH_HEAD)
-    plan: dict[str, Any] | None = None  # the seed plan (record.spec.seedplan), as declared
-    looks: list[dict[str, Any]] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
+    plan: PlanRecord | None = None  # the seed plan, as declared (and the metric its looks decide on, when another)
+    looks: list[LookRecord] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
 
     @property
     def warnings(self) -> list[str]:
