@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 OK = 0  # done (a diverged run is a result)
-FAILED = 1  # failed while running, or a store or cluster that does not answer
-BAD_INPUT = 2  # a mistake in a file or an option: nothing was started or logged
+FAILED = 1  # failed while running, or a store that does not answer
+BAD_INPUT = 2  # a mistake in a file or an option (an address that does not answer): nothing started or logged
 INTERRUPTED = 130  # Ctrl-C or SIGTERM: what ran is recorded as killed
 
 

@@ -5,6 +5,8 @@ comparing reads it, and a second ``ablate heads`` evaluates nothing again."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -132,14 +134,32 @@ def each_model(cells: list[tuple[str, int, str]], what: str, work: Callable[[str
     return out
 
 
+@functools.cache
+def evaluation_code() -> str:
+    """A fingerprint of the code that evaluates trained models: the code that shapes a result (the model among it)
+    and these modules. An evaluation recorded by other code is made again."""
+    from ablations import tracking
+
+    h = hashlib.sha256(tracking.code_fingerprint().encode())
+    for module in (Path(__file__), Path(__file__).with_name("pruning.py")):
+        h.update(module.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def to_evaluate(uri: str, study: str, kind: str, metric: str) -> list[tuple[str, int, str]]:
+    """The finished cells whose run holds no evaluation of ``kind`` on ``metric`` by this code."""
+    cells, _ = evaluations.finished_cells(uri, study)
+    return [c for c in cells if evaluations.recorded(uri, c[2], kind, metric, evaluation_code()) is None]
+
+
 def evaluate_study_heads(uri: str, study: str, metric: str) -> int:
     """Every finished cell's heads removed one at a time, recorded with its run; the models evaluated now (those
-    evaluated before are read back, not evaluated again)."""
-    cells, _ = evaluations.finished_cells(uri, study)
-    todo = [c for c in cells if evaluations.recorded(uri, c[2], "heads", metric) is None]
+    this code evaluated before are read back, not evaluated again)."""
+    todo = to_evaluate(uri, study, "heads", metric)
 
     def work(variant: str, seed: int, run_id: str) -> None:
-        evaluations.record(uri, run_id, "heads", metric, head_scores(run_id, uri, metric).to_json())
+        scores = head_scores(run_id, uri, metric).to_json()
+        evaluations.record(uri, run_id, "heads", metric, scores, evaluation_code())
 
     each_model(todo, "heads removed one at a time", work)
     return len(todo)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from ablations.evaluate import each_model, load_trained
+from ablations.evaluate import each_model, evaluation_code, load_trained, to_evaluate
 from record import evaluations
 from record.evaluations import ModelPruning, lower_is_better
 
@@ -138,14 +138,13 @@ def prune_model(
 
 
 def evaluate_study_pruning(uri: str, study: str, metric: str = "test/loss") -> int:
-    """Every finished cell's model pruned, recorded with its run; the models pruned now (those pruned before are
-    read back, not pruned again)."""
-    cells, _ = evaluations.finished_cells(uri, study)
-    todo = [c for c in cells if evaluations.recorded(uri, c[2], "pruning", metric) is None]
+    """Every finished cell's model pruned, recorded with its run; the models pruned now (those this code pruned
+    before are read back, not pruned again)."""
+    todo = to_evaluate(uri, study, "pruning", metric)
 
     def work(variant: str, seed: int, run_id: str) -> None:
         pruned = prune_model(run_id, seed, uri, metric, variant)
-        evaluations.record(uri, run_id, "pruning", metric, pruned.to_json())
+        evaluations.record(uri, run_id, "pruning", metric, pruned.to_json(), evaluation_code())
 
     each_model(todo, "pruned", work)
     return len(todo)

@@ -1,6 +1,6 @@
 """``ablate compare A B``: which conclusions changed between two studies, or two submissions of one study
 (``name@2``), for example before and after a code change. A conclusion is the verdict of a contrast, from
-the same tests and corrections as the tables (record/stats.py): "different (better|worse)", "equivalent
+the same tests and corrections as the tables (record/stats/): "different (better|worse)", "equivalent
 within ±m", "not resolved", "untestable" or, for a contrast outside the declared family, "not in the family". A
 conclusion comes with the warnings of either table that concern it (dashboards/caveats.py): a variant near
 chance or not converged, parameter counts that differ, intervals from too few seeds, a family its seeds cannot

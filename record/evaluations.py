@@ -73,18 +73,20 @@ def artifact(kind: str, metric: str) -> str:
     return f"{vocabulary.EVALUATION_FOLDER}/{kind}-{metric.replace('/', '_')}.json"
 
 
-def record(uri: str, run_id: str, kind: str, metric: str, data: dict[str, Any]) -> None:
-    vocabulary.client(uri).log_text(run_id, json.dumps(data), artifact(kind, metric))
+def record(uri: str, run_id: str, kind: str, metric: str, result: dict[str, Any], code: str) -> None:
+    """Keep ``result`` with the cell's run, with the fingerprint of the ``code`` that evaluated it."""
+    vocabulary.client(uri).log_text(run_id, json.dumps({"code": code, "result": result}), artifact(kind, metric))
 
 
-def recorded(uri: str, run_id: str, kind: str, metric: str) -> dict[str, Any] | None:
-    """An evaluation the cell's run holds, or None."""
+def recorded(uri: str, run_id: str, kind: str, metric: str, code: str | None = None) -> dict[str, Any] | None:
+    """An evaluation the cell's run holds (evaluated by ``code``, when given), or None."""
     c = vocabulary.client(uri)
     name = artifact(kind, metric)
     if not any(f.path == name for f in c.list_artifacts(run_id, vocabulary.EVALUATION_FOLDER)):
         return None
     with tempfile.TemporaryDirectory(prefix="ablate-") as tmp:
-        return json.loads(Path(c.download_artifacts(run_id, name, tmp)).read_text())
+        held = json.loads(Path(c.download_artifacts(run_id, name, tmp)).read_text())
+    return held["result"] if code is None or held.get("code") == code else None
 
 
 def finished_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], str]:

@@ -1,8 +1,9 @@
 """A study's family of contrasts judged from its cells, as every verdict is: each cell's outcome, each variant's
 values under the failure rule, the declared contrasts (pairs and a grid's effects) tested, the ones the miniature
 cannot test marked (``record.testable``), those changed after results marked exploratory (``record.exploratory``),
-and Holm's correction. The report's table (``dashboards/table.py``) and a seed plan's looks (``record.looks``) both
-judge through it, so a sweep decides its next seeds by the verdicts its report will show.
+and Holm's correction. The report's table (``dashboards/table.py``: ``frame_of`` and ``corrected``, between which
+it judges convergence from the curves) and a seed plan's looks (``record.looks``: ``judge``) both judge through it,
+so a sweep decides its next seeds by the verdicts its report will show.
 """
 
 from __future__ import annotations

@@ -83,6 +83,11 @@ class RecordedDesign(BaseModel):
         analysis with its defaults left out; keys it lacks take their defaults, nulls where a mapping belongs too."""
         if not isinstance(data, dict):
             return data
+        if int(data.get("schema", 1)) > SCHEMA:
+            raise ValueError(
+                f"design.json of version {data['schema']} is newer than this code reads (up to {SCHEMA}): "
+                "update this installation to report on it"
+            )
         data = {k: v for k, v in data.items() if v is not None or k in ("code", "registration", "plan")}
         if isinstance(data.get("variants"), list):
             data["variants"] = {v["name"]: dict(v.get("settings", {})) for v in data["variants"]}

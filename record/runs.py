@@ -36,8 +36,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no pro
 
 
 # what a cell's row keeps of its run's params (the flattened run configuration), as ``params.<key>``: the model's
-# every field (variants that are one model family under two names, dashboards/caveats.py) and the task's name
-PARAMS_KEPT = ("task.name",)
+# every field (variants that are one model family under two names, dashboards/caveats.py) and the task's
+TASK_PARAMS = "task."
 OUTPUT_CLASSES = "output_classes"  # the column of the classes a cell's loss is over (its task's declaration)
 MODEL_PARAMS = "model."
 PARAMS_PREFIX = "params."
@@ -173,7 +173,7 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
         "end_time": r.end_time,
         OUTPUT_CLASSES: r.output_classes,
     }
-    row.update({PARAMS_PREFIX + k: v for k, v in r.params.items() if k in PARAMS_KEPT or k.startswith(MODEL_PARAMS)})
+    row.update({PARAMS_PREFIX + k: v for k, v in r.params.items() if k.startswith((MODEL_PARAMS, TASK_PARAMS))})
     if metrics:
         row.update(r.metrics)
         row[NONFINITE] = ",".join(k for k, v in r.metrics.items() if not math.isfinite(v))
@@ -183,7 +183,7 @@ def _row(cell_id: str, run, attempts: list, metrics: bool = True) -> dict[str, A
 def output_classes(row: dict[str, Any]) -> int | None:
     """How many classes a cell's loss is over, as its task declared it with the run (``Task.output_classes``;
     ``record.recorded.legacy_output_classes`` for older runs): None where unknown."""
-    n = row.get("output_classes")
+    n = row.get(OUTPUT_CLASSES)
     return int(n) if isinstance(n, int | float) and math.isfinite(n) and n >= 2 else None
 
 

@@ -1,7 +1,7 @@
 """The fourth verdict, *not testable here*: the miniature leaves no room for the effect a study declares it is
 looking for (``analysis.expect``), or its cells have not converged by a declared criterion
 (``analysis.converged``). Computed from the study file and the cells, never typed; docs/statistics.md,
-"Verdicts". dashboards/table.py marks the contrasts with it before Holm's correction."""
+"Verdicts". record/judge.py marks the contrasts with it before Holm's correction."""
 
 from __future__ import annotations
 

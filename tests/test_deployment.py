@@ -67,6 +67,10 @@ def test_the_cli_service_runs_and_ships_the_mounted_code():
     assert re.search(r"pip install [^\n]*-e \.", dockerfile)  # editable: the package is the folder's code
     service = yaml.safe_load(COMPOSE.read_text())["services"]["ablate"]
     assert service["volumes"] == [f"./:{installed}"] and service["working_dir"] == installed
+    # the editable install maps the packages the image holds when it installs: every one pyproject names
+    packages = re.search(r"include = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text()).group(1)
+    for package in re.findall(r'"(\w+)\*"', packages):
+        assert re.search(rf"^COPY {package} {package}$", dockerfile, re.M), f"the image does not copy {package}/"
 
 
 def test_env_example_names_every_variable_compose_reads():

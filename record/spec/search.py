@@ -59,9 +59,6 @@ from record.spec.overrides import apply_overrides
 from record.spec.run import axis_keys, load_base, read_document, resolve_run, structure_errors
 from record.spec.space import Param, parse_space, refused_values, suggest_param
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "nsga2")
-PRUNERS = ("median", "successive_halving", "hyperband", "wilcoxon", "none")
-
 
 class Objective(Strict):
     metric: str

@@ -14,7 +14,6 @@ from record.spec.common import KeyedError, Origin, Strict, check_axes, key_not_t
 from record.spec.errors import MAX_FOUND, SpecError, found, more
 from record.spec.run import resolve_run
 
-PARAM_TYPES = ("float", "int", "categorical")
 _ALLOWED = {
     "float": {"type", "low", "high", "log", "step", "when"},
     "int": {"type", "low", "high", "log", "step", "when"},

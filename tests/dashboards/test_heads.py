@@ -115,6 +115,12 @@ def test_head_removal_equals_zeroing_its_output_projection(tmp_path, store, loca
         held = {a.path for a in c.list_artifacts(m["run_id"], "evaluation")}
         assert held == {"evaluation/heads-val_loss.json", "evaluation/pruning-test_loss.json"}
     assert evaluate_study_heads(store, "mh", "val/loss") == 0 == evaluate_study_pruning(store, "mh", "test/loss")
+    # an evaluation recorded by other code (the evaluation fixed since, say) is made again
+    from record import evaluations
+
+    held = evaluations.recorded(store, models[0]["run_id"], "heads", "val/loss")
+    evaluations.record(store, models[0]["run_id"], "heads", "val/loss", held, code="other code")
+    assert evaluate_study_heads(store, "mh", "val/loss") == 1
 
     # the options are judged before any model is evaluated, with the names the runs evaluate
     from ablations.evaluate import check_options
