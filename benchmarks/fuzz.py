@@ -669,7 +669,8 @@ def _run_file_cli(path: Path, sets: list[str] | None, work: Workdir, env: dict) 
     with 1 after the checks, having trained nothing."""
     blocker = work.root / "blocked"
     blocker.write_text("")
-    argv = [sys.executable, "-m", "ablate", "run", str(path), *[f"--set={s}" for s in sets or []]]
+    # an argument is a C string: it ends at its first NUL, as a shell would pass it (Popen refuses one that holds it)
+    argv = [sys.executable, "-m", "ablate", "run", str(path), *[f"--set={s}".split("\x00")[0] for s in sets or []]]
     argv += ["--tracking-uri", f"sqlite:///{blocker}/mlflow.db"]
     out = subprocess.run(argv, cwd=work.root, capture_output=True, env=env, timeout=120)
     blocker.unlink()
