@@ -110,11 +110,8 @@ def head_ablation(
     uri: str, study: str, metric: str = "val/loss", *, alpha: float = ALPHA
 ) -> tuple[list[ModelHeads], dict[str, Any]]:
     """Every head of every finished cell's model, by variant then seed, judged with the study's analysis.test."""
-    _, test = evaluations.finished_cells(uri, study)
-    models = [
-        model_heads(HeadScores.from_json(data), v, s, r, test=test, alpha=alpha)
-        for v, s, r, data in evaluations.recorded_cells(uri, study, "heads", metric)
-    ]
+    recorded, test = evaluations.recorded_cells(uri, study, "heads", metric)
+    models = [model_heads(HeadScores.from_json(data), v, s, r, test=test, alpha=alpha) for v, s, r, data in recorded]
     return models, {
         "study": study,
         "metric": metric,

@@ -10,7 +10,7 @@ import math
 
 from dashboards.table import Table, build
 from record import stats
-from record.looks import Look, decided_at, path, plan_of
+from record.looks import Look, decided_at, path
 from record.recorded import LookRecord, PlanRecord
 from record.runs import StudyRuns
 from record.spec.seedplan import SeedPlan
@@ -20,7 +20,7 @@ def table(runs: StudyRuns, **options) -> Table:
     """The ablation table; for a study with a seed plan, each contrast of its family as the look that decided it
     saw it (its verdict, estimate, interval and p at that look's alpha), or as the last look saw it, open."""
     full = build(runs, **options)
-    plan = plan_of(runs)
+    plan = runs.design.plan
     if plan is None:
         return full
     if full.metric != runs.design.metric:

@@ -39,10 +39,8 @@ ALPHA = 0.05  # the level of the pruning curves' tests, Holm over the fractions
 def study_pruning(uri: str, study: str, metric: str = "test/loss") -> tuple[list[ModelPruning], dict[str, Any]]:
     """Every finished cell's pruned model of ``study`` as its run recorded it (``ablations.pruning``), by variant
     then seed."""
-    _, test = evaluations.finished_cells(uri, study)
-    models = [
-        ModelPruning.from_json(data) for _, _, _, data in evaluations.recorded_cells(uri, study, "pruning", metric)
-    ]
+    recorded, test = evaluations.recorded_cells(uri, study, "pruning", metric)
+    models = [ModelPruning.from_json(data) for _, _, _, data in recorded]
     orders = len(models[0].random_orders) if models else 0
     return models, {"study": study, "metric": metric, "test": test, "orders": orders}
 

@@ -101,9 +101,12 @@ def finished_cells(uri: str, study: str) -> tuple[list[tuple[str, int, str]], st
     return [(v, int(seed), run_id) for v, seed, run_id in cells], runs.design.analysis.test
 
 
-def recorded_cells(uri: str, study: str, kind: str, metric: str) -> list[tuple[str, int, str, dict[str, Any]]]:
-    """(variant, seed, run_id, the evaluation its run recorded) of every finished cell (``ablations.evaluate``)."""
-    cells, _ = finished_cells(uri, study)
+def recorded_cells(
+    uri: str, study: str, kind: str, metric: str
+) -> tuple[list[tuple[str, int, str, dict[str, Any]]], str]:
+    """([(variant, seed, run_id, the evaluation its run recorded)] of every finished cell (``ablations.evaluate``),
+    the study's analysis.test)."""
+    cells, test = finished_cells(uri, study)
     out = []
     for variant, seed, run_id in cells:
         data = recorded(uri, run_id, kind, metric)
@@ -113,7 +116,7 @@ def recorded_cells(uri: str, study: str, kind: str, metric: str) -> list[tuple[s
                 f"`ablate heads {study}` evaluates it"
             )
         out.append((variant, seed, run_id, data))
-    return out
+    return out, test
 
 
 __all__ = [

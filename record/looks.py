@@ -47,10 +47,6 @@ class Look:
         return out
 
 
-def plan_of(runs: StudyRuns) -> SeedPlan | None:
-    return runs.design.plan
-
-
 def path(runs: StudyRuns, plan: SeedPlan, analysis: Analysis | None = None) -> tuple[list[Look], dict[str, int]]:
     """The looks the store's results allow, in order, and the seeds each variant needs for the next one (equal to
     the last look's when the plan has ended)."""
@@ -142,4 +138,4 @@ def decided_at(label: str, looks: list[Look]) -> Look | None:
     return next((look for look in looks if label not in look.open), None)
 
 
-__all__ = ["DECIDED", "Look", "decided_at", "ended", "path", "plan_of", "wanted"]
+__all__ = ["DECIDED", "Look", "decided_at", "ended", "path", "wanted"]

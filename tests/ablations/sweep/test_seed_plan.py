@@ -16,7 +16,7 @@ import pytest
 from ablate.main import main
 from dashboards.looks import path_rows
 from dashboards.looks import table as sequential_table
-from record.looks import path, plan_of
+from record.looks import path
 from record.runs import load_runs as load_runs
 from record.vocabulary import cell_state
 from tests.ablations.sweep.test_sweep import REVERSE, runs_of, wait_for, write_study
@@ -75,7 +75,7 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
     assert seeds == {"base": 9, "near": 9, "far": 7}  # far decided at the first look: no second batch
 
     runs = load_runs(store, "planned")
-    looks, _ = path(runs, plan_of(runs))
+    looks, _ = path(runs, runs.design.plan)
     assert [sorted(look.open) for look in looks] == [["near vs base"], ["near vs base"]]
     table = sequential_table(runs)
     far = next(c for c in table.family if c.label == "far vs base")

@@ -8,10 +8,10 @@ import pytest
 from pydantic import BaseModel, Field
 
 from record import exploratory
-from record.recorded import RecordedDesign
+from record.recorded import RecordedDesign, Registration
 from record.spec.analysis import Analysis
 from record.spec.decides import EVERY, ITS_OWN, MARKS, NONE, decides, keys_marked, marks
-from record.spec.declaration import Declaration
+from record.spec.declaration import Declaration, digest
 from record.spec.study import StudyFile
 
 RECORD = (StudyFile, Declaration, Analysis, RecordedDesign)
@@ -31,12 +31,40 @@ def test_an_unmarked_field_is_found():
     assert marks(Later) == {"margin": EVERY, "new_key": None}
 
 
-def test_what_a_late_change_makes_exploratory_follows_from_the_marks():
-    assert keys_marked(Analysis, EVERY, "analysis.") <= exploratory.EVERY_CONTRAST
-    assert keys_marked(Declaration, EVERY) <= exploratory.EVERY_CONTRAST
+def test_the_keys_that_decide_their_own_contrasts_are_each_read_by_exploratory():
     per_contrast = keys_marked(Declaration, ITS_OWN) | keys_marked(Analysis, ITS_OWN, "analysis.")
     assert per_contrast == set(exploratory.PER_CONTRAST), "teach record.exploratory._changed_for the new key"
-    assert not keys_marked(Analysis, NONE, "analysis.") & exploratory.EVERY_CONTRAST
+
+
+def amended_after_results(changed: str, value) -> list[Registration]:
+    """A registration before any result, then an amendment after results that changes one analysis key."""
+    before = {"study": "s", "design": "variants", "axes": [], "variants": {"base": {}, "wide": {}}, "analysis": {}}
+    key = changed.removeprefix("analysis.")
+    after = {**before, "analysis": {key: value}}
+    made = lambda version, declared, finished, changed: Registration(  # noqa: E731
+        version=version, hash=digest(declared), declaration=declared, created=0.0, finished=finished, changed=changed
+    )
+    return [made(0, before, {}, []), made(1, after, {"base": 3, "wide": 3}, [changed])]
+
+
+@pytest.mark.parametrize(
+    "changed,value,moves",
+    [
+        ("analysis.margins", {"final/val_loss": 0.05}, True),  # marked: every contrast
+        ("analysis.failure_rule", "exclude", True),
+        ("analysis.power", 0.9, False),  # marked: no verdict
+        ("analysis.warn", {"param_ratio": 2.0}, False),
+    ],
+)
+def test_a_late_change_makes_contrasts_exploratory_as_its_key_is_marked(changed, value, moves):
+    """A change after results of what decides every verdict makes the contrast exploratory; of what decides none,
+    it does not. The marks give the answer: record.exploratory holds no list of keys of its own."""
+    mark = marks(Analysis)[changed.removeprefix("analysis.")]
+    assert (mark == EVERY) == moves and (mark == NONE) == (not moves)
+    found = exploratory.exploratory(amended_after_results(changed, value), {"wide vs base": ("wide", "base")})
+    assert bool(found) == moves, found
+    if moves:
+        assert found["wide vs base"].startswith(f"amendment 1 changed {changed} after results")
 
 
 def test_the_declaration_and_design_json_agree_on_what_decides():
