@@ -308,7 +308,7 @@ def unshowable_equivalence(family: Sequence[stats.Contrast], alpha: float, test:
     form of the two one-sided tests (sign-flip tests of d + m and d - m) cannot go below 1/2^n over n seeds, above
     the largest step Holm over the contrasts with a margin can give them (as ``correct`` corrects: every one in
     the family, an untestable one at p 1). Those contrasts are named."""
-    margined = [c for c in family if math.isfinite(c.margin)]
+    margined = [c for c in family if c.margin is not None]
     if test == "t" or not any(c.testable for c in margined):
         return None
     floors = [(0.5**c.n if c.min_p > 0 else 0.0) if c.testable else 1.0 for c in margined]

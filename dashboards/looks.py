@@ -5,7 +5,6 @@ are replayed by ``record.looks``, which the sweep asks which cells come next.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from dashboards.table import Table, build
@@ -31,6 +30,8 @@ def table(runs: StudyRuns, **options) -> Table:
         return full
     whole = {c.label: c for c in full.contrasts}
     final = {c.label: _final(c, looks, plan, whole.get(c.label)) for c in looks[-1].contrasts}
+    full.decided_at = {label: at for label, (_, at) in final.items()}
+    final = {label: c for label, (c, _) in final.items()}
     full.contrasts = [final.get(c.label, c) if c.in_family else c for c in full.contrasts]
     for r in full.rows:
         if r.contrast is not None and r.contrast.label in final:
@@ -60,7 +61,10 @@ def look_record(look: Look) -> LookRecord:
     return LookRecord(seeds=look.seeds, alpha=look.alpha, open=look.open, not_testable=untestable)
 
 
-def _final(c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Contrast | None) -> stats.Contrast:
+def _final(
+    c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Contrast | None
+) -> tuple[stats.Contrast, str]:
+    """The contrast as the look that decided it saw it (else as the last look saw it, open), and that look."""
     look = decided_at(c.label, looks)
     if look is None:
         seen = next(x for x in looks[-1].contrasts if x.label == c.label)
@@ -68,13 +72,13 @@ def _final(c: stats.Contrast, looks: list[Look], plan: SeedPlan, full: stats.Con
         at = f"{where}, look {len(looks)} of {len(plan.looks())} ({seen.n} seeds of at most {plan.max})"
         if full is not None and math.isfinite(full.mde):
             at += f"; at these seeds the family's test detects |Δ| >= {full.mde:.3g}"
-        return dataclasses.replace(seen, verdict="not resolved", look=at)
+        return seen, at
     seen = next(x for x in look.contrasts if x.label == c.label)
     at = (
         f"decided at look {look.index + 1} of {len(plan.looks())} ({seen.n} seeds of at most {plan.max}, alpha spent "
         f"{look.alpha:.3g})"
     )
-    return dataclasses.replace(seen, look=at)
+    return seen, at
 
 
 def saved(plan: SeedPlan, looks: list[Look]) -> tuple[int, int]:

@@ -221,15 +221,15 @@ def legend(t: Table) -> list[str]:
         + (
             "; TOST: the two one-sided tests of equivalence within the margin, Holm-corrected over the contrasts "
             "with a margin (equivalent where it is at most alpha)."
-            if math.isfinite(t.margin)
+            if t.margin is not None
             else "."
         ),
         f"verdict at alpha {a.alpha:g}: different (better / worse), "
-        + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if math.isfinite(t.margin) else "")
+        + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if t.margin is not None else "")
         + "not resolved (neither), untestable (no paired seed; p = 1 in the family), not testable here (the "
         "miniature leaves no room for the expected effect, or a variant has not converged by the declared "
         "criterion: the test still runs and counts in the family; see Verdicts)"
-        + ("" if math.isfinite(t.margin) else f"; declare analysis.margins.{t.metric} to test equivalence")
+        + ("" if t.margin is not None else f"; declare analysis.margins.{t.metric} to test equivalence")
         + ".",
         f"detectable Δ: the smallest difference these seeds detect with {a.power:.0%} power at Holm's strictest "
         f"level {a.alpha:g}/{max(1, len(t.family))}, from the observed paired spread (none: the test cannot reach "

@@ -91,6 +91,7 @@ class Table:
     path: list[list[str]] = field(default_factory=list)  # a seed plan's looks (dashboards.render.PATH_HEAD)
     plan: PlanRecord | None = None  # the seed plan, as declared (and the metric its looks decide on, when another)
     looks: list[LookRecord] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
+    decided_at: dict[str, str] = field(default_factory=dict)  # a seed plan's contrast: the look that decided it
 
     @property
     def warnings(self) -> list[str]:
@@ -125,8 +126,8 @@ class Table:
         return [c for c in self.contrasts if c.kind != "pair"]
 
     @property
-    def margin(self) -> float:
-        return self.analysis.margins.get(self.metric, math.nan)
+    def margin(self) -> float | None:
+        return self.analysis.margins.get(self.metric)
 
     @property
     def detect(self) -> float | None:
@@ -176,7 +177,10 @@ class Table:
 def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
     nan = math.nan
     if c is None:
-        c = stats.Contrast("", "pair", "", "", 0, nan, stats.NAN2, nan, "", in_family=False)
+        nothing = stats.Measured(
+            label="", kind="pair", a="", b="", n=0, estimate=nan, ci_t=stats.NAN2, p=nan, method=""
+        )
+        c = stats.Contrast(nothing, stats.Standing(in_family=False))
         none = True
     else:
         none = False
@@ -195,7 +199,7 @@ def contrast_fields(c: stats.Contrast | None) -> dict[str, Any]:
         "in_family": c.in_family if not none else "",
         "exploratory": c.exploratory,
         "verdict": c.verdict,
-        "margin": c.margin,
+        "margin": nan if c.margin is None else c.margin,
         "p_tost": c.p_tost,
         "p_tost_holm": c.p_tost_holm,
         "p_success": c.p_rate,

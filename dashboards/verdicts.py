@@ -64,9 +64,9 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
         )
         seeds = None
     step = f'{command(t)} --seeds {seeds} --amend "{seeds} seeds: {why_more(c)}"' if seeds else ""
-    if seeds and c.look:  # a seed plan: its maximum is what an amendment raises
+    if seeds and c.label in t.decided_at:  # a seed plan: its maximum is what an amendment raises
         step = f'raise seeds.max to {seeds} in {t.source}, then {command(t)} --amend "max {seeds}: {why_more(c)}"'
-    if not step and not math.isfinite(t.margin):
+    if not step and t.margin is None:
         step = f"declare analysis.margins.{t.metric} to test equivalence"
     return Reading(c.label, c.verdict, unresolved_sentence(t, c), why, step)
 
@@ -105,13 +105,13 @@ def decided_sentence(t: Table, c: stats.Contrast) -> str:
         parts += [seed_count(c), f"Holm p {stats_p(c.p_holm)}"]
     if "equivalent" in c.verdict:
         parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}")
-    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, c.look] if p)})"
+    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
 
 
 def unresolved_sentence(t: Table, c: stats.Contrast) -> str:
     a = t.analysis
     parts = [f"Δ {c.estimate:+.3g}", interval_text(c, a.confidence, a.test), f"Holm p {stats_p(c.p_holm)}"]
-    return f"{c.label}: not resolved on {t.metric} ({'; '.join(p for p in [*parts, c.look] if p)})"
+    return f"{c.label}: not resolved on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
 
 
 def stats_p(p: float) -> str:

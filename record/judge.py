@@ -8,7 +8,6 @@ so a sweep decides its next seeds by the verdicts its report will show.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
@@ -152,10 +151,17 @@ def grid(runs: StudyRuns, frame: Frame) -> tuple[list[str], bool, dict[str, list
 
 
 def contrasts_of(
-    runs: StudyRuns, frame: Frame, baseline: str, analysis: Analysis, n_boot: int, metric: str
+    runs: StudyRuns,
+    frame: Frame,
+    baseline: str,
+    analysis: Analysis,
+    n_boot: int,
+    metric: str,
+    falls: dict[str, list[float]] | None = None,
 ) -> list[stats.Contrast]:
     """Every row's contrast against the baseline, the family's other pairs, and a grid's factorial effects (in
-    the family where declared, or by default), before Holm's correction."""
+    the family where declared, or by default), each placed where the study puts it (``Placing``), before Holm's
+    correction. ``falls``: the convergence criterion's judged falls, per variant (none: not judged)."""
     axes, is_grid, levels = grid(runs, frame)
     family = analysis.family(frame.variants, baseline, axes, is_grid)
     explore = _explored(runs, frame, family, levels)  # outside the confirmatory family: not counted in its size
@@ -169,16 +175,12 @@ def contrasts_of(
         family_size=size,
         n_boot=n_boot,
     )
-    outcomes = outcomes_of(frame, analysis)
     declared = set(family.pairs)
 
     def pair(a: str, b: str) -> stats.Contrast:
-        c = stats.paired_contrast(frame.values.get(b, {}), frame.values.get(a, {}), a=a, b=b, **common)
-        ia, ib = frame.imputed.get(a, set()), frame.imputed.get(b, set())
-        every = next((v for v, i in ((a, ia), (b, ib)) if c.seeds and set(c.seeds) <= i), "")
-        p_rate = stats.rate_test(outcomes.get(a, EMPTY), outcomes.get(b, EMPTY))
-        return dataclasses.replace(
-            c, in_family=(a, b) in declared, p_rate=p_rate, imputed=len(set(c.seeds) & (ia | ib)), all_imputed=every
+        values = frame.values
+        return stats.paired_contrast(
+            values.get(b, {}), values.get(a, {}), a=a, b=b, in_family=(a, b) in declared, **common
         )
 
     contrasts = [pair(v, baseline) for v in frame.variants if v != baseline]
@@ -190,12 +192,8 @@ def contrasts_of(
         contrasts += stats.factorial_effects(
             df, axes, "_value", declared_main=family.main, declared_interactions=family.interactions, **common
         )
-    return [
-        dataclasses.replace(c, in_family=False, exploratory=explore[c.label])
-        if c.in_family and c.label in explore
-        else c
-        for c in contrasts
-    ]
+    placing = Placing(runs, frame, analysis, metric, explore, falls or {})
+    return [c.placed(placing.standing(c)) for c in contrasts]
 
 
 def _explored(runs: StudyRuns, frame: Frame, family, levels: dict[str, list[str]]) -> dict[str, str]:
@@ -220,30 +218,42 @@ def outcomes_of(frame: Frame, analysis: Analysis) -> dict[str, stats.Successes]:
     return out
 
 
-def judged(
-    runs: StudyRuns,
-    frame: Frame,
-    contrasts: list[stats.Contrast],
-    metric: str,
-    analysis: Analysis,
-    falls: dict[str, list[float]],
-) -> list[stats.Contrast]:
-    """Mark the family's contrasts the miniature cannot test (``record/testable.py``): no room in the metric
-    for the effect the study expects, or a variant not converged by the declared criterion."""
-    still = testable.not_converged(falls, analysis.converged) if analysis.converged else {}
-    steps = mean_of(frame.cells, "cost/steps")
-    out = []
-    for c in contrasts:
-        problem = None
-        if c.in_family and still:
-            involved = (c.a, c.b) if c.kind == "pair" else frame.variants
-            problem = testable.convergence_problem(involved, still, analysis.converged, steps)
-        if c.in_family and problem is None:
-            problem = _room(runs, frame, c, metric, analysis)
-        if problem:
-            c = dataclasses.replace(c, untestable_here=problem[0], make_testable=problem[1])
-        out.append(c)
-    return out
+class Placing:
+    """Where the study puts each measured contrast (``stats.Standing``): in its confirmatory family as declared,
+    unless added or changed after results (exploratory); a pair's failures (the success-rate test, the seeds
+    imputed under the failure rule); and, in the family, what the miniature cannot test (``record/testable.py``:
+    no room in the metric for the effect the study expects, or a variant not converged by the declared
+    criterion)."""
+
+    def __init__(self, runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, explore: dict, falls: dict):
+        self.runs, self.frame, self.analysis, self.metric, self.explore = runs, frame, analysis, metric, explore
+        self.outcomes = outcomes_of(frame, analysis)
+        self.still = testable.not_converged(falls, analysis.converged) if analysis.converged and falls else {}
+        self.steps = mean_of(frame.cells, "cost/steps")
+
+    def standing(self, c: stats.Contrast) -> stats.Standing:
+        explored = c.in_family and c.label in self.explore
+        in_family = c.in_family and not explored
+        problem = self._problem(c) if in_family else None
+        untestable, make = problem or ("", "")
+        return stats.Standing(
+            in_family=in_family, exploratory=self.explore[c.label] if explored else "", untestable_here=untestable,
+            make_testable=make, **(self._failures(c) if c.kind == "pair" else {}),
+        )  # fmt: skip
+
+    def _failures(self, c: stats.Contrast) -> dict[str, Any]:
+        ia, ib = self.frame.imputed.get(c.a, set()), self.frame.imputed.get(c.b, set())
+        every = next((v for v, i in ((c.a, ia), (c.b, ib)) if c.seeds and set(c.seeds) <= i), "")
+        p_rate = stats.rate_test(self.outcomes.get(c.a, EMPTY), self.outcomes.get(c.b, EMPTY))
+        return dict(p_rate=p_rate, imputed=len(set(c.seeds) & (ia | ib)), all_imputed=every)
+
+    def _problem(self, c: stats.Contrast) -> tuple[str, str] | None:
+        if self.still:
+            involved = (c.a, c.b) if c.kind == "pair" else self.frame.variants
+            problem = testable.convergence_problem(involved, self.still, self.analysis.converged, self.steps)
+            if problem:
+                return problem
+        return _room(self.runs, self.frame, c, self.metric, self.analysis)
 
 
 def _room(runs: StudyRuns, frame: Frame, c: stats.Contrast, metric: str, analysis: Analysis) -> tuple[str, str] | None:
@@ -313,8 +323,7 @@ def corrected(
 ) -> list[stats.Contrast]:
     """Every contrast tested, the untestable marked (``falls``: the convergence criterion's judged falls, per
     variant; none: not judged), Holm's correction over the family and the verdicts."""
-    contrasts = contrasts_of(runs, frame, baseline, analysis, n_boot, metric)
-    contrasts = judged(runs, frame, contrasts, metric, analysis, falls or {})
+    contrasts = contrasts_of(runs, frame, baseline, analysis, n_boot, metric, falls)
     return stats.correct(contrasts, analysis.alpha, direction)
 
 
@@ -349,7 +358,7 @@ __all__ = [
     "frame_of",
     "grid",
     "judge",
-    "judged",
+    "Placing",
     "mean_of",
     "metric_direction",
     "outcome",

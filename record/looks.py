@@ -110,19 +110,12 @@ def _judge(
     sizes = {label: before.sizes[label] for label in frozen} if before else {}
     family = []
     for c in judged.family:
-        c = frozen.get(c.label) or _in_seed_order(c)
+        c = frozen.get(c.label) or c
         sizes.setdefault(c.label, _sizes(c, history, list(runs.variants)))
         family.append(c)
     family = plans.decided(family, sizes, plan, analysis.alpha, judged.direction)
     still = [c.label for c in family if c.label not in frozen and not c.verdict.startswith(DECIDED)]
     return Look(len(history) - 1, dict(upto), analysis.alpha, family, still, sizes)
-
-
-def _in_seed_order(c: stats.Contrast) -> stats.Contrast:
-    order = sorted(range(len(c.seeds)), key=lambda i: c.seeds[i])
-    return dataclasses.replace(
-        c, seeds=tuple(c.seeds[i] for i in order), differences=tuple(c.differences[i] for i in order)
-    )
 
 
 def _sizes(c: stats.Contrast, history: list[dict[str, int]], variants: list[str]) -> tuple[int, ...]:

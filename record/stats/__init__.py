@@ -23,7 +23,18 @@ statsmodels and scipy.stats are imported inside the functions that need them (ab
 that only plans its cells (holm_floor, smallest_exact_n) does not pay for them.
 """
 
-from record.stats.contrasts import Contrast, correct, holm, paired_contrast, seed_contrast, verdict
+from record.stats.contrasts import (
+    Contrast,
+    Corrected,
+    Measured,
+    Standing,
+    correct,
+    holm,
+    measure,
+    paired_contrast,
+    seed_contrast,
+    verdict,
+)
 from record.stats.effects import factorial_effects
 from record.stats.family import (
     EXACT_MAX_N,
@@ -84,6 +95,10 @@ __all__ = [
     "POWER_DRAWS",
     "TESTS",
     "Contrast",
+    "Corrected",
+    "Measured",
+    "Standing",
+    "measure",
     "Successes",
     "Summary",
     "bca_interval",

@@ -1,10 +1,19 @@
 """A contrast (a paired difference, or a factorial effect computed within each seed) with its test, intervals,
-equivalence test and power; Holm's correction over the family, and the verdict words."""
+equivalence test and power; Holm's correction over the family, and the verdict words.
+
+A contrast is built in three stages, each a typed value made once: ``Measured`` (what the seeds' values say:
+``seed_contrast``), ``Standing`` (where the study puts it: its family, an exploratory mark, what the miniature
+cannot test, its failures: ``record.judge``) and ``Corrected`` (the family's correction: Holm's, ``correct``, or a
+seed plan's closed group-sequential test, ``record.stats.plans``). ``Contrast`` holds the three and reads their
+fields as its own; its verdict is computed from them in one place, ``verdict``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +26,10 @@ from record.stats.power import detectable, seeds_needed
 from record.stats.summaries import BOOT_RESAMPLES, NAN, NAN2, bca_interval, finite, has_spread, t_interval
 
 
-@dataclass(frozen=True)
-class Contrast:
-    """One comparison: a pair of variants (Δ = a − b over the seeds both have) or a factorial effect."""
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What the seeds' values say of one comparison: a pair of variants (Δ = a − b over the seeds both have) or a
+    factorial effect. Built once, by ``seed_contrast``."""
 
     label: str
     kind: str  # pair | main | interaction
@@ -39,34 +49,94 @@ class Contrast:
     hedges_g: float = NAN
     correlation: float = NAN  # between the paired runs' values, across seeds
     sd_unpaired: float = NAN  # sqrt(var(a) + var(b)): the spread of Δ had the runs not been paired
-    margin: float = NAN
+    margin: float | None = None  # the declared equivalence margin (none: equivalence is not tested)
     p_tost: float = NAN
     mde: float = NAN  # the smallest |Δ| detectable at the family's strictest level with the stated power
     seeds_needed: int | None = None  # for the analysis' detect difference
-    p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Standing:
+    """Where the study puts a contrast: in its confirmatory family or not, exploratory (added or changed after
+    results), not testable by this miniature (no room, not converged), and what its failures say."""
+
     in_family: bool = True
     exploratory: str = ""  # why it is outside the confirmatory family: added or changed after results
-    look: str = ""  # a seed plan's: the look that decided it ("decided at look 2 of 4 (10 seeds, alpha 0.0055)")
+    untestable_here: str = ""  # why the verdict is "not testable here" (no room, not converged); "" when testable
+    make_testable: str = ""  # what would make it testable
+    p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
+    imputed: int = 0  # pairs: the seeds with a value imputed for a failure (either side), under the failure rule
+    all_imputed: str = ""  # pairs: the side (a or b) every one of whose values here was imputed, if any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corrected:
+    """The family's correction of a contrast's tests, at ``alpha``, read in ``direction``."""
+
+    alpha: float
+    direction: str = "minimize"
     p_holm: float = NAN
     p_tost_holm: float = NAN
     p_rate_holm: float = NAN
-    verdict: str = ""
-    note: str = ""
-    imputed: int = 0  # pairs: the seeds with a value imputed for a failure (either side), under the failure rule
-    all_imputed: str = ""  # pairs: the side (a or b) every one of whose values here was imputed, if any
-    untestable_here: str = ""  # why the verdict is "not testable here" (no room, not converged); "" when testable
-    make_testable: str = ""  # what would make it testable
+    procedure: str = ""  # how the family was corrected, when not by Holm over fixed samples
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One comparison, its stages held whole: ``Measured`` and ``Standing`` fields read as the contrast's own
+    (``c.estimate``, ``c.in_family``); ``p_holm``, ``p_tost_holm``, ``p_rate_holm`` nan and ``verdict`` "" until
+    it is corrected."""
+
+    measured: Measured
+    standing: Standing = Standing()
+    corrected: Corrected | None = None
 
     @property
     def testable(self) -> bool:
-        return self.n > 0 and not self.method.startswith("untestable")
+        return self.n > 0 and not self.measured.method.startswith("untestable")
+
+    @property
+    def method(self) -> str:
+        procedure = self.corrected.procedure if self.corrected else ""
+        return f"{self.measured.method}; {procedure}" if procedure else self.measured.method
+
+    @property
+    def p_holm(self) -> float:
+        return self.corrected.p_holm if self.corrected else NAN
+
+    @property
+    def p_tost_holm(self) -> float:
+        return self.corrected.p_tost_holm if self.corrected else NAN
+
+    @property
+    def p_rate_holm(self) -> float:
+        return self.corrected.p_rate_holm if self.corrected else NAN
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self)
+
+    def placed(self, standing: Standing) -> Contrast:
+        """This measurement where the study puts it (uncorrected: a standing changes the family)."""
+        return Contrast(self.measured, standing)
+
+    def corrected_by(self, correction: Corrected) -> Contrast:
+        return Contrast(self.measured, self.standing, correction)
 
 
-def _seed_order(s: Any) -> tuple[str, Any]:
-    return (str(type(s)), s)
+for _stage, _cls in (("measured", Measured), ("standing", Standing)):
+    for _f in dataclasses.fields(_cls):
+        if _f.name not in vars(Contrast):
+            setattr(Contrast, _f.name, property(operator.attrgetter(f"{_stage}.{_f.name}"), doc=f"{_stage}.{_f.name}"))
 
 
-def seed_contrast(
+def _seed_order(s: Any) -> tuple[int, Any]:
+    """Numbers by value (an int and a numpy integer alike), anything else by its text after them."""
+    return (0, float(s)) if isinstance(s, numbers.Real) else (1, str(s))
+
+
+def measure(
     per_seed: dict[Any, float],
     *,
     label: str,
@@ -83,27 +153,47 @@ def seed_contrast(
     n_boot: int = BOOT_RESAMPLES,
     seed: int = 0,
     missing: str = "both",
-) -> Contrast:
-    """A contrast from one value per seed: a paired difference, or a factorial effect computed within each seed
-    (the difference of differences of one seed's own cells). Every kind goes through the same test, so a Holm
-    family holds tests of one kind. ``level``: where the detectable difference is stated (default
-    (1 - confidence) / family_size, Holm's strictest step); ``missing``: what a seed lacks when none enters."""
+    correlation: float = NAN,
+    sd_unpaired: float = NAN,
+    also: str = "",
+) -> Measured:
+    """What one value per seed says: a paired difference, or a factorial effect computed within each seed (the
+    difference of differences of one seed's own cells). Every kind goes through the same test, so a Holm family
+    holds tests of one kind. ``level``: where the detectable difference is stated (default (1 - confidence) /
+    family_size, Holm's strictest step); ``missing``: what a seed lacks when none enters; ``correlation`` and
+    ``sd_unpaired``: a pair's, from its two sides; ``also``: a note of the caller's."""
     alpha = 1 - confidence
     level = alpha / max(1, family_size) if level is None else level
     seeds = tuple(sorted((s for s, v in per_seed.items() if finite([v]).size), key=_seed_order))
     d = np.array([float(per_seed[s]) for s in seeds])
     n = len(d)
-    margin = NAN if margin is None else float(margin)
+    margin = None if margin is None else float(margin)
+    named = dict(label=label, kind=kind, a=a, b=b, margin=margin)
     if n == 0:
-        return Contrast(
-            label, kind, a, b, 0, NAN, NAN2, 1.0, f"untestable: no seed has {missing}", margin=margin,
-            p_tost=1.0 if math.isfinite(margin) else NAN, min_p=1.0, mde=math.inf,
-            note=f"no seed has a value for {missing}",
+        return Measured(
+            **named, n=0, estimate=NAN, ci_t=NAN2, p=1.0, method=f"untestable: no seed has {missing}",
+            p_tost=NAN if margin is None else 1.0, min_p=1.0, mde=math.inf,
+            note=also or f"no seed has a value for {missing}",
         )  # fmt: skip
     resamples = resamples_for(level) if n > EXACT_MAX_N else MC_RESAMPLES
     p, method = paired_p(d, test, n_resamples=resamples)
     spread = has_spread(d)
     sd = float(np.std(d, ddof=1)) if n > 1 and spread else (0.0 if n > 1 else NAN)
+    needed = None
+    if detect is not None and n >= 2:
+        needed = seeds_needed(d, detect, alpha=alpha, power=power, test=test, family_size=family_size)
+    exact = test if spread else "permutation"
+    return Measured(
+        **named, n=n, estimate=float(d.mean()), ci_t=t_interval(d, confidence), p=p, method=method,
+        seeds=seeds, differences=tuple(float(v) for v in d), ci_boot=bca_interval(d, confidence, n_boot, seed),
+        spread=spread or n < 2, sd=sd, min_p=min_p(n, exact, resamples), hedges_g=hedges_g(d),
+        correlation=correlation, sd_unpaired=sd_unpaired,
+        p_tost=NAN if margin is None else tost_p(d, margin, test, n_resamples=resamples),
+        mde=detectable(sd, n, level, power, exact), seeds_needed=needed, note=_note(n, spread, also),
+    )  # fmt: skip
+
+
+def _note(n: int, spread: bool, also: str) -> str:
     notes = []
     if n > 1 and not spread:
         notes.append(
@@ -111,17 +201,12 @@ def seed_contrast(
         )
     if n == 1:
         notes.append("one paired seed")
-    needed = None
-    if detect is not None and n >= 2:
-        needed = seeds_needed(d, detect, alpha=alpha, power=power, test=test, family_size=family_size)
-    exact = test if spread else "permutation"
-    return Contrast(
-        label, kind, a, b, n, float(d.mean()), t_interval(d, confidence), p, method,
-        seeds=seeds, differences=tuple(float(v) for v in d), ci_boot=bca_interval(d, confidence, n_boot, seed),
-        spread=spread or n < 2, sd=sd, min_p=min_p(n, exact, resamples), hedges_g=hedges_g(d), margin=margin,
-        p_tost=tost_p(d, margin, test, n_resamples=resamples) if math.isfinite(margin) else NAN,
-        mde=detectable(sd, n, level, power, exact), seeds_needed=needed, note="; ".join(notes),
-    )  # fmt: skip
+    return "; ".join(x for x in (*notes, also) if x)
+
+
+def seed_contrast(per_seed: dict[Any, float], *, in_family: bool = True, **options: Any) -> Contrast:
+    """A contrast from one value per seed (``measure``'s options), in the family unless told otherwise."""
+    return Contrast(measure(per_seed, **options), Standing(in_family=in_family))
 
 
 def paired_contrast(
@@ -133,7 +218,7 @@ def paired_contrast(
     b: str = "",
     **options: Any,
 ) -> Contrast:
-    """variant − comparator over the seeds where both have a finite value (``seed_contrast``'s options), with the
+    """variant − comparator over the seeds where both have a finite value (``measure``'s options), with the
     correlation between the paired runs and the spread the difference would have had unpaired."""
     from scipy import stats as sps
 
@@ -141,12 +226,14 @@ def paired_contrast(
     seeds.sort(key=_seed_order)
     x = np.array([float(variant[s]) for s in seeds])
     y = np.array([float(comparator[s]) for s in seeds])
-    c = seed_contrast(dict(zip(seeds, x - y)), label=label or f"{a} vs {b}", a=a, b=b, **options)
     corr = NAN
     if len(seeds) >= 3 and has_spread(x) and has_spread(y):
         corr = float(sps.pearsonr(x, y).statistic)
     sd_unpaired = float(math.sqrt(np.var(x, ddof=1) + np.var(y, ddof=1))) if len(seeds) > 1 else NAN
-    return dataclasses.replace(c, correlation=corr, sd_unpaired=sd_unpaired)
+    per_seed = dict(zip(seeds, x - y))
+    return seed_contrast(
+        per_seed, label=label or f"{a} vs {b}", a=a, b=b, correlation=corr, sd_unpaired=sd_unpaired, **options
+    )
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -162,22 +249,25 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return [float(v) for v in multipletests(p, method="holm")[1]]
 
 
-def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
-    """The verdict words, from the corrected tests only."""
+def verdict(c: Contrast) -> str:
+    """The verdict words, from the corrected tests only ("" before the family is corrected): the one place they
+    are decided."""
+    if c.corrected is None:
+        return ""
     if not c.in_family and not c.exploratory:
         return "not in the family"
     if not c.testable:
         return "untestable"
     if c.untestable_here:  # the test still runs and counts in the family; its words would claim too much
         return "not testable here"
-    m = c.margin
-    equivalent = math.isfinite(m) and math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha
-    within = f"equivalent within ±{m:.3g}"
+    m, alpha = c.margin, c.corrected.alpha
+    equivalent = m is not None and math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha
+    within = f"equivalent within ±{m:.3g}" if equivalent else ""
     if c.p_holm <= alpha:
         if c.kind == "interaction":
             word = "different"
         else:
-            better = c.estimate < 0 if direction == "minimize" else c.estimate > 0
+            better = c.estimate < 0 if c.corrected.direction == "minimize" else c.estimate > 0
             word = f"different ({'better' if better else 'worse'})"
         return word + (f", {within}" if equivalent else "")
     return within if equivalent else "not resolved"
@@ -186,8 +276,7 @@ def verdict(c: Contrast, alpha: float, direction: str = "minimize") -> str:
 def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize") -> list[Contrast]:
     """Holm over the contrasts in the family: the difference tests; apart, the equivalence tests of those with a
     margin and the success-rate tests of the pairs. The exploratory contrasts (added or changed after results) are
-    corrected the same way among themselves, outside the confirmatory family. The verdict of each. Contrasts in
-    neither keep nan."""
+    corrected the same way among themselves, outside the confirmatory family. Contrasts in neither keep nan."""
     p_holm: dict[int, float] = {}
     p_tost: dict[int, float] = {}
     p_rate: dict[int, float] = {}
@@ -196,14 +285,19 @@ def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize"
         [i for i, c in enumerate(contrasts) if c.exploratory],
     ):
         p_holm.update(zip(group, holm([contrasts[i].p for i in group])))
-        with_margin = [i for i in group if math.isfinite(contrasts[i].margin)]
+        with_margin = [i for i in group if contrasts[i].margin is not None]
         p_tost.update(zip(with_margin, holm([contrasts[i].p_tost for i in with_margin])))
         with_rate = [i for i in group if math.isfinite(contrasts[i].p_rate)]
         p_rate.update(zip(with_rate, holm([contrasts[i].p_rate for i in with_rate])))
-    out = []
-    for i, c in enumerate(contrasts):
-        c = dataclasses.replace(
-            c, p_holm=p_holm.get(i, NAN), p_tost_holm=p_tost.get(i, NAN), p_rate_holm=p_rate.get(i, NAN)
-        )
-        out.append(dataclasses.replace(c, verdict=verdict(c, alpha, direction)))
-    return out
+    return [
+        c.corrected_by(
+            Corrected(
+                alpha=alpha,
+                direction=direction,
+                p_holm=p_holm.get(i, NAN),
+                p_tost_holm=p_tost.get(i, NAN),
+                p_rate_holm=p_rate.get(i, NAN),
+            )
+        )  # fmt: skip
+        for i, c in enumerate(contrasts)
+    ]

@@ -4,7 +4,6 @@ kind."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -90,29 +89,29 @@ def factorial_effects(
         for level in levels[f][1:]:
             weights, used, total = _main_weights(cells, i, level, levels[f][0])
             label = main_label(f, level, levels[f][0])
-            c = _effect(values, weights, label, "main", level, levels[f][0], options)
-            out.append(_noted(c, used, total, f in set(declared_main or ())))
+            named = dict(label=label, kind="main", a=level, b=levels[f][0], in_family=f in set(declared_main or ()))
+            out.append(_effect(values, weights, used, total, options, **named))
     for i, j in itertools.combinations(range(len(factors)), 2):
         fi, fj = factors[i], factors[j]
         ref = (levels[fi][0], levels[fj][0])
         for ab in itertools.product(levels[fi][1:], levels[fj][1:]):
             weights, used, total = _interaction_weights(cells, i, j, ab, ref)
             label = interaction_label(fi, fj, ab, ref)
-            c = _effect(values, weights, label, "interaction", " x ".join(ab), " x ".join(ref), options)
-            out.append(_noted(c, used, total, frozenset((fi, fj)) in declared_inter))
+            declared = frozenset((fi, fj)) in declared_inter
+            named = dict(label=label, kind="interaction", a=" x ".join(ab), b=" x ".join(ref), in_family=declared)
+            out.append(_effect(values, weights, used, total, options, **named))
     return out
 
 
-def _effect(values, weights: Weights, label: str, kind: str, a: str, b: str, options: dict) -> Contrast:
+def _effect(values, weights: Weights, used: int, total: int, options: dict, **named: Any) -> Contrast:
     per_seed = _per_seed(values, weights)
-    return seed_contrast(per_seed, label=label, kind=kind, a=a, b=b, missing="every cell of it", **options)
+    return seed_contrast(per_seed, missing="every cell of it", also=_note(used, total), **named, **options)
 
 
-def _noted(c: Contrast, used: int, total: int, in_family: bool) -> Contrast:
-    note = c.note
+def _note(used: int, total: int) -> str:
+    """How many of the other axes' combinations the effect averages over, when not all."""
     if used == 0:
-        note = "no combination of the other axes has every cell"
-    elif used < total:
-        extra = f"averaged over the {used} of {total} combinations of the other axes where every cell was run"
-        note = "; ".join(x for x in (c.note, extra) if x)
-    return dataclasses.replace(c, in_family=in_family, note=note)
+        return "no combination of the other axes has every cell"
+    if used < total:
+        return f"averaged over the {used} of {total} combinations of the other axes where every cell was run"
+    return ""

@@ -9,7 +9,6 @@ A plan is any object with ``first``, ``batch``, ``max``, ``spending``, ``looks()
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from record.stats import sequential as gs
-from record.stats.contrasts import Contrast, verdict
+from record.stats.contrasts import Contrast, Corrected, holm
 from record.stats.family import smallest_exact_n
 from record.stats.power import power_of
 
@@ -59,17 +58,24 @@ def decided(
     levels = sorted({min(1.0, alpha * g) for g in GRID})
     at = levels.index(alpha)
     p = closed_p(family, sizes, plan, levels, at, 0)
-    margins = [c for c in family if math.isfinite(c.margin)]
+    margins = [c for c in family if c.margin is not None]
     p_tost = dict(zip([c.label for c in margins], closed_p(margins, sizes, plan, levels, at, 1)))
-    out = []
-    for c, p_c in zip(family, p):
-        c = dataclasses.replace(c, p_holm=p_c, p_tost_holm=p_tost.get(c.label, math.nan), method=_method(c, plan))
-        out.append(dataclasses.replace(c, verdict=verdict(c, alpha, direction)))
-    return out
-
-
-def _method(c: Contrast, plan: SeedPlanLike) -> str:
-    return c.method if "group-sequential" in c.method else f"{c.method}; group-sequential ({plan.spending})"
+    procedure = f"group-sequential ({plan.spending})"
+    rated = [c for c in family if math.isfinite(c.p_rate)]  # failure rates: Holm over the family, as fixed designs
+    p_rate = dict(zip([c.label for c in rated], holm([c.p_rate for c in rated])))
+    return [
+        c.corrected_by(
+            Corrected(
+                alpha=alpha,
+                direction=direction,
+                p_holm=p_c,
+                p_tost_holm=p_tost.get(c.label, math.nan),
+                p_rate_holm=p_rate.get(c.label, math.nan),
+                procedure=procedure,
+            )
+        )  # fmt: skip
+        for c, p_c in zip(family, p)
+    ]
 
 
 def closed_p(
@@ -100,7 +106,7 @@ def _crossings(c: Contrast, sizes: tuple, plan: SeedPlanLike, levels: tuple, m: 
     if not sizes or not c.testable:
         return np.zeros((len(levels), m), dtype=bool)
     d = tuple(float(x) for x in c.differences)
-    return _crossed(d, sizes, plan.max, plan.spending, levels, m, side, c.margin if side else 0.0)
+    return _crossed(d, sizes, plan.max, plan.spending, levels, m, side, (c.margin or 0.0) if side else 0.0)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -376,6 +376,11 @@ def contrast(n: int, shift: float = 0.05, seed: int = 0) -> stats.Contrast:
     return stats.paired_contrast(base, {s: v + shift + 0.01 * s for s, v in base.items()}, a="b", b="a", n_boot=99)
 
 
+def measured_as(c: stats.Contrast, **changes) -> stats.Contrast:
+    """The contrast with its measurement changed (a label, a margin), placed as it was."""
+    return stats.Contrast(dataclasses.replace(c.measured, **changes), c.standing)
+
+
 def test_a_family_its_seeds_cannot_resolve():
     """The exact test's smallest p is 2/2^n: 3 seeds (0.25) cannot pass Holm's first step 0.05/1; 6 can
     (0.031); 6 seeds with 2 contrasts cannot (0.031 > 0.025), 7 can (0.016). The t-test can reach any p."""
@@ -394,10 +399,10 @@ def test_paired_contrasts_their_seeds_cannot_resolve_beside_contrasts_that_can()
     can face 0.05/4 at best, and then each pair rejected first lifts the others. 8 seeds (2/2^8 = 0.0078 <=
     0.0125) can resolve the pairs whatever the first step (0.05/8) says; 5 seeds (0.0625 > 0.05/4) cannot, and the
     caveat names the pairs only, with the step they could at best face."""
-    effects = [dataclasses.replace(contrast(16, seed=9), label=f"effect {k}") for k in range(4)]
-    eight = [dataclasses.replace(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
+    effects = [measured_as(contrast(16, seed=9), label=f"effect {k}") for k in range(4)]
+    eight = [measured_as(contrast(8, seed=s), label=f"pair {s}") for s in range(4)]
     assert caveats.unresolvable(eight + effects, 0.05, "permutation") is None
-    pairs = [dataclasses.replace(contrast(5, seed=s), label=f"pair {s}") for s in range(4)]
+    pairs = [measured_as(contrast(5, seed=s), label=f"pair {s}") for s in range(4)]
     c = caveats.unresolvable(pairs + effects, 0.05, "permutation")
     assert c is not None and c.contrasts == tuple(p.label for p in pairs)
     assert f"smallest p is {2 / 2**5:.3g}, above 0.05/4, the largest step Holm can give it" in c.text
@@ -409,9 +414,18 @@ def test_paired_contrasts_their_seeds_cannot_resolve_beside_contrasts_that_can()
 
 
 def pair(a: str, b: str, verdict: str, in_family: bool = True) -> stats.Contrast:
-    return stats.Contrast(
-        f"{a} vs {b}", "pair", a, b, 8, 0.0, stats.NAN2, 0.01, "", in_family=in_family, verdict=verdict
-    )
+    """A contrast of 8 seeds whose corrected tests give ``verdict`` (lower is better)."""
+    estimate = -0.1 if "better" in verdict else 0.1 if "worse" in verdict else 0.0
+    margin = 1.0 if "equivalent" in verdict else None
+    m = stats.Measured(
+        label=f"{a} vs {b}", kind="pair", a=a, b=b, n=8, estimate=estimate, ci_t=stats.NAN2, p=0.01, method="exact",
+        margin=margin,
+    )  # fmt: skip
+    p_holm = 0.01 if verdict.startswith("different") else 0.5
+    corrected = stats.Corrected(alpha=0.05, p_holm=p_holm, p_tost_holm=0.01 if "equivalent" in verdict else stats.NAN)
+    c = stats.Contrast(m, stats.Standing(in_family=in_family), corrected)
+    assert c.verdict == verdict
+    return c
 
 
 def test_best_only_where_the_family_shows_it_better_than_every_other_variant():
@@ -446,19 +460,19 @@ def test_equivalence_its_seeds_cannot_show():
         assert stats.tost_p(np.full(n, 0.001), margin=1.0) == pytest.approx(0.5**n)
 
     def margined(n: int, seed: int) -> stats.Contrast:
-        return dataclasses.replace(contrast(n, seed=seed), label=f"c{seed}", margin=0.05)
+        return measured_as(contrast(n, seed=seed), label=f"c{seed}", margin=0.05)
 
     c = caveats.unshowable_equivalence([margined(5, s) for s in range(3)], 0.05, "permutation")
     assert c is not None and c.contrasts == ("c0", "c1", "c2")
     assert "smallest p is 0.0312, above Holm's first step 0.05/3" in c.text and "(6 seeds can)" in c.text
     assert caveats.unshowable_equivalence([margined(6, s) for s in range(3)], 0.05, "permutation") is None
     assert caveats.unshowable_equivalence([margined(5, 0)], 0.05, "permutation") is None  # 0.031 <= 0.05/1
-    untestable = dataclasses.replace(margined(5, 1), label="u", n=0, method="untestable: no paired seed")
+    untestable = measured_as(margined(5, 1), label="u", n=0, method="untestable: no paired seed")
     c = caveats.unshowable_equivalence([margined(5, 0), untestable], 0.05, "permutation")  # 0.031 > 0.05/2
     assert c is not None and c.contrasts == ("c0",) and "Holm's first step 0.05/2" in c.text
     assert caveats.unshowable_equivalence([contrast(3)], 0.05, "permutation") is None  # no margin, no equivalence
     assert caveats.unshowable_equivalence([margined(3, 0)], 0.05, "t") is None  # the t form can reach any p
-    effect = dataclasses.replace(margined(12, 9), label="effect")  # 12 seeds: 1/2^12, below 0.05/2
+    effect = measured_as(margined(12, 9), label="effect")  # 12 seeds: 1/2^12, below 0.05/2
     # the contrast shown equivalent first lifts the pair's step to 0.05/1: 0.031 can pass it
     assert caveats.unshowable_equivalence([margined(5, 0), effect], 0.05, "permutation") is None
 

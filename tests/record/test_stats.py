@@ -323,6 +323,22 @@ def test_a_contrast_without_an_answer_stays_in_the_family():
     assert with_nan[0] == pytest.approx(0.03)  # three in the family, not two
 
 
+def test_a_contrast_is_built_stage_by_stage_and_a_new_standing_drops_its_correction():
+    """Issue 72: each stage is a keyword-built value, and a contrast placed anew (a changed family) holds no
+    verdict until the family is corrected again: a stale Holm p cannot survive a change of family."""
+    with pytest.raises(TypeError):
+        stats.Measured("x", "pair", "a", "b", 3, 0.1, stats.NAN2, 0.5, "exact")  # positional: refused
+    base = {s: float(s) for s in range(8)}
+    c = stats.paired_contrast(base, {s: v + 1.0 for s, v in base.items()}, a="v", b="base")
+    assert c.verdict == "" and math.isnan(c.p_holm)  # measured, not yet corrected
+    done = stats.correct([c], 0.05)[0]
+    assert done.verdict == "different (worse)" and done.p_holm == pytest.approx(2 / 2**8)
+    moved = done.placed(stats.Standing(in_family=False))
+    assert moved.verdict == "" and math.isnan(moved.p_holm) and moved.measured is done.measured
+    assert stats.correct([moved], 0.05)[0].verdict == "not in the family"
+    assert c.margin is None and math.isnan(c.p_tost)  # no margin declared: no equivalence test
+
+
 def test_correct_gives_verdicts_from_the_tests():
     rng = np.random.default_rng(0)
     base = {s: 1.0 + 0.1 * rng.standard_normal() for s in range(8)}
@@ -338,7 +354,7 @@ def test_correct_gives_verdicts_from_the_tests():
     assert out[0].p_holm == pytest.approx(4 * 2 / 2**8)  # every flip but two is smaller; four in the family
     better = stats.correct([worse], 0.05, "maximize")[0]
     assert better.verdict == "different (better)"  # the same difference when larger is better
-    outside = stats.correct([stats.Contrast(**{**worse.__dict__, "in_family": False})], 0.05)[0]
+    outside = stats.correct([worse.placed(stats.Standing(in_family=False))], 0.05)[0]
     assert outside.verdict == "not in the family" and math.isnan(outside.p_holm)
 
 

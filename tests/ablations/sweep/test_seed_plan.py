@@ -80,9 +80,13 @@ def test_a_plan_trains_seeds_only_where_a_contrast_is_open_and_resumes_after_a_k
     table = sequential_table(runs)
     far = next(c for c in table.family if c.label == "far vs base")
     near = next(c for c in table.family if c.label == "near vs base")
-    assert far.verdict == "different (worse)" and far.look.startswith("decided at look 1 of 2 (7 seeds")
+    assert far.verdict == "different (worse)" and table.decided_at[far.label].startswith(
+        "decided at look 1 of 2 (7 seeds"
+    )
     assert far.n == 7  # its verdict is the first look's, on 7 seeds, though base trained 9
-    assert near.verdict == "not resolved" and near.look.startswith("open at the maximum, look 2 of 2")
+    assert near.verdict == "not resolved" and table.decided_at[near.label].startswith(
+        "open at the maximum, look 2 of 2"
+    )
     assert any("25 seeds trained of the 27" in n for n in table.notes)
     rows = [(r[0], r[1], r[-1]) for r in path_rows(looks)]  # a decided contrast's row at its deciding look, no later
     assert rows == [("1", "near vs base", "open"), ("1", "far vs base", "different (worse)"),
