@@ -231,6 +231,14 @@ def legend(t: Table) -> list[str]:
         "criterion: the test still runs and counts in the family; see Verdicts)"
         + ("" if t.margin is not None else f"; declare analysis.margins.{t.metric} to test equivalence")
         + ".",
+        *(
+            [
+                f"{stats.NO_EQUIVALENCE} (after a verdict): the margin reaches past the metric's end from the "
+                "comparator's value, so one of the two one-sided tests cannot fail and no equivalence is claimed."
+            ]
+            if any(c.equivalence_untestable_here for c in t.family)
+            else []
+        ),
         f"detectable Δ: the smallest difference these seeds detect with {a.power:.0%} power at Holm's strictest "
         f"level {a.alpha:g}/{max(1, len(t.family))}, from the observed paired spread (none: the test cannot reach "
         "that level with these seeds)"
@@ -362,7 +370,7 @@ def markdown_lead(t: Table) -> list[str]:
     out = []
     for r in verdicts.readings(t):
         out.append(f"- **{r.sentence}**")
-        out += [f"  - {word}: {text}" for word, text in (("why", r.why), ("next", r.next_step)) if text]
+        out += [f"  - {word}: {text}" for word, text in r.notes]
     registered = [f"- {line}" for line in registration_lines(t)]
     return (["**Verdicts**", "", *out, ""] if out else []) + (
         ["**Registration**", "", *registered, ""] if registered else []
@@ -482,11 +490,7 @@ def to_html(t: Table, links: dict[str, str] | None = None, *, lead: bool = True)
 def html_lead(t: Table) -> str:
     items = []
     for r in verdicts.readings(t):
-        more = "".join(
-            f"<br><span class='{word}'>{word}: {html.escape(text)}</span>"
-            for word, text in (("why", r.why), ("next", r.next_step))
-            if text
-        )
+        more = "".join(f"<br><span class='{word}'>{word}: {html.escape(text)}</span>" for word, text in r.notes)
         items.append(f"<li><b>{html.escape(r.sentence)}</b>{more}</li>")
     registered = "".join(f"<li>{html.escape(line)}</li>" for line in registration_lines(t))
     return (f'<div class="verdicts"><h3>Verdicts</h3><ul>{"".join(items)}</ul></div>' if items else "") + (

@@ -92,6 +92,7 @@ class Table:
     plan: PlanRecord | None = None  # the seed plan, as declared (and the metric its looks decide on, when another)
     looks: list[LookRecord] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
     decided_at: dict[str, str] = field(default_factory=dict)  # a seed plan's contrast: the look that decided it
+    design_metric: str = ""  # the study's own metric (a table may be of another): what a claim without one means
 
     @property
     def warnings(self) -> list[str]:
@@ -276,6 +277,7 @@ def build(
     return Table(
         runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source,
         runs.registrations, seed_records(frame, metric), grid(runs, frame)[2] if grid(runs, frame)[1] else {},
+        design_metric=runs.design.metric,
     )  # fmt: skip
 
 
@@ -350,7 +352,7 @@ def _row_notes(rows: list[VariantRow], cells: Any, metric: str) -> list[str]:
         if unvalued:
             notes.append(f"{r.variant}: {unvalued} finished run(s) without a finite {metric}, counted as failures")
         if o.cells and o.successes == 0:
-            notes.append(f"{r.variant}: failed on every seed ({_failures(o)})")
+            notes.append(f"{r.variant}: failed on every seed ({failure_counts(o)})")
         elif r.summary.n == 1:
             notes.append(f"{r.variant}: one successful seed only, no interval")
         if r.best and r.failed_any:
@@ -496,6 +498,7 @@ def _falls(runs: StudyRuns, cells: Any, window: float) -> tuple[dict[str, list[f
     return falls, curve, unjudged
 
 
-def _failures(o: stats.Successes) -> str:
+def failure_counts(o: stats.Successes) -> str:
+    """ "6 diverged, 1 failed": a variant's failures by kind."""
     parts = [(o.diverged, "diverged"), (o.failed, "failed"), (o.not_learned, "did not learn")]
     return ", ".join(f"{n} {w}" for n, w in parts if n)

@@ -6,13 +6,14 @@ record/testable.py (docs/statistics.md, "Verdicts").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dashboards.table import Table
+from dashboards.table import Table, failure_counts
 from record import stats
 from record.testable import NOT_TESTABLE
 
@@ -32,6 +33,13 @@ class Reading:
     sentence: str
     why: str = ""
     next_step: str = ""
+    claims: tuple[str, ...] = ()  # the papers' sentences this contrast tests (analysis.claims), quoted
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        """What follows the sentence, each under its word: the claims it tests, why, the next step."""
+        said = [("claim", x) for x in self.claims] + [("why", self.why), ("next", self.next_step)]
+        return [(word, text) for word, text in said if text]
 
 
 def readings(t: Table) -> list[Reading]:
@@ -41,11 +49,46 @@ def readings(t: Table) -> list[Reading]:
     for c in t.exploratory:
         r = reading(t, c)
         why = "; ".join(x for x in (f"exploratory: {c.exploratory}", r.why) if x)
-        out.append(Reading(r.label, r.verdict, f"exploratory: {r.sentence}", why, r.next_step))
+        out.append(dataclasses.replace(r, sentence=f"exploratory: {r.sentence}", why=why))
     return out
 
 
 def reading(t: Table, c: stats.Contrast) -> Reading:
+    """The contrast's reading, its verdict line ending with what the failure-rate test says where it differs."""
+    r = _reading(t, c)
+    fails = failure_text(t, c)
+    return dataclasses.replace(r, sentence=f"{r.sentence}; {fails}" if fails else r.sentence, claims=claims_of(t, c))
+
+
+def claims_of(t: Table, c: stats.Contrast) -> tuple[str, ...]:
+    """The claims the study maps to this contrast on this table's metric, each with where it comes from."""
+    design = t.design_metric or t.metric
+    return tuple(
+        f'{x.source}: "{x.sentence}" (tested here: {c.verdict})'
+        for x in t.analysis.claims
+        if x.name == c.label and (x.metric or design) == t.metric
+    )
+
+
+def failure_text(t: Table, c: stats.Contrast) -> str:
+    """ "post fails more: 6 of 14 seeds (6 diverged) against 0 of 14, Fisher Holm p 0.032" where the pair's success
+    rates differ at alpha (Fisher's exact test, Holm over the family), else "": failures the metric hid under the
+    failure rule say so in the verdict line."""
+    if c.kind != "pair" or not (c.p_rate_holm <= t.analysis.alpha):
+        return ""
+    rows = {r.variant: r.outcomes for r in t.rows}
+    a, b = rows.get(c.a), rows.get(c.b)
+    if a is None or b is None:
+        return ""
+    more, other = (c.a, c.b) if a.failures * b.cells > b.failures * a.cells else (c.b, c.a)
+    o, p = rows[more], rows[other]
+    return (
+        f"{more} fails more: {o.failures} of {o.cells} seeds ({failure_counts(o)}) against {p.failures} of "
+        f"{p.cells} for {other}, Fisher Holm p {stats_p(c.p_rate_holm)}"
+    )
+
+
+def _reading(t: Table, c: stats.Contrast) -> Reading:
     if c.verdict == NOT_TESTABLE:  # what the test alone said, beside why it cannot answer the question
         alone = f"the test alone: Δ {c.estimate:+.3g}, Holm p {stats_p(c.p_holm)}"
         sentence = f"{c.label}: {NOT_TESTABLE} on {t.metric} ({alone})"
@@ -54,6 +97,8 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
         why = c.method.split(": ", 1)[-1]
         return Reading(c.label, c.verdict, f"{c.label}: untestable", why, f"train its cells: {command(t)}")
     if c.verdict.startswith("different") or c.verdict.startswith("equivalent"):
+        if c.equivalence_untestable_here:
+            return Reading(c.label, c.verdict, decided_sentence(t, c), *_no_equivalence(c))
         return Reading(c.label, c.verdict, decided_sentence(t, c))
     why, seeds = unresolved_why(t, c)
     if seeds is not None and seeds <= c.n:  # the seeds had the power for the declared difference: more add little
@@ -68,7 +113,14 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
         step = f'raise seeds.max to {seeds} in {t.source}, then {command(t)} --amend "max {seeds}: {why_more(c)}"'
     if not step and t.margin is None:
         step = f"declare analysis.margins.{t.metric} to test equivalence"
+    if c.equivalence_untestable_here:
+        why, make = f"{why}; {_no_equivalence(c)[0]}", c.make_equivalence_testable
+        step = f"{step}; or, for equivalence, {make}" if step else make
     return Reading(c.label, c.verdict, unresolved_sentence(t, c), why, step)
+
+
+def _no_equivalence(c: stats.Contrast) -> tuple[str, str]:
+    return f"{stats.NO_EQUIVALENCE}: {c.equivalence_untestable_here}", c.make_equivalence_testable
 
 
 def command(t: Table) -> str:
@@ -104,14 +156,15 @@ def decided_sentence(t: Table, c: stats.Contrast) -> str:
     if c.verdict.startswith("different"):
         parts += [seed_count(c), f"Holm p {stats_p(c.p_holm)}"]
     if "equivalent" in c.verdict:
-        parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}")
+        level = f" of {c.b}'s {c.comparator:.3g}" if math.isfinite(c.comparator) else ""
+        parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}{level}")
     return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
 
 
 def unresolved_sentence(t: Table, c: stats.Contrast) -> str:
     a = t.analysis
     parts = [f"Δ {c.estimate:+.3g}", interval_text(c, a.confidence, a.test), f"Holm p {stats_p(c.p_holm)}"]
-    return f"{c.label}: not resolved on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
+    return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
 
 
 def stats_p(p: float) -> str:
@@ -156,15 +209,15 @@ def lead_lines(t: Table) -> list[str]:
     out = []
     for r in readings(t):
         out.append(r.sentence)
-        if r.why:
-            out.append(f"  why: {r.why}")
-        if r.next_step:
-            out.append(f"  next: {r.next_step}")
+        out += [f"  {word}: {text}" for word, text in r.notes]
     return out
 
 
 def as_dict(r: Reading) -> dict[str, Any]:
-    return {"contrast": r.label, "verdict": r.verdict, "sentence": r.sentence, "why": r.why, "next": r.next_step}
+    return {
+        "contrast": r.label, "verdict": r.verdict, "sentence": r.sentence, "why": r.why, "next": r.next_step,
+        "claims": list(r.claims),
+    }  # fmt: skip
 
 
 __all__ = ["Reading", "lead_lines", "readings"]

@@ -236,10 +236,21 @@ class Placing:
         in_family = c.in_family and not explored
         problem = self._problem(c) if in_family else None
         untestable, make = problem or ("", "")
+        level, span = self._comparator(c)
+        vacuous = testable.margin_problem(c.margin, level, span, self.metric) if c.margin is not None else None
+        no_equivalence, make_equivalence = vacuous or ("", "")
         return stats.Standing(
             in_family=in_family, exploratory=self.explore[c.label] if explored else "", untestable_here=untestable,
-            make_testable=make, **(self._failures(c) if c.kind == "pair" else {}),
+            make_testable=make, comparator=level, equivalence_untestable_here=no_equivalence,
+            make_equivalence_testable=make_equivalence, **(self._failures(c) if c.kind == "pair" else {}),
         )  # fmt: skip
+
+    def _comparator(self, c: stats.Contrast) -> tuple[float, testable.Bounds | None]:
+        """The comparator's mean on the metric (a pair's b, a main effect's reference level; nan for an
+        interaction) and the span the metric can take on its task."""
+        if c.kind == "interaction":
+            return math.nan, None
+        return comparator_level(self.frame, c, self.metric)
 
     def _failures(self, c: stats.Contrast) -> dict[str, Any]:
         ia, ib = self.frame.imputed.get(c.a, set()), self.frame.imputed.get(c.b, set())
@@ -253,16 +264,23 @@ class Placing:
             problem = testable.convergence_problem(involved, self.still, self.analysis.converged, self.steps)
             if problem:
                 return problem
-        return _room(self.runs, self.frame, c, self.metric, self.analysis)
+        expect = next(
+            (
+                e
+                for e in self.analysis.expect
+                if e.name == c.label and (e.metric or self.runs.design.metric) == self.metric
+            ),
+            None,
+        )
+        if expect is None or c.kind == "interaction":
+            return None
+        level, span = self._comparator(c)
+        return testable.room_problem(expect, level, span, self.metric)
 
 
-def _room(runs: StudyRuns, frame: Frame, c: stats.Contrast, metric: str, analysis: Analysis) -> tuple[str, str] | None:
-    """The room check of an expectation declared for this contrast on this metric (pairs and main effects)."""
-    expect = next(
-        (e for e in analysis.expect if e.name == c.label and (e.metric or runs.design.metric) == metric), None
-    )
-    if expect is None or c.kind == "interaction":
-        return None
+def comparator_level(frame: Frame, c: stats.Contrast, metric: str) -> tuple[float, testable.Bounds | None]:
+    """The mean of a pair's comparator (b), or of a main effect's reference level, over its successful cells, and
+    the span the metric can take on its task (``record.testable.bounds``)."""
     cells = frame.cells
     ok = cells[cells["_outcome"] == "success"]
     if c.kind == "pair":
@@ -274,7 +292,7 @@ def _room(runs: StudyRuns, frame: Frame, c: stats.Contrast, metric: str, analysi
     classes = next((k for k in map(output_classes, rows) if k is not None), None)
     majority = mean_of(comparator, majority_metric(metric))
     span = testable.bounds(metric, classes, majority if math.isfinite(majority) else None)
-    return testable.room_problem(expect, mean_of(comparator, metric), span, metric)
+    return mean_of(comparator, metric), span
 
 
 def mean_of(cells: Any, column: str) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 
 from record.spec.analysis_parts import Converged, Expect
 from record.spec.metrics import chance_kind
+from record.stats.contrasts import NO_EQUIVALENCE
 
 NOT_TESTABLE = "not testable here"
 
@@ -73,6 +74,49 @@ def room_problem(expect: Expect, comparator: float, span: Bounds | None, metric:
     return why, f"a task, length or budget at which the comparator scores {side} {need:.3g}"
 
 
+def margin_problem(margin: float, comparator: float, span: Bounds | None, metric: str) -> tuple[str, str] | None:
+    """(why no equivalence can be shown, what would make it testable) when the margin reaches past an end of the
+    metric from the comparator's value: no variant can differ from it by the margin on that side, so one of the
+    two one-sided tests cannot fail and "equivalent" would say only "not worse (or better) by m". None when the
+    margin fits on both sides, or it cannot be judged."""
+    if span is None or not math.isfinite(comparator):
+        return None
+    ends = [(comparator - span.low, span.low, span.low_name, "below")] if span.low is not None else []
+    ends += [(span.high - comparator, span.high, span.high_name, "above")] if span.high is not None else []
+    short = [(room, end, name, side) for room, end, name, side in ends if room <= margin]
+    if not short:
+        return None
+    room, end, name, side = min(short)
+    why = (
+        f"the margin ±{margin:.3g} reaches past {name}: the comparator scores {comparator:.3g} on {metric}, "
+        f"{max(room, 0):.3g} from it, so no variant can score {margin:.3g} {side} it and one of the two one-sided "
+        "tests cannot fail"
+    )
+    inside = end + margin if side == "below" else end - margin
+    beyond = "above" if side == "below" else "below"
+    return (
+        why,
+        f"a margin below {max(room, 0):.3g}, or a task, length or budget at which the comparator scores {beyond} {inside:.3g}",
+    )
+
+
+def margin_warning(margin: float, metric: str) -> str | None:
+    """Before any run: where a margin on a metric with a hard end (a loss's 0, a perfect perplexity's 1, an
+    accuracy's 0 and 1) cannot show equivalence, said so that it can be changed before anything trains."""
+    kind = chance_kind(metric)
+    if kind == "loss" or kind == "ppl":
+        floor, name = (0.0, "a perfect loss of 0") if kind == "loss" else (1.0, "a perfect perplexity of 1")
+        where = f"where the comparator's {metric} is below {floor + margin:.3g}"
+    elif kind == "accuracy":
+        name, where = "a perfect score of 1", f"where the comparator's {metric} is above {1 - margin:.3g}"
+    else:
+        return None
+    return (
+        f"the margin ±{margin:g} on {metric} reaches past {name} {where}: no equivalence can be shown there (one "
+        f"of the two one-sided tests cannot fail; the report says '{NO_EQUIVALENCE}')"
+    )
+
+
 # --- convergence --------------------------------------------------------------------------------------------
 
 
@@ -103,4 +147,14 @@ def convergence_problem(
     return why, f"a longer budget ({longer})"
 
 
-__all__ = ["NOT_TESTABLE", "Bounds", "bounds", "convergence_problem", "not_converged", "room_problem"]
+__all__ = [
+    "NOT_TESTABLE",
+    "NO_EQUIVALENCE",
+    "margin_warning",
+    "Bounds",
+    "bounds",
+    "convergence_problem",
+    "margin_problem",
+    "not_converged",
+    "room_problem",
+]

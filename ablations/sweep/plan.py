@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from record import vocabulary
+from record import testable, vocabulary
 from record.spec import Cell, Study
 
 
@@ -47,7 +47,9 @@ def unresolvable_warning(study: Study) -> str | None:
     size = family.size(levels)
     seeds = min(sum(c.variant == v for c in study.cells) for v in study.variants)
     said = [analysis.unresolvable(size, seeds), analysis.unshowable_equivalence(size, seeds, study.metric)]
-    return "\n".join(f"warning: {study.source}: {why}" for why in said if why) or None
+    notes = [testable.margin_warning(m, metric) for metric, m in analysis.margins.items()]
+    lines = [f"warning: {study.source}: {why}" for why in said if why]
+    return "\n".join(lines + [f"note: {study.source}: {why}" for why in notes if why]) or None
 
 
 def describe_plan(study: Study, p: Plan, out: Callable[[str], None] = print, *, tuned: bool = True) -> None:

@@ -19,6 +19,10 @@ analysis:
       value: -0.21             # the expected difference (variant - comparator) in the metric's units
       metric: test/accuracy    # default: the study's metric
       source: "Tay et al. 2021, Table 1"
+  claims:                      # the papers' sentences, each shown beside the verdict of the contrast that tests it
+    - contrast: [additive, dot]         # a contrast of the family
+      source: "Vaswani et al. 2017, section 3.2.1"
+      sentence: "additive and dot-product attention perform similarly for small values of d_k"
   converged: {window: 0.2, fraction: 0.05}  # declared: a contrast of a variant still improving is not testable
   warn:                        # when the report warns a reader (dashboards/caveats.py)
     chance_fraction: 0.9       # near chance: a loss at or above 0.9 x ln(classes), an accuracy within 10% of the way from 1/classes to 1
@@ -43,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from record.spec.analysis_parts import Contrasts, Converged, Expect, Warn
+from record.spec.analysis_parts import Claim, Contrasts, Converged, Expect, Warn
 from record.spec.decides import EVERY, ITS_OWN, NONE, decides
 from record.stats.family import Family, effect_labels, holm_floor, min_p, smallest_exact_n
 
@@ -67,6 +71,9 @@ FIXES = {  # what to do about a bad value, by key (the last part of its location
     "min_seeds": "use a whole number of seeds, at least 2, e.g. 5",
     "warn": "write a mapping of settings, e.g. warn: {param_ratio: 2}",
     "expect": "write a list of {contrast: [variant, comparator], value: -0.21, source: ...}",
+    "claims": "write a list of {contrast: [variant, comparator], source: 'a paper, where', sentence: 'its words'}",
+    "source": "name the paper and where in it, e.g. 'Vaswani et al. 2017, section 3.2.1'",
+    "sentence": "quote the paper's sentence",
     "contrast": "name a contrast of the family: [variant, comparator], or an effect's label",
     "value": "give the expected difference (variant - comparator) in the metric's units, e.g. -0.21",
     "converged": "write a mapping, e.g. converged: {window: 0.2, fraction: 0.05}",
@@ -91,6 +98,8 @@ class Analysis(BaseModel):
     power: float = Field(0.8, gt=0, lt=1, json_schema_extra=decides(NONE))
     detect: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(NONE))
     expect: list[Expect] = Field(default_factory=list, json_schema_extra=decides(ITS_OWN))
+    # a quotation mapped to its contrast: it moves no verdict, it says which one a sentence is read from
+    claims: list[Claim] = Field(default_factory=list, json_schema_extra=decides(NONE))
     # None: not declared (the report still warns, by ``warn``)
     converged: Converged | None = Field(None, json_schema_extra=decides(EVERY))
     warn: Warn = Field(default_factory=Warn, json_schema_extra=decides(NONE))
@@ -244,7 +253,8 @@ def _error(e: dict[str, Any], where: str) -> AnalysisError:
     key = next((str(x) for x in reversed(e["loc"]) if isinstance(x, str) and x in FIXES), "")
     if e["type"] == "extra_forbidden":
         parent = next((x for x in reversed(e["loc"][:-1]) if isinstance(x, str)), "")
-        model = {"contrasts": Contrasts, "warn": Warn, "expect": Expect, "converged": Converged}.get(parent, Analysis)
+        parts = {"contrasts": Contrasts, "warn": Warn, "expect": Expect, "claims": Claim, "converged": Converged}
+        model = parts.get(parent, Analysis)
         valid = ", ".join(model.model_fields)
         close = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -295,12 +305,12 @@ def check_analysis(
     (``also``).
     """
     problems = list(_problems(analysis, variants, axes, metrics, kind, where))
-    problems += _expect_problems(analysis, variants, axes, metrics, kind, levels, where)
+    problems += _named_problems(analysis, variants, axes, metrics, kind, levels, where)
     if problems:
         raise _carrying(problems)
 
 
-def _expect_problems(
+def _named_problems(
     analysis: Analysis,
     variants: list[str],
     axes: list[str],
@@ -309,23 +319,22 @@ def _expect_problems(
     levels: dict[str, list[str]] | None,
     where: str,
 ) -> list[AnalysisError]:
-    """Every expectation that names no contrast of the family, or a metric the runs do not log."""
-    if not analysis.expect or not variants:
+    """Every expectation and claim that names no contrast of the family, or a metric the runs do not log."""
+    if not (analysis.expect or analysis.claims) or not variants:
         return []
     family = analysis.family(variants, variants[0], axes, kind == "grid")
     names = [f"{a} vs {b}" for a, b in family.pairs]
     if levels is not None and all(a in levels for a in axes):
         names += effect_labels(levels, family.main, family.interactions)
     out = []
-    for i, e in enumerate(analysis.expect):
-        if e.name not in names and (isinstance(e.contrast, tuple) or levels is not None):
-            out.append(
-                _unknown("a contrast of the family", e.name, names, (where, "expect", i, "contrast"), FIXES["contrast"])
-            )
-        if e.metric is not None and metrics is not None and e.metric not in metrics:
-            out.append(
-                _unknown("a metric", e.metric, set(metrics), (where, "expect", i, "metric"), "name a summary metric")
-            )
+    for key, each in (("expect", analysis.expect), ("claims", analysis.claims)):
+        for i, e in enumerate(each):
+            if e.name not in names and (isinstance(e.contrast, tuple) or levels is not None):
+                at = (where, key, i, "contrast")
+                out.append(_unknown("a contrast of the family", e.name, names, at, FIXES["contrast"]))
+            if e.metric is not None and metrics is not None and e.metric not in metrics:
+                at = (where, key, i, "metric")
+                out.append(_unknown("a metric", e.metric, set(metrics), at, "name a summary metric"))
     return out
 
 

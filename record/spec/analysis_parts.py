@@ -1,5 +1,6 @@
 """The parts of a study's ``analysis:`` section (record/spec/analysis.py): the declared correction family
-(``Contrasts``), the effects a study looks for (``Expect``), the convergence criterion and the report's warnings."""
+(``Contrasts``), the effects a study looks for (``Expect``), the papers' claims each mapped to the contrast that
+tests it (``Claim``), the convergence criterion and the report's warnings."""
 
 from __future__ import annotations
 
@@ -51,17 +52,13 @@ class Contrasts(BaseModel):
         return self
 
 
-class Expect(BaseModel):
-    """The effect a study looks for in one contrast (a paper's number): where the metric leaves less room than
-    this between the comparator and the metric's ceiling, floor or chance level, the verdict is *not testable
-    here* (docs/statistics.md)."""
+class NamesContrast(BaseModel):
+    """A declaration about one contrast of the family: a pair [variant, comparator], or a factorial effect's label."""
 
     model_config = ConfigDict(extra="forbid")
 
     contrast: tuple[str, str] | str = Field(description="[variant, comparator], or a factorial effect's label")
-    value: float = Field(description="the expected difference, variant - comparator, in the metric's units")
     metric: str | None = Field(None, description="default: the study's metric")
-    source: str = Field("", description="where the value comes from (a paper, its table)")
 
     @field_validator("contrast", mode="before")
     @classmethod
@@ -72,6 +69,20 @@ class Expect(BaseModel):
             return value
         raise ValueError(f"must be [variant, comparator] or an effect's label (got {value!r})")
 
+    @property
+    def name(self) -> str:
+        """The label of the contrast it names (a pair's "a vs b")."""
+        return self.contrast if isinstance(self.contrast, str) else " vs ".join(self.contrast)
+
+
+class Expect(NamesContrast):
+    """The effect a study looks for in one contrast (a paper's number): where the metric leaves less room than
+    this between the comparator and the metric's ceiling, floor or chance level, the verdict is *not testable
+    here* (docs/statistics.md)."""
+
+    value: float = Field(description="the expected difference, variant - comparator, in the metric's units")
+    source: str = Field("", description="where the value comes from (a paper, its table)")
+
     @field_validator("value")
     @classmethod
     def _nonzero(cls, value: float) -> float:
@@ -79,10 +90,13 @@ class Expect(BaseModel):
             raise ValueError(f"must be a finite difference other than 0 (got {value})")
         return value
 
-    @property
-    def name(self) -> str:
-        """The label of the contrast it names (a pair's "a vs b")."""
-        return self.contrast if isinstance(self.contrast, str) else " vs ".join(self.contrast)
+
+class Claim(NamesContrast):
+    """A paper's sentence quoted with the contrast that tests it: the report shows it beside exactly that
+    contrast's verdict, so a sentence is never read off a contrast it is not about."""
+
+    source: str = Field(min_length=1, description="the paper and where in it: 'Vaswani et al. 2017, section 3.2.1'")
+    sentence: str = Field(min_length=1, description="the claim, quoted")
 
 
 class Converged(BaseModel):

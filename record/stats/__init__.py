@@ -24,6 +24,7 @@ that only plans its cells (holm_floor, smallest_exact_n) does not pay for them.
 """
 
 from record.stats.contrasts import (
+    NO_EQUIVALENCE,
     Contrast,
     Corrected,
     Measured,
@@ -85,6 +86,7 @@ from record.stats.summaries import (
 )
 
 __all__ = [
+    "NO_EQUIVALENCE",
     "BOOT_RESAMPLES",
     "BOOT_UNDER_COVERS_BELOW",
     "EXACT_MAX_N",

@@ -68,6 +68,10 @@ class Standing:
     p_rate: float = NAN  # Fisher's exact test of the two success rates (pairs)
     imputed: int = 0  # pairs: the seeds with a value imputed for a failure (either side), under the failure rule
     all_imputed: str = ""  # pairs: the side (a or b) every one of whose values here was imputed, if any
+    comparator: float = NAN  # the comparator's mean (a pair's b, a main effect's reference level)
+    # why no equivalence can be shown here: the margin reaches past the metric's end from the comparator's level
+    equivalence_untestable_here: str = ""
+    make_equivalence_testable: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +253,9 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return [float(v) for v in multipletests(p, method="holm")[1]]
 
 
+NO_EQUIVALENCE = "equivalence not testable here"  # record.testable says why
+
+
 def verdict(c: Contrast) -> str:
     """The verdict words, from the corrected tests only ("" before the family is corrected): the one place they
     are decided."""
@@ -261,16 +268,22 @@ def verdict(c: Contrast) -> str:
     if c.untestable_here:  # the test still runs and counts in the family; its words would claim too much
         return "not testable here"
     m, alpha = c.margin, c.corrected.alpha
-    equivalent = m is not None and math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha
-    within = f"equivalent within ±{m:.3g}" if equivalent else ""
     if c.p_holm <= alpha:
         if c.kind == "interaction":
             word = "different"
         else:
             better = c.estimate < 0 if c.corrected.direction == "minimize" else c.estimate > 0
             word = f"different ({'better' if better else 'worse'})"
-        return word + (f", {within}" if equivalent else "")
-    return within if equivalent else "not resolved"
+    else:
+        word = "not resolved"
+    if m is None:
+        return word
+    if c.equivalence_untestable_here:  # one of its two one-sided tests cannot fail: it would claim too much
+        return f"{word}; {NO_EQUIVALENCE}"
+    if math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha:
+        within = f"equivalent within ±{m:.3g}"
+        return within if word == "not resolved" else f"{word}, {within}"
+    return word
 
 
 def correct(contrasts: list[Contrast], alpha: float, direction: str = "minimize") -> list[Contrast]:

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
 from dashboards.table import build
+from dashboards.verdicts import readings
 from record import stats
 from record.runs import load_runs
 from tests.dashboards.test_report import fill, flips, table_part
@@ -239,9 +240,14 @@ def flips_one(d, alternative):
 
 
 def test_ceilings_get_an_exact_answer(store):
-    """Both variants at 1.000 in every seed: Δ = 0 with no spread, p = 1 (never nan, never left out), and with a
-    margin and 5 seeds the exact TOST resolves it (1/32 < 0.05); with 3 seeds it cannot (1/8)."""
-    for seeds, verdict in ((SEEDS5, "equivalent within ±0.01"), (range(3), "not resolved")):
+    """Both variants at 1.000 in every seed: Δ = 0 with no spread, p = 1 (never nan, never left out), and the exact
+    TOST's p (1/32 at 5 seeds, 1/8 at 3). At the ceiling no variant can score 0.01 above the comparator, so the
+    margin cannot fail on that side: "equivalent" would be automatic, and the verdict says equivalence is not
+    testable here (issue 65; it read "equivalent within ±0.01" at 5 seeds)."""
+    for seeds, verdict in (
+        (SEEDS5, "not resolved; equivalence not testable here"),
+        (range(3), "not resolved; equivalence not testable here"),
+    ):
         study = f"ceiling{len(seeds)}"
         values = {"baseline": {s: 1.0 for s in seeds}, "also": {s: 1.0 for s in seeds}}
         fill(store, study, values, analysis={"margins": {"test/acc": 0.01}})
@@ -442,6 +448,88 @@ def test_no_room_for_the_expected_effect_is_not_testable_here(store):
     assert "local vs full: not testable here" in lead and "why: no room" in lead and "next: a task, length" in lead
     room_study(store, "roomy", [{"contrast": ["local", "full"], "value": -0.1}])
     assert build(load_runs(store, "roomy")).rows[1].contrast.verdict in ("not resolved", "different (worse)")
+
+
+def test_a_margin_past_the_metric_s_floor_cannot_show_equivalence(store):
+    """Issue 65: norm_placement_long declared ±0.01 nats where the losses were 0.0002-0.002, so a variant five times
+    the comparator's loss came out "different (worse), equivalent within ±0.01": no variant can score 0.01 below a
+    loss of 0.001, so one of the two one-sided tests cannot fail. The equivalence verdict is now not testable here,
+    with the room said; the same margin where the comparator's loss leaves room on both sides still decides."""
+    rng = np.random.default_rng(11)
+    floor = {s: 0.001 + 0.0001 * rng.standard_normal() for s in SEEDS8}
+    values = {"pre": floor, "post": {s: 5 * v for s, v in floor.items()}}
+    margins = {"margins": {"final/val_loss": 0.01}}
+    fill(store, "floor", values, metric="final/val_loss", direction="minimize", analysis=margins)
+    table = build(load_runs(store, "floor"))
+    c = table.rows[1].contrast
+    assert c.p_tost_holm <= 0.05  # the arithmetic alone says equivalent: every difference is far inside ±0.01
+    assert c.verdict == "different (worse); equivalence not testable here"
+    level = table.rows[0].summary.mean
+    assert f"the comparator scores {level:.3g} on final/val_loss, {level:.3g} from it" in c.equivalence_untestable_here
+    assert "a perfect loss of 0" in c.equivalence_untestable_here
+    assert "equivalent within" not in table_lead(to_markdown(table))  # the verdicts said first claim no equivalence
+    assert c.make_equivalence_testable.startswith(f"a margin below {level:.3g}")
+    reading = next(r for r in readings(table) if r.label == c.label)
+    assert reading.why.startswith("equivalence not testable here: the margin ±0.01 reaches past a perfect loss of 0")
+    # the loss of a model far from its floor leaves room for ±0.01 on both sides: the tests decide
+    mid = {s: 0.5 + 0.01 * rng.standard_normal() for s in SEEDS8}
+    fill(store, "mid", {"pre": mid, "post": {s: v + 0.001 for s, v in mid.items()}}, metric="final/val_loss",
+         direction="minimize", analysis=margins)  # fmt: skip
+    c = build(load_runs(store, "mid")).rows[1].contrast
+    assert c.equivalence_untestable_here == "" and "equivalent within ±0.01" in c.verdict
+    assert c.comparator == pytest.approx(np.mean(list(mid.values())))
+
+
+def test_a_variant_that_diverges_more_says_so_in_its_verdict_line(store):
+    """Issue 65: scheduled_sampling_long's variant diverged on 6 of 14 seeds; under the worst rule those seeds took
+    the worst value and the metric's verdict was "not resolved" while Fisher's exact test on the success rates gave
+    Holm p 0.032, and the verdict line never said so. Now it does, with the counts and the test's p (Fisher by
+    enumeration); a variant whose rate does not differ adds nothing."""
+    seeds = range(14)
+    rng = np.random.default_rng(12)
+    base = base_values(seeds, rng)
+    shaky = {s: (base[s] + 0.002 if s >= 6 else None) for s in seeds}
+    states = {("shaky", s): "diverged" for s in range(6)}
+    fill(store, "diverging", {"baseline": base, "shaky": shaky}, states=states)
+    table = build(load_runs(store, "diverging"))
+    c = table.rows[1].contrast
+    assert c.p_rate_holm == pytest.approx(fisher_by_enumeration(8, 14, 14, 14)) and c.p_rate_holm <= 0.05
+    line = next(r for r in readings(table) if r.label == c.label).sentence
+    assert line.startswith(f"shaky vs baseline: {c.verdict} on test/acc")
+    assert line.endswith(
+        f"; shaky fails more: 6 of 14 seeds (6 diverged) against 0 of 14 for baseline, Fisher Holm p {c.p_rate_holm:.2g}"
+    )
+    assert "fails more" in table_lead(to_markdown(table))
+    states = {("shaky", 0): "diverged"}  # 1 of 14: Fisher p 1
+    fill(
+        store, "one_off", {"baseline": base, "shaky": {s: (None if s == 0 else base[s]) for s in seeds}}, states=states
+    )
+    quiet = build(load_runs(store, "one_off"))
+    assert "fails more" not in next(r for r in readings(quiet) if r.label == "shaky vs baseline").sentence
+
+
+def test_a_claim_is_shown_beside_the_verdict_of_exactly_its_contrast(store):
+    """Issue 65: a paper's sentence stands beside the verdict of the contrast the study mapped it to, in every
+    rendering that leads with the verdicts, and beside no other contrast."""
+    rng = np.random.default_rng(13)
+    base = base_values(SEEDS8, rng)
+    values = {"dot": base, "additive": {s: v + 0.001 * rng.standard_normal() for s, v in base.items()},
+              "unscaled": {s: v - 0.05 for s, v in base.items()}}  # fmt: skip
+    sentence = "additive and dot-product attention perform similarly for small values of d_k"
+    claim = {"contrast": ["additive", "dot"], "source": "Vaswani et al. 2017, section 3.2.1", "sentence": sentence}
+    fill(store, "claimed", values, analysis={"claims": [claim]})
+    table = build(load_runs(store, "claimed"))
+    said = {r.label: r for r in readings(table)}
+    verdict = next(c.verdict for c in table.family if c.label == "additive vs dot")
+    assert said["additive vs dot"].claims == (
+        f'Vaswani et al. 2017, section 3.2.1: "{sentence}" (tested here: {verdict})',
+    )
+    assert said["unscaled vs dot"].claims == ()
+    for text in (to_markdown(table), to_terminal(table), to_html(table)):
+        assert text.count(sentence) == 1
+    lines = to_terminal(table).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("additive vs dot:"))
+    assert lines[at + 1].startswith('  claim: Vaswani et al. 2017, section 3.2.1: "additive and dot-product')
 
 
 def table_lead(md: str) -> str:

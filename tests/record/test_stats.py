@@ -339,6 +339,54 @@ def test_a_contrast_is_built_stage_by_stage_and_a_new_standing_drops_its_correct
     assert c.margin is None and math.isnan(c.p_tost)  # no margin declared: no equivalence test
 
 
+def test_every_verdict_says_exactly_what_its_corrected_tests_say():
+    """Issue 65: every combination of the tests behind a verdict, and the words checked part by part against them:
+    "different" exactly where the difference test passes, its direction from the estimate and the metric's
+    direction, "equivalent within ±m" exactly where a margin was declared, its test passed and the margin leaves
+    room; neither half dropped when both hold; nothing claimed for a contrast outside the family or untestable."""
+    flags = itertools.product(
+        (True, False), (True, False), (0.01, 0.5), (-0.1, 0.1), ("minimize", "maximize"), ("pair", "interaction"),
+        (None, 0.05), (0.01, 0.5), (True, False), (True, False),
+    )  # fmt: skip
+    seen = set()
+    for family, testable, p_holm, estimate, direction, kind, margin, p_tost, room, here in flags:
+        m = stats.Measured(
+            label="x", kind=kind, a="a", b="b", n=8 if testable else 0, estimate=estimate, ci_t=stats.NAN2, p=p_holm,
+            method="exact" if testable else "untestable: no seed has both", margin=margin,
+        )  # fmt: skip
+        standing = stats.Standing(
+            in_family=family, untestable_here="" if here else "no room",
+            equivalence_untestable_here="" if room else "the margin reaches past the floor",
+        )  # fmt: skip
+        tost = p_tost if margin is not None else math.nan
+        c = stats.Contrast(
+            m, standing, stats.Corrected(alpha=0.05, direction=direction, p_holm=p_holm, p_tost_holm=tost)
+        )
+        v = c.verdict
+        seen.add(v)
+        if not family:
+            assert v == "not in the family"
+            continue
+        if not testable or not here:
+            assert v == ("untestable" if not testable else "not testable here")
+            continue
+        different = p_holm <= 0.05
+        assert v.startswith("different") == different and v.startswith("not resolved") == (
+            not different and "equivalent within" not in v
+        )
+        if different and kind == "pair":
+            better = (estimate < 0) == (direction == "minimize")
+            assert v.startswith(f"different ({'better' if better else 'worse'})")
+        elif different:
+            assert v.startswith("different") and "better" not in v and "worse" not in v  # an interaction has no side
+        equivalent = margin is not None and p_tost <= 0.05 and room
+        assert ("equivalent within ±0.05" in v) == equivalent
+        assert (stats.NO_EQUIVALENCE in v) == (margin is not None and not room)
+        if margin is None:
+            assert "equivalen" not in v  # no equivalence-like word without a declared margin
+    assert len(seen) == 15, sorted(seen)  # 3 differences x 3 equivalence states, 3 without one, 3 more
+
+
 def test_correct_gives_verdicts_from_the_tests():
     rng = np.random.default_rng(0)
     base = {s: 1.0 + 0.1 * rng.standard_normal() for s in range(8)}

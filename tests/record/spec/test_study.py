@@ -689,6 +689,28 @@ def test_the_direction_follows_the_metric_and_one_that_ranks_it_backwards_is_ref
     }
 
 
+def test_a_claim_names_a_declared_contrast_or_is_refused_with_its_line(tmp_path):
+    """Issue 65: "Vaswani's both halves" read section 3.2.1's sentence off scaled against unscaled dot, a contrast it
+    is not about. A claim quotes its paper with the contrast that tests it, and a contrast the family does not
+    declare is refused before anything runs, on the claim's line; a claim moves no verdict (decides nothing)."""
+    from record.spec.analysis import Analysis
+    from record.spec.decides import NONE, marks
+
+    claim = {"contrast": ["norm=post", "norm=pr"], "source": "Xiong et al. 2020", "sentence": "Post-LN needs warm-up"}
+    path = write(tmp_path, analysis={"claims": [claim]})
+    err = refused(tmp_path, analysis={"claims": [claim]})
+    assert err.key == "analysis.claims[0].contrast" and "did you mean 'norm=post vs norm=pre'" in err.message
+    lines = path.read_text().splitlines()
+    assert err.line == 1 + next(i for i, x in enumerate(lines) if "contrast:" in x)
+    assert refused(
+        tmp_path, analysis={"claims": [{**claim, "contrast": ["norm=post", "norm=pre"], "sentence": ""}]}
+    ).key == ("analysis.claims[0].sentence")
+    err = refused(tmp_path, analysis={"claims": [{**claim, "contrast": ["norm=post", "norm=pre"], "quote": "x"}]})
+    assert err.key == "analysis.claims[0].quote" and "valid keys: contrast, metric, source, sentence" in err.message
+    fine = load_study(write(tmp_path, analysis={"claims": [{**claim, "contrast": ["norm=post", "norm=pre"]}]}))
+    assert fine.analysis.claims[0].name == "norm=post vs norm=pre" and marks(Analysis)["claims"] == NONE
+
+
 def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store):
     """What the study file is checked against is what training records: one short run of each kind of task."""
     from ablations.train import Tracking, train
@@ -802,13 +824,16 @@ def test_a_margin_its_seeds_cannot_show_is_named_before_the_runs(tmp_path):
     for seeds in (5, 6):
         floor = tost_p(np.full(seeds, 0.001), margin=1.0)
         warning = unresolvable_warning(load_study(write(tmp_path, design=design, seeds=seeds, analysis=analysis)))
-        said = warning.splitlines()[-1] if warning else ""
+        said = next((x for x in warning.splitlines() if x.startswith("warning:") and "equivalent" in x), "")
+        reach = warning.splitlines()[-1]  # issue 65: where a loss's margin reaches past its floor, said first
+        assert reach.startswith("note: ") and "±0.01 on final/val_loss reaches past a perfect loss of 0" in reach
+        assert "where the comparator's final/val_loss is below 0.01: no equivalence can be shown there" in reach
         if floor > 0.05 / 2:
             assert f"with {seeds} seeds the exact two one-sided tests' smallest p is {floor:.3g}" in said
             assert "can come out equivalent within ±0.01 on final/val_loss whatever the data" in said
             assert said.endswith("use at least 6 seeds (seeds: 6)")
         else:
-            assert "equivalent" not in (warning or "")
+            assert "equivalent" not in said
     assert tost_p(np.full(5, 0.001), margin=1.0) > 0.025 >= tost_p(np.full(6, 0.001), margin=1.0)  # both branches
     plain = unresolvable_warning(load_study(write(tmp_path, design=design, seeds=5)))
     assert "equivalent" not in (plain or "")
