@@ -441,12 +441,14 @@ def cli(spec: Path, storage: str, store: str, *extra: str) -> list[str]:
     ]
 
 
-def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, store: str):
+def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, store: str, log_name: str = "first.log"):
     """``ablate search`` in its own process group; returns it and its first trial once that trial is training: it has
     reported a validation to Optuna. (Waiting for the trial's MLflow run instead missed whole trials while the suite
-    loaded both cores: the run can appear seconds after training started.)"""
+    loaded both cores: the run can appear seconds after training started.) Polled through one storage once the study
+    exists: a new one per poll (a new engine, its schema checked) cost 0.06 CPU-seconds, against 0.01."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(tmp_path / "first.log", "w") as log:
+    log_path = tmp_path / log_name
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(
             cli(spec_path, storage, store),
             stdout=log,
@@ -455,12 +457,13 @@ def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, st
             cwd=tmp_path,
             start_new_session=True,
         )
-    deadline, last = time.monotonic() + 240, None
+    deadline, last, opened = time.monotonic() + 240, None, None
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "first.log").read_text()
+        assert proc.poll() is None, log_path.read_text()
         try:  # KeyError until the study exists; SQLite may be busy
-            study = optuna.load_study(study_name="srch", storage=storage)
+            study = optuna.load_study(study_name="srch", storage=opened or storage)
+            opened = opened or optuna.storages.RDBStorage(storage)  # the schema is there: the command made it
         except Exception as err:
             last = err
             continue
@@ -468,7 +471,7 @@ def start_and_wait_for_a_trial(tmp_path: Path, spec_path: Path, storage: str, st
         if training:
             return proc, training[0]
     os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError(f"no trial started (last error: {last!r}):\n" + (tmp_path / "first.log").read_text())
+    raise AssertionError(f"no trial started (last error: {last!r}):\n" + log_path.read_text())
 
 
 def run_cli_search(tmp_path: Path, spec_path: Path, storage: str, store: str) -> subprocess.CompletedProcess:
@@ -523,14 +526,40 @@ def test_a_trial_that_another_process_ended_stops_as_killed_and_is_not_told(tmp_
 
 
 @pytest.mark.slow
-def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store):
+def test_ctrl_c_then_a_kill_each_lose_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
+    """One search interrupted twice, then finished by the same command: Ctrl-C fails the running trial and queues it
+    again; SIGKILL (the driver dies, nobody ends anything) leaves the trial running, and the next command fails it and
+    asks it again. (Two tests once, each paying a command, a Ray and a trained trial of its own: one search serves.)"""
     from ablations.search.trial import TAKEN_OVER
 
+    # 1,000 steps: the trial must still be training when the signal lands (the first validation is at step 100).
+    # One trial: the same command again must ask exactly the lost one again, and nothing more (a failed trial does
+    # not count towards n_trials, and no new one is asked instead).
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    # one trial: the second command must ask exactly the lost one again (a failed trial does not count towards
-    # n_trials, and no new one is asked instead)
     spec_path = write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 1000}, base=SPARSE)
-    proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
+
+    # Ctrl-C: the trial fails, its run ends killed, and it is queued again
+    proc, interrupted = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
+    try:
+        masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, "\n".join([(tmp_path / "first.log").read_text(), *masks])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    study = optuna.load_study(study_name="srch", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # failed, and queued again
+    assert study.trials[1].user_attrs["retry_of"] == interrupted.number == 0
+    assert runs_of_kind(store, "srch", KIND_SEARCH)[0].info.status == "KILLED"
+    (run,) = trial_runs(store)  # its MLflow run is not left RUNNING either
+    assert (run.info.status, run.data.tags["status_detail"]) == (
+        "KILLED",
+        "killed: the search stopped before the trial finished",
+    )
+
+    # the same command asks the interrupted trial again; SIGKILLed while that trial trains
+    proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store, "second.log")
+    assert lost.number == 1 and lost.params == interrupted.params  # the interrupted trial, asked again
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -538,26 +567,29 @@ def test_a_search_killed_then_resumed_asks_the_lost_trial_again(tmp_path, store)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
-    (orphan,) = trial_runs(store)
+    orphan = {int(r.data.tags["trial"]): r for r in trial_runs(store)}[lost.number]
     assert orphan.info.status == "RUNNING"  # nobody could end it: its process died with the driver
+
+    # the same command again: the lost trial is failed and asked again, and counted once
     again = run_cli_search(tmp_path, spec_path, storage, store)
     assert f"trial {lost.number} was left running" in again.stdout
     study = optuna.load_study(study_name="srch", storage=storage)
     assert study.trials[lost.number].state == TrialState.FAIL
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
     assert len(retried) == 1 and retried[0].params == lost.params and retried[0].state == TrialState.COMPLETE
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]  # 1 counted
     # a trial's MLflow run is RUNNING only while its Optuna trial is: the lost one's run is ended as killed
-    # (by the second command; or, where the lost trial's process outlived its driver long enough to report again,
+    # (by the third command; or, where the lost trial's process outlived its driver long enough to report again,
     # by that process: test_a_trial_that_another_process_ended_stops_as_killed_and_is_not_told; or, where that process
-    # finished its run before the second command took the trial, by the second command at its end)
+    # finished its run before the third command took the trial, by the third command at its end)
     status = {int(r.data.tags["trial"]): (r.info.status, r.data.tags["status_detail"]) for r in trial_runs(store)}
-    assert status[1] == ("FINISHED", "finished") and set(status) == {0, 1}
-    assert status[0][0] == "KILLED" and status[0][1].startswith(
+    assert status[2] == ("FINISHED", "finished") and set(status) == {0, 1, 2}
+    assert status[0] == ("KILLED", "killed: the search stopped before the trial finished")
+    assert status[1][0] == "KILLED" and status[1][1].startswith(
         (
             "killed: its search process stopped before the trial finished",
             f"killed: {TAKEN_OVER}",
-            "killed: finished after its search process stopped, before Optuna was told; asked again as trial 1",
+            "killed: finished after its search process stopped, before Optuna was told; asked again as trial 2",
         )
     ), status
 
@@ -633,36 +665,6 @@ def test_a_killed_search_process_leaves_no_parent_run_running(tmp_path, store):
     assert ended.info.status == "KILLED"
     assert ended.data.tags["status_detail"] == "killed: its search process stopped before the search ended"
     assert [c.get_run(parents[k]).info.status for k in ("live", "elsewhere")] == ["RUNNING", "RUNNING"]
-
-
-@pytest.mark.slow
-def test_ctrl_c_fails_the_running_trial_and_the_same_command_asks_it_again(tmp_path, store):
-    # 1,000 steps: trial 0 must still be training when the signal lands (the first validation is at step 100).
-    # One trial: the same command again must ask exactly the interrupted one again, and nothing more.
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec_path = write_spec(tmp_path, n_trials=1, concurrency=1, pruner="none", budget={"steps": 1000}, base=SPARSE)
-    proc, lost = start_and_wait_for_a_trial(tmp_path, spec_path, storage, store)
-    try:
-        masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, "\n".join([(tmp_path / "first.log").read_text(), *masks])
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    study = optuna.load_study(study_name="srch", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]  # failed, and queued again
-    assert study.trials[1].user_attrs["retry_of"] == lost.number == 0
-    assert runs_of_kind(store, "srch", KIND_SEARCH)[0].info.status == "KILLED"
-    (interrupted,) = trial_runs(store)  # its MLflow run is not left RUNNING either
-    assert (interrupted.info.status, interrupted.data.tags["status_detail"]) == (
-        "KILLED",
-        "killed: the search stopped before the trial finished",
-    )
-    run_cli_search(tmp_path, spec_path, storage, store)
-    study = optuna.load_study(study_name="srch", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]  # n_trials: 1 counted
-    assert study.trials[1].params == lost.params  # the interrupted trial, asked again
-    assert sorted(r.info.status for r in trial_runs(store)) == ["FINISHED", "KILLED"]
 
 
 @pytest.mark.slow
