@@ -10,7 +10,7 @@ names and two cell ids. So the check builds the simplest spelling of the resolve
 single pattern before ``layer_patterns``; ``window`` fixed, then a schedule, then ``layer_windows``; ``dilation``
 with the default schedule, then ``fixed``, ``decreasing``, then ``layer_dilations``, then ``head_dilations``, one
 list before one per layer) and refuses any other, once that spelling is confirmed to resolve to the same geometry.
-Values a layer ignores are refused where they are read (``models.config._per_layer``); values equal to what
+Values a layer ignores are refused where they are read (``models.layer_checks.per_layer``); values equal to what
 leaving a key out means are written as left out (``ModelConfig.implied``).
 
 Pure Python (no torch): the config is validated in a study's driver, which never builds a model.

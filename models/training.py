@@ -1,18 +1,23 @@
 """How a run trains: the training configuration (optimiser, schedules, scheduled sampling, decoding for exact match,
 the divergence guard's settings) and the schedules themselves. Plain Python: declaring or checking a run (the
 study loader, every ``ablate`` command before it trains) imports neither Lightning nor the model's kernels;
-``models.lightning`` trains with it."""
+``models.lightning`` trains with it.
+
+Validated by pydantic as ``ModelConfig`` is (``models.fields``): each field's type and range in its annotation
+(``Annotated[int, Ge(1)]``: ``max_steps=0 must be >= 1``), the rules between fields in ``_check``."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import fields
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
+from pydantic import BeforeValidator, model_validator
 
 from models.config import ConfigError
-from models.errors import not_a_choice
+from models.fields import Betas, Number, config
 
 SCHEDULES = ("noam", "warmup_cosine", "warmup_constant", "constant")
 SAMPLING = ("teacher_forcing", "scheduled")
@@ -26,53 +31,76 @@ FLOAT16_TINY = 2.0**-24  # the smallest float16 above zero: a smaller AdamW eps 
 # existed keeps its dictionary, hence its config hash (its run's identity): the speed options, and how
 # sequences are decoded for exact match (beam width and length penalty, Britz et al. 2017 Table 7).
 OMITTED_AT_DEFAULT = {"compile": False, "fused_adamw": False, "beam_size": 1, "length_penalty": 0.0}
+# The order of the fields' own refusals when a configuration has several mistakes: the numbers, then the choices and
+# the flags (the rules between fields come after, ``TrainingConfig._check``).
+REFUSAL_ORDER = (
+    *("max_steps", "max_time", "batch_size", "eval_batch_size", "lr", "eps", "weight_decay", "warmup_steps"),
+    *("min_lr_ratio", "grad_clip", "label_smoothing", "length_loss_weight", "val_every", "val_batches"),
+    *("decode_batches", "beam_size", "length_penalty", "sampling_k", "sampling_min", "diverge_factor"),
+    *("diverge_after", "betas", "schedule", "sampling", "sampling_schedule", "precision", "deterministic"),
+    *SPEED_OPTIONS,
+)
 
 
-@dataclass(frozen=True)
+def _lightning_name(value: Any) -> Any:
+    """Lightning's short name of a precision is refused with what it means, not the nearest spelling."""
+    alias = _ALIASES.get(str(value))
+    if alias and value not in PRECISIONS:
+        valid = ", ".join(map(repr, PRECISIONS))
+        raise ConfigError(
+            f"precision={value!r} is not a valid choice; did you mean {alias!r}? valid: {valid}",
+            field="precision",
+            value=value,
+            fix=f"write {alias!r}, Lightning's full name of it",
+        )
+    return value
+
+
+Precision = Annotated[Literal[PRECISIONS], BeforeValidator(_lightning_name)]
+
+
+@config(order=REFUSAL_ORDER)
 class TrainingConfig:
     """How a run trains. ``lr`` is the peak rate, except for ``noam`` where it is the factor in front of
     d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. used 1)."""
 
-    max_steps: int = 1000
-    max_time: float | None = None  # seconds of training at most (a budget), None: no limit
-    batch_size: int = 32
-    eval_batch_size: int | None = None
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-9
-    weight_decay: float = 0.0  # applied to matrices only, not to norms, biases or embeddings
-    schedule: str = "warmup_cosine"
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.0  # warmup_cosine decays to lr * min_lr_ratio
-    grad_clip: float | None = 1.0  # max gradient norm, None: no clipping
-    label_smoothing: float = 0.0
-    length_loss_weight: float = 0.1  # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
-    precision: str = "32-true"  # Lightning's (PRECISIONS): bf16-mixed, 16-mixed (GPUs; a CPU runs them slowly)
-    val_every: int = 100  # steps between validations
-    val_batches: int | None = None  # cap on validation batches, None: the whole split
-    decode_batches: int | None = 4  # validation batches decoded for exact match (seq2seq)
+    max_steps: Annotated[int, Ge(1)] = 1000
+    max_time: Annotated[Number, Gt(0)] | None = None  # seconds of training at most (a budget), None: no limit
+    batch_size: Annotated[int, Ge(1)] = 32
+    eval_batch_size: Annotated[int, Ge(1)] | None = None
+    lr: Annotated[Number, Gt(0)] = 1e-3
+    betas: Betas = (0.9, 0.98)
+    eps: Annotated[Number, Gt(0)] = 1e-9
+    weight_decay: Annotated[Number, Ge(0)] = 0.0  # applied to matrices only, not to norms, biases or embeddings
+    schedule: Literal[SCHEDULES] = "warmup_cosine"
+    warmup_steps: Annotated[int, Ge(0)] = 100
+    min_lr_ratio: Annotated[Number, Ge(0), Le(1)] = 0.0  # warmup_cosine decays to lr * min_lr_ratio
+    grad_clip: Annotated[Number, Gt(0)] | None = 1.0  # max gradient norm, None: no clipping
+    label_smoothing: Annotated[Number, Ge(0), Le(0.99)] = 0.0
+    # non-autoregressive decoding: weight of the target-length loss (fairseq's 0.1)
+    length_loss_weight: Annotated[Number, Ge(0)] = 0.1
+    precision: Precision = "32-true"  # Lightning's (PRECISIONS): bf16-mixed, 16-mixed (GPUs; a CPU runs them slowly)
+    val_every: Annotated[int, Ge(1)] = 100  # steps between validations
+    val_batches: Annotated[int, Ge(1)] | None = None  # cap on validation batches, None: the whole split
+    decode_batches: Annotated[int, Ge(0)] | None = 4  # validation batches decoded for exact match (seq2seq)
     # How seq2seq targets are decoded for exact match (validation and test): beam search of this width (1:
     # greedy) scoring a hypothesis of n tokens with log-probability s as s / n**length_penalty.
-    beam_size: int = 1
-    length_penalty: float = 0.0
-    sampling: str = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
-    sampling_schedule: str = "inverse_sigmoid"
-    sampling_k: float = (
+    beam_size: Annotated[int, Ge(1)] = 1
+    length_penalty: Annotated[Number, Ge(0)] = 0.0
+    sampling: Literal[SAMPLING] = "teacher_forcing"  # or "scheduled" (Bengio et al. 2015)
+    sampling_schedule: Literal[SAMPLING_SCHEDULES] = "inverse_sigmoid"
+    sampling_k: Annotated[Number, Gt(0)] = (
         500.0  # linear: 1 - step / k (floored at sampling_min); exponential: 1/e time; inverse_sigmoid: k
     )
-    sampling_min: float = 0.0  # lowest probability of feeding the gold token
-    diverge_factor: float | None = 4.0  # diverged when the smoothed loss exceeds factor * its running minimum
-    diverge_after: int = 50  # steps before the factor rule applies (a non-finite loss stops at once)
+    sampling_min: Annotated[Number, Ge(0), Le(1)] = 0.0  # lowest probability of feeding the gold token
+    # diverged when the smoothed loss exceeds factor * its running minimum
+    diverge_factor: Annotated[Number, Gt(1)] | None = 4.0
+    diverge_after: Annotated[int, Ge(0)] = 50  # steps before the factor rule applies (a non-finite loss stops at once)
     deterministic: bool = True
     # Speed only (the same training, other kernels): torch.compile the model's forward; AdamW's fused
     # implementation (one kernel for every parameter; CUDA, and CPU from torch 2.4).
     compile: bool = False
     fused_adamw: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.betas, list):
-            object.__setattr__(self, "betas", tuple(self.betas))
-        self._validate()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
@@ -102,18 +130,21 @@ class TrainingConfig:
                 del out[name]
         return out
 
-    def _validate(self) -> None:
-        self._validate_numbers()
-        self._validate_choices()
-        self._validate_flags()
-        self._validate_read()
+    @model_validator(mode="after")
+    def _check(self) -> TrainingConfig:
+        """The rules between fields, once each field is of its type: what a schedule and a precision need, then
+        the values no part of the training reads."""
+        self._check_choices()
+        self._check_precision()
+        self._check_read()
+        return self
 
     def _sampling_floor_reached(self) -> bool:
         """Whether scheduled sampling's decay reaches ``sampling_min`` within the run's steps (else it reads it not)."""
         raw = dataclasses.replace(self, sampling_min=0.0) if self.sampling_min else self
         return any(teacher_forcing_p(raw, s) < self.sampling_min for s in range(self.max_steps))
 
-    def _validate_read(self) -> None:
+    def _check_read(self) -> None:
         """A value no part of the training reads is refused (two variants would train one model under two names):
         each entry is (field, whether it is read, what reads it, the setting that would)."""
         default = {f.name: f.default for f in fields(self)}
@@ -148,52 +179,8 @@ class TrainingConfig:
                     related=(related,),
                 )
 
-    def _validate_numbers(self) -> None:
-        number = functools.partial(_number, self)
-        number("max_steps", 1, integer=True)
-        number("max_time", 0, none=True, lo_open=True)
-        number("batch_size", 1, integer=True)
-        number("eval_batch_size", 1, none=True, integer=True)
-        number("lr", 0, lo_open=True)
-        number("eps", 0, lo_open=True)
-        number("weight_decay", 0)
-        number("warmup_steps", 0, integer=True)
-        number("min_lr_ratio", 0, 1)
-        number("grad_clip", 0, none=True, lo_open=True)
-        number("label_smoothing", 0, 0.99)
-        number("length_loss_weight", 0)
-        number("val_every", 1, integer=True)
-        number("val_batches", 1, none=True, integer=True)
-        number("decode_batches", 0, none=True, integer=True)
-        number("beam_size", 1, integer=True)
-        number("length_penalty", 0)
-        number("sampling_k", 0, lo_open=True)
-        number("sampling_min", 0, 1)
-        number("diverge_factor", 1, none=True, lo_open=True)
-        number("diverge_after", 0, integer=True)
-
-    def _validate_choices(self) -> None:
-        """betas, the schedules and the sampling, and the settings each of them needs."""
-        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-            raise ConfigError(
-                f"betas={list(self.betas)!r} must be two numbers in [0, 1)",
-                field="betas",
-                value=list(self.betas),
-                fix="give two numbers in [0, 1), e.g. [0.9, 0.98]",
-            )
-        for name, choices in (
-            ("schedule", SCHEDULES),
-            ("sampling", SAMPLING),
-            ("sampling_schedule", SAMPLING_SCHEDULES),
-        ):
-            if getattr(self, name) not in choices:
-                valid = ", ".join(map(repr, choices))
-                raise ConfigError(
-                    not_a_choice(name, getattr(self, name), choices),
-                    field=name,
-                    value=getattr(self, name),
-                    fix=f"use one of {valid}",
-                )
+    def _check_choices(self) -> None:
+        """What the schedules need: noam a warm-up, inverse_sigmoid a k of at least 1."""
         if self.schedule == "noam" and self.warmup_steps < 1:
             raise ConfigError(
                 "schedule='noam' needs warmup_steps >= 1",
@@ -211,19 +198,8 @@ class TrainingConfig:
                 related=("sampling_schedule", "sampling"),
             )
 
-    def _validate_flags(self) -> None:
-        if self.precision not in PRECISIONS:
-            valid = ", ".join(map(repr, PRECISIONS))
-            alias = _ALIASES.get(str(self.precision))
-            message = not_a_choice("precision", self.precision, PRECISIONS)
-            if alias:  # Lightning's short name: what it means, not the nearest spelling
-                message = f"precision={self.precision!r} is not a valid choice; did you mean {alias!r}? valid: {valid}"
-            raise ConfigError(
-                message,
-                field="precision",
-                value=self.precision,
-                fix=f"write {alias!r}, Lightning's full name of it" if alias else f"use one of {valid}",
-            )
+    def _check_precision(self) -> None:
+        """AdamW's eps in float16 parameters."""
         if self.precision == "16-true" and self.eps < FLOAT16_TINY and not self.fused_adamw:
             raise ConfigError(
                 f"eps={self.eps:g} is 0 in float16, the dtype of the parameters and of AdamW's state under "
@@ -235,30 +211,6 @@ class TrainingConfig:
                 "true (it computes in float32)",
                 related=("precision", "fused_adamw"),
             )
-        for name in ("deterministic", *SPEED_OPTIONS):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"{name}={getattr(self, name)!r} must be true or false",
-                    field=name,
-                    value=getattr(self, name),
-                    fix="write true or false",
-                )
-
-
-def _number(cfg: TrainingConfig, name: str, lo=None, hi=None, none=False, integer=False, lo_open=False) -> None:
-    """``cfg.name`` is a number (an integer if ``integer``; null if ``none``) in [lo, hi], or (lo, hi] if ``lo_open``."""
-    v = getattr(cfg, name)
-    if v is None and none:
-        return
-    kinds = (int,) if integer else (int, float)
-    if isinstance(v, bool) or not isinstance(v, kinds):
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{name}={v!r} must be {kind}", field=name, value=v, fix=f"give {kind}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        bound = f"{'>' if lo_open else '>='} {lo}"
-        raise ConfigError(f"{name}={v!r} must be {bound}", field=name, value=v, fix=f"give a value {bound}")
-    if hi is not None and v > hi:
-        raise ConfigError(f"{name}={v!r} must be <= {hi}", field=name, value=v, fix=f"give a value <= {hi}")
 
 
 def lr_factor(cfg: TrainingConfig, d_model: int, step: int) -> float:

@@ -18,63 +18,89 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import operator
+import types
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from models.config import ConfigError
+from models.errors import Refusal, refusal, refusals_of
+from models.fields import Number
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 FIRST_SYMBOL = 4  # task symbols start here
 NEVER_TARGETS = (PAD, BOS, SEP)  # the special tokens a sequence-to-sequence target never holds (EOS it does)
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+# What each type a task's parameter is annotated with takes, strictly (True is not an int); a number written as an
+# int is kept as given. Any other type (a mapping of files, say) is the task's ``check`` to refuse.
+_TYPES: dict[Any, Any] = {int: int, float: Number, str: str, bool: bool, type(None): type(None)}
 
 
 @dataclass(frozen=True)
 class TaskParams:
-    """Base of each task's parameters. Subclasses add fields and override ``check``."""
+    """Base of each task's parameters. Subclasses add fields (a plain ``dataclass``: a plugin's task too) and override
+    ``check``. Each field's annotation is its type, validated by pydantic (``_validator``) as the model's and the
+    training's are, with its range where an ``Annotated`` one says it (``SyntheticParams``)."""
 
     data_seed: int = 0  # generates (or splits) the data; the run's seed only shuffles the training order
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, kind = getattr(self, f.name), str(f.type).split(" | ")
-            if value is None and "None" in kind:
-                continue
-            allowed = tuple(t for k in kind for t in _TYPES.get(k, (object,)))
-            if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-                raise ConfigError(
-                    f"{f.name}={value!r} must be of type {str(f.type)}",
-                    field=f.name,
-                    value=value,
-                    fix=f"give a value of type {str(f.type)}",
-                )
+        validate, refusals, order = _validator(type(self))
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        try:
+            validate(values)
+        except ValidationError as err:
+            raise refusal(err, values, refusals, order, type(self).__name__) from None
         self.check()
 
     def check(self) -> None:
         """Cross-field checks of the task; raise ConfigError naming the field and the fix."""
 
 
+@functools.cache
+def _validator(cls: type) -> tuple[Any, dict[str, tuple[Refusal, ...]], list[str]]:
+    """The pydantic validator of ``cls``'s fields (a TypedDict of them, strict), each field's refusals (those its
+    annotation declares, then ``must be of type int``) and their order: every field's type, then the ranges."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields_ = {}
+    refusals = refusals_of(cls)
+    for f in fields(cls):
+        hint = hints[f.name]
+        bare = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+        kinds = typing.get_args(bare) if isinstance(bare, types.UnionType) else (bare,)
+        taken = Any if any(k not in _TYPES for k in kinds) else functools.reduce(operator.or_, map(_TYPES.get, kinds))
+        metadata = getattr(hint, "__metadata__", ())
+        fields_[f.name] = Annotated[(taken, *metadata)] if metadata else taken
+        kind = " | ".join(getattr(k, "__name__", str(k)).replace("NoneType", "None") for k in kinds)
+        refusals[f.name] = (
+            *refusals.get(f.name, ()),
+            Refusal(f"{{name}}={{value!r}} must be of type {kind}", f"give a value of type {kind}"),
+        )
+    shape = TypedDict(cls.__name__, fields_)
+    shape.__pydantic_config__ = ConfigDict(strict=True)
+    names = [f.name for f in fields(cls)]
+    return TypeAdapter(shape).validate_python, refusals, [*names, *(f"{n}:greater_than_equal" for n in names)]
+
+
+SplitSize = Annotated[
+    int, Ge(1), Refusal("{name}={value} must be at least 1", "give an integer >= 1", ("greater_than_equal",))
+]
+
+
 @dataclass(frozen=True)
 class SyntheticParams(TaskParams):
     """Generated tasks: how many examples per split."""
 
-    train_size: int = 10_000
-    val_size: int = 500
-    test_size: int = 500
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("train_size", "val_size", "test_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"{name}={getattr(self, name)} must be at least 1",
-                    field=name,
-                    value=getattr(self, name),
-                    fix="give an integer >= 1",
-                )
+    train_size: SplitSize = 10_000
+    val_size: SplitSize = 500
+    test_size: SplitSize = 500
 
 
 class Task:

@@ -51,10 +51,11 @@ def effective(config: Any) -> dict[str, Any]:
 
 @functools.cache
 def _float_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
-    """The fields of a dataclass typed float (or float | None), and those typed tuple[float, ...]."""
+    """The fields of a dataclass typed float (or float | None, however the annotation spells the union), and those
+    typed tuple[float, ...]."""
     floats, tuples = set(), set()
     for name, kind in typing.get_type_hints(cls).items():
-        kinds = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+        kinds = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
         if float in kinds and int not in kinds:
             floats.add(name)
         elif typing.get_origin(kind) is tuple and set(typing.get_args(kind)) == {float}:

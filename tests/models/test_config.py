@@ -469,6 +469,43 @@ def test_every_config_error_in_models_passes_field_value_and_fix():
     assert not missing, missing
 
 
+# --- one validation system: pydantic (models/fields.py, models/checks.py, models/errors.py) ----------------------
+
+
+@pytest.mark.parametrize(
+    "keys,field",
+    [
+        ({"d_model": 0, "arch": "rnn"}, "arch"),  # the choices first
+        ({"n_layers": 300, "d_model": 0}, "d_model"),  # every size positive, then the counts' bounds
+        ({"dropout": 2, "bias": 1, "norm_eps": 0}, "dropout"),  # the probabilities, the flags, the other numbers
+        ({"bias": 1, "norm_eps": 0}, "bias"),
+        ({"layer_windows": [2, 0], "d_model": 100, "n_heads": 3}, "layer_windows"),  # a field's own, then the rules
+    ],
+)
+def test_the_first_of_several_mistakes_is_said_in_the_order_of_the_fields_own_checks(keys, field):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**keys)
+    assert info.value.field == field, str(info.value)
+
+
+def test_values_are_strict_and_kept_as_written():
+    """True is not a number nor 1 a boolean; a number written as an integer stays one (a config's dictionary, hence
+    its cell id, is what it was); a key no field has is a TypeError, as a dataclass's."""
+    for keys, message in [
+        ({"norm_eps": True}, r"norm_eps=True must be a positive number"),
+        ({"bias": 1}, r"bias=1 must be true or false"),
+        ({"n_layers": 2.0}, r"n_layers=2.0 must be a positive integer"),
+        ({"head_dilations": 5}, r"head_dilations=5 must be a list of positive integers"),
+        ({"layer_patterns": "local"}, r"layer_patterns='local' must be a list of patterns, one per layer"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            ModelConfig(**keys)
+    cfg = ModelConfig(dropout=0, positions="learned", position_init_std=1)
+    assert type(cfg.dropout) is int and cfg.to_dict()["dropout"] == 0 and type(cfg.to_dict()["dropout"]) is int
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_head'"):
+        ModelConfig(n_head=4)
+
+
 # --- the cross-attention's own score and projections (issue 63): Luong et al.'s setting ------------------------
 
 ED = {"arch": "encoder_decoder", "d_model": 16, "n_heads": 2}

@@ -161,6 +161,10 @@ def test_batches_are_padded_and_shifted():
         ({"name": "listops", "max_depth": 2}, r"min_len=20 is longer than any expression .* \(8 tokens at most\)"),
         ({"name": "listops", "max_depth": 1}, r"max_depth=1 must be >= 2"),
         ({"name": "copy", "train_size": "many"}, r"train_size='many' must be of type int"),
+        ({"name": "copy", "train_size": True}, r"train_size=True must be of type int"),  # strict: True is no int
+        ({"name": "copy", "train_size": 0}, r"train_size=0 must be at least 1"),
+        # an optional parameter is of its type too (it took anything, and failed later comparing 'a' with 10)
+        ({"name": "copy", "long_min_len": "a"}, r"long_min_len='a' must be of type int \| None"),
         ({"name": "recall", "pairs": 20, "keys": 10}, r"pairs=20 must be between 1 and keys=10"),
         ({"name": "retrieval", "distance": 100, "length": 50}, r"distance=100 must be between 1 and length=50"),
         ({"name": "listops", "operator_p": 1.5}, r"operator_p=1.5 must be in \(0, 1\)"),
