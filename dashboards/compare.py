@@ -29,6 +29,23 @@ class Change:
     def changed(self) -> bool:
         return self.a != self.b
 
+    @property
+    def how(self) -> str:
+        """What the change means, never more than the tests say: a decided contrast that the other table leaves
+        unresolved is not refuted by it (a longer budget that cannot resolve what a shorter one decided says
+        nothing against it); only opposite decisions reverse."""
+        if not self.changed:
+            return "no"
+        decided = lambda v: v.startswith(("different", "equivalent"))  # noqa: E731
+        difference = lambda v: v.split(";")[0].split(",")[0]  # noqa: E731  ("different (worse), equivalent ...")
+        if {difference(self.a), difference(self.b)} == {"different (better)", "different (worse)"}:
+            return "REVERSED"
+        if decided(self.a) and not decided(self.b):
+            return "not resolved in the second (no refutation)"
+        if decided(self.b) and not decided(self.a):
+            return "resolved in the second"
+        return "YES"
+
 
 def verdict_of(table: Table, variant: str) -> tuple[str, float]:
     """(verdict, Δ) of a variant against the table's baseline."""
@@ -88,7 +105,7 @@ def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -
     warnings = list(dict.fromkeys(x for c in changes for x in c.warnings))
     head = ("contrast", f"{ref_a} (Δ {metric})", f"{ref_b} (Δ)", "changed", "")
     rows = [
-        (c.variant, f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})", "YES" if c.changed else "no",
+        (c.variant, f"{c.a} ({c.diff_a:+.3g})", f"{c.b} ({c.diff_b:+.3g})", c.how,
          "".join(f"[{i}]" for i in sorted(warnings.index(x) + 1 for x in c.warnings)))
         for c in changes
     ]  # fmt: skip
@@ -97,7 +114,8 @@ def format_changes(ref_a: str, ref_b: str, metric: str, changes: list[Change]) -
     n = sum(c.changed for c in changes)
     lines.append(
         f"\n{n} of {len(changes)} conclusion(s) changed between {ref_a} and {ref_b} (verdicts from each table's "
-        "tests after Holm's correction; 'not resolved' is not 'no difference')"
+        "tests after Holm's correction; 'not resolved' is not 'no difference', and a verdict one table decided "
+        "and the other leaves unresolved is not refuted by it: only REVERSED is opposite decisions)"
     )
     if warnings:
         lines.append("\nWarnings ([n] after a contrast: the warnings that concern it):")

@@ -58,7 +58,10 @@ def look_record(look: Look) -> LookRecord:
     """A look as docs/results/recompute.py replays it: the seeds each variant had, the alpha spent, the contrasts
     it left open and those the miniature cannot test (a declared rule on the values, not a p-value)."""
     untestable = [c.label for c in look.contrasts if c.verdict == "not testable here"]
-    return LookRecord(seeds=look.seeds, alpha=look.alpha, open=look.open, not_testable=untestable)
+    vacuous = [c.label for c in look.contrasts if c.equivalence_untestable_here]
+    return LookRecord(
+        seeds=look.seeds, alpha=look.alpha, open=look.open, not_testable=untestable, no_equivalence=vacuous
+    )
 
 
 def _final(

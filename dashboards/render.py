@@ -225,7 +225,7 @@ def legend(t: Table) -> list[str]:
             else "."
         ),
         f"verdict at alpha {a.alpha:g}: different (better / worse), "
-        + (f"equivalent within ±{t.margin:.3g} (TOST, Holm), " if t.margin is not None else "")
+        + (f"equivalent within {t.margin} (TOST, Holm), " if t.margin is not None else "")
         + "not resolved (neither), untestable (no paired seed; p = 1 in the family), not testable here (the "
         "miniature leaves no room for the expected effect, or a variant has not converged by the declared "
         "criterion: the test still runs and counts in the family; see Verdicts)"

@@ -29,6 +29,7 @@ from record.judge import (
     frame_of,
     grid,
     outcomes_of,
+    verdicts_by_rule,
 )
 from record.recorded import LookRecord, PlanRecord, RecordedDesign
 from record.runs import MODEL_PARAMS, PARAMS_PREFIX, StudyRuns, output_classes
@@ -93,6 +94,7 @@ class Table:
     looks: list[LookRecord] = field(default_factory=list)  # per look: seeds per variant, alpha, open, not testable
     decided_at: dict[str, str] = field(default_factory=dict)  # a seed plan's contrast: the look that decided it
     design_metric: str = ""  # the study's own metric (a table may be of another): what a claim without one means
+    by_rule: dict[str, dict[str, str]] = field(default_factory=dict)  # with failures: each verdict under each rule
 
     @property
     def warnings(self) -> list[str]:
@@ -127,8 +129,10 @@ class Table:
         return [c for c in self.contrasts if c.kind != "pair"]
 
     @property
-    def margin(self) -> float | None:
-        return self.analysis.margins.get(self.metric)
+    def margin(self) -> str | None:
+        """How the metric's equivalence margin reads ("±0.01", "±0.05 of the comparator (ratio)"); None: none."""
+        m = self.analysis.margin(self.metric)
+        return None if m is None else m[2]
 
     @property
     def detect(self) -> float | None:
@@ -277,8 +281,17 @@ def build(
     return Table(
         runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source,
         runs.registrations, seed_records(frame, metric), grid(runs, frame)[2] if grid(runs, frame)[1] else {},
-        design_metric=runs.design.metric,
+        design_metric=runs.design.metric, by_rule=_by_rule(runs, frame, analysis, metric, baseline, falls),
     )  # fmt: skip
+
+
+def _by_rule(runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, baseline: str, falls: dict) -> dict:
+    """Where some cell failed, each verdict under every failure rule (``record.judge.verdicts_by_rule``); a seed
+    plan's verdicts are its looks', which one rule decided, so it has none."""
+    failed = frame.cells["_outcome"].isin(["diverged", "failed", "killed", "not_learned"]).any()
+    if not failed or runs.design.plan is not None:
+        return {}
+    return verdicts_by_rule(runs, analysis, metric, baseline, falls)
 
 
 def seed_records(frame: Frame, metric: str) -> list[dict[str, Any]]:

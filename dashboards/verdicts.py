@@ -34,11 +34,13 @@ class Reading:
     why: str = ""
     next_step: str = ""
     claims: tuple[str, ...] = ()  # the papers' sentences this contrast tests (analysis.claims), quoted
+    rules: str = ""  # where the verdict flips with the failure rule: the verdict under each
 
     @property
     def notes(self) -> list[tuple[str, str]]:
         """What follows the sentence, each under its word: the claims it tests, why, the next step."""
-        said = [("claim", x) for x in self.claims] + [("why", self.why), ("next", self.next_step)]
+        said = [("claim", x) for x in self.claims] + [("failure rules", self.rules)]
+        said += [("why", self.why), ("next", self.next_step)]
         return [(word, text) for word, text in said if text]
 
 
@@ -57,7 +59,20 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
     """The contrast's reading, its verdict line ending with what the failure-rate test says where it differs."""
     r = _reading(t, c)
     fails = failure_text(t, c)
-    return dataclasses.replace(r, sentence=f"{r.sentence}; {fails}" if fails else r.sentence, claims=claims_of(t, c))
+    sentence = f"{r.sentence}; {fails}" if fails else r.sentence
+    return dataclasses.replace(r, sentence=sentence, claims=claims_of(t, c), rules=rules_text(t, c))
+
+
+def rules_text(t: Table, c: stats.Contrast) -> str:
+    """ "the verdict flips with the rule: worst: not resolved; exclude: different (worse)" where the failure rules
+    disagree (each rule's verdict over the same family), else ""."""
+    under = t.by_rule.get(c.label, {})
+    if len(set(under.values())) < 2:
+        return ""
+    each = "; ".join(
+        f"{rule}{' (declared)' if rule == t.analysis.failure_rule else ''}: {v}" for rule, v in under.items()
+    )
+    return f"the verdict flips with the failure rule: {each}"
 
 
 def claims_of(t: Table, c: stats.Contrast) -> tuple[str, ...]:
@@ -157,7 +172,7 @@ def decided_sentence(t: Table, c: stats.Contrast) -> str:
         parts += [seed_count(c), f"Holm p {stats_p(c.p_holm)}"]
     if "equivalent" in c.verdict:
         level = f" of {c.b}'s {c.comparator:.3g}" if math.isfinite(c.comparator) else ""
-        parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within ±{c.margin:.3g}{level}")
+        parts.append(f"TOST Holm p {stats_p(c.p_tost_holm)} within {c.margin_text or f'±{c.margin:.3g}'}{level}")
     return f"{c.label}: {c.verdict} on {t.metric} ({'; '.join(p for p in [*parts, t.decided_at.get(c.label)] if p)})"
 
 
@@ -216,7 +231,7 @@ def lead_lines(t: Table) -> list[str]:
 def as_dict(r: Reading) -> dict[str, Any]:
     return {
         "contrast": r.label, "verdict": r.verdict, "sentence": r.sentence, "why": r.why, "next": r.next_step,
-        "claims": list(r.claims),
+        "claims": list(r.claims), "failure_rules": r.rules,
     }  # fmt: skip
 
 

@@ -169,7 +169,7 @@ def contrasts_of(
     common = dict(
         test=analysis.test,
         confidence=analysis.confidence,
-        margin=analysis.margins.get(metric),
+        margin=None if (m := analysis.margin(metric)) is None else stats.MarginOf(*m),
         power=analysis.power,
         detect=analysis.detect.get(metric),
         family_size=size,
@@ -237,7 +237,9 @@ class Placing:
         problem = self._problem(c) if in_family else None
         untestable, make = problem or ("", "")
         level, span = self._comparator(c)
-        vacuous = testable.margin_problem(c.margin, level, span, self.metric) if c.margin is not None else None
+        vacuous = None
+        if c.margin is not None:
+            vacuous = testable.margin_problem(c.margin, level, span, self.metric, c.margin_scale, c.margin_text)
         no_equivalence, make_equivalence = vacuous or ("", "")
         return stats.Standing(
             in_family=in_family, exploratory=self.explore[c.label] if explored else "", untestable_here=untestable,
@@ -345,6 +347,24 @@ def corrected(
     return stats.correct(contrasts, analysis.alpha, direction)
 
 
+def verdicts_by_rule(
+    runs: StudyRuns, analysis: Analysis, metric: str, baseline: str, falls: dict[str, list[float]] | None = None
+) -> dict[str, dict[str, str]]:
+    """Each family contrast's verdict under every failure rule the study can use (worst, exclude, and value where
+    ``failure_values`` gives the metric one): label -> {rule: verdict}. A failure rule decides what a failed seed
+    counts as, and a verdict that holds under one rule only rests on that choice (issue 65)."""
+    rules = ["worst", "exclude"] + (["value"] if metric in analysis.failure_values else [])
+    out: dict[str, dict[str, str]] = {}
+    for rule in rules:
+        under = analysis if rule == analysis.failure_rule else analysis.model_copy(update={"failure_rule": rule})
+        for c in judge(runs, under, metric, baseline=baseline, n_boot=RULES_BOOT, falls=falls).family:
+            out.setdefault(c.label, {})[rule] = c.verdict
+    return out
+
+
+RULES_BOOT = 199  # the other rules' verdicts are what is compared, not their intervals: fewer resamples
+
+
 def judge(
     runs: StudyRuns,
     analysis: Analysis | None = None,
@@ -382,4 +402,5 @@ __all__ = [
     "outcome",
     "outcomes_of",
     "stats_error",
+    "verdicts_by_rule",
 ]

@@ -137,12 +137,14 @@ class RecordedDesign(BaseModel):
 
 class LookRecord(BaseModel):
     """A look of a seed plan as declaration.json records it: the seeds each variant had, the alpha spent, the
-    contrasts it left open and those the miniature cannot test."""
+    contrasts it left open, those the miniature cannot test, and those whose margin cannot show equivalence
+    there (open unless their difference is decided)."""
 
     seeds: dict[str, int]
     alpha: float
     open: list[str]
     not_testable: list[str]
+    no_equivalence: list[str] = Field(default_factory=list)
 
 
 class PlanRecord(SeedPlan):

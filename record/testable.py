@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from record.spec.analysis_parts import Converged, Expect
+from record.spec.analysis_parts import Converged, Expect, Margin
 from record.spec.metrics import chance_kind
 from record.stats.contrasts import NO_EQUIVALENCE
 
@@ -74,13 +74,18 @@ def room_problem(expect: Expect, comparator: float, span: Bounds | None, metric:
     return why, f"a task, length or budget at which the comparator scores {side} {need:.3g}"
 
 
-def margin_problem(margin: float, comparator: float, span: Bounds | None, metric: str) -> tuple[str, str] | None:
+def margin_problem(
+    margin: float, comparator: float, span: Bounds | None, metric: str, scale: str = "absolute", text: str = ""
+) -> tuple[str, str] | None:
     """(why no equivalence can be shown, what would make it testable) when the margin reaches past an end of the
     metric from the comparator's value: no variant can differ from it by the margin on that side, so one of the
     two one-sided tests cannot fail and "equivalent" would say only "not worse (or better) by m". None when the
-    margin fits on both sides, or it cannot be judged."""
+    margin fits on both sides, or it cannot be judged. ``scale`` log: the margin is on the log values (a relative
+    margin), and so is the room (a loss's floor of 0 is infinitely far)."""
     if span is None or not math.isfinite(comparator):
         return None
+    if scale == "log":
+        return _log_margin_problem(margin, comparator, span, metric, text)
     ends = [(comparator - span.low, span.low, span.low_name, "below")] if span.low is not None else []
     ends += [(span.high - comparator, span.high, span.high_name, "above")] if span.high is not None else []
     short = [(room, end, name, side) for room, end, name, side in ends if room <= margin]
@@ -100,19 +105,47 @@ def margin_problem(margin: float, comparator: float, span: Bounds | None, metric
     )
 
 
-def margin_warning(margin: float, metric: str) -> str | None:
+def _log_margin_problem(margin: float, comparator: float, span: Bounds, metric: str, text: str):
+    """The room on the log scale: log(end) - log(comparator) to each positive end."""
+    if comparator <= 0:
+        return None
+    ends = [(math.log(span.high / comparator), span.high_name, "above")] if span.high and span.high > 0 else []
+    if span.low is not None and span.low > 0:
+        ends.append((math.log(comparator / span.low), span.low_name, "below"))
+    short = [(room, name, side) for room, name, side in ends if room <= margin]
+    if not short:
+        return None
+    room, name, side = min(short)
+    factor = math.exp(max(room, 0))
+    why = (
+        f"the margin {text} reaches past {name}: the comparator scores {comparator:.3g} on {metric}, a factor "
+        f"{factor:.3g} from it, so no variant can score that factor {side} it and one of the two one-sided tests "
+        "cannot fail"
+    )
+    return (
+        why,
+        f"a margin below a factor {factor:.3g} (relative {factor - 1:.3g}), or a task at which the comparator is further from {name}",
+    )
+
+
+def margin_warning(margin: float | Margin, metric: str) -> str | None:
     """Before any run: where a margin on a metric with a hard end (a loss's 0, a perfect perplexity's 1, an
-    accuracy's 0 and 1) cannot show equivalence, said so that it can be changed before anything trains."""
-    kind = chance_kind(metric)
-    if kind == "loss" or kind == "ppl":
-        floor, name = (0.0, "a perfect loss of 0") if kind == "loss" else (1.0, "a perfect perplexity of 1")
-        where = f"where the comparator's {metric} is below {floor + margin:.3g}"
+    accuracy's 0 and 1) cannot show equivalence, said so that it can be changed before anything trains. A margin
+    on the log scale (relative) never reaches a loss's floor of 0."""
+    kind, factor = chance_kind(metric), math.exp(margin.on_log) if isinstance(margin, Margin) else None
+    if kind == "loss" and factor is None:
+        name, where = "a perfect loss of 0", f"where the comparator's {metric} is below {margin:.3g}"
+    elif kind == "ppl":
+        below = 1 + margin if factor is None else factor
+        name, where = "a perfect perplexity of 1", f"where the comparator's {metric} is below {below:.3g}"
     elif kind == "accuracy":
-        name, where = "a perfect score of 1", f"where the comparator's {metric} is above {1 - margin:.3g}"
+        above = 1 - margin if factor is None else 1 / factor
+        name, where = "a perfect score of 1", f"where the comparator's {metric} is above {above:.3g}"
     else:
         return None
+    shown = margin.text if isinstance(margin, Margin) else f"±{margin:g}"
     return (
-        f"the margin ±{margin:g} on {metric} reaches past {name} {where}: no equivalence can be shown there (one "
+        f"the margin {shown} on {metric} reaches past {name} {where}: no equivalence can be shown there (one "
         f"of the two one-sided tests cannot fail; the report says '{NO_EQUIVALENCE}')"
     )
 

@@ -127,21 +127,47 @@ def per_seed(cells: dict, weights: list[dict]) -> dict:
     return {s: sum(sum(wt * cells[c][s] for c, wt in w.items()) for w in weights) / len(weights) for s in seeds}
 
 
+def margin_of(declared: dict) -> tuple[float, bool]:
+    """(the metric's margin as its test runs it, whether on the log scale: {relative: r} is log(1 + r), {log: m}
+    is m; a number is absolute; nan: none)."""
+    m = declared["analysis"]["margins"].get(declared["metric"])
+    if m is None:
+        return math.nan, False
+    if isinstance(m, dict):
+        return (math.log1p(m["relative"]) if m.get("relative") is not None else float(m["log"])), True
+    return float(m), False
+
+
+def logged(values: dict) -> dict:
+    """Every value's log (a log-scale margin tests the contrast of log values); a value <= 0 has none."""
+    return {v: {s: math.log(x) if x > 0 else math.nan for s, x in by.items()} for v, by in values.items()}
+
+
+def contrast_by_seed(values: dict, declared: dict, row: dict, by_effect: dict) -> dict:
+    if row["kind"] == "pair":
+        a, b = values.get(row["a"], {}), values.get(row["b"], {})
+        return {s: a[s] - b[s] for s in set(a) & set(b)}
+    return by_effect.get(row["label"], {})
+
+
 def recompute(values: dict, declared: dict, table: list[dict]) -> dict[str, dict]:
     """label -> the contrast's numbers, computed again."""
-    analysis, metric = declared["analysis"], declared["metric"]
-    margin = analysis["margins"].get(metric, math.nan)
+    analysis = declared["analysis"]
+    margin, on_log = margin_of(declared)
     level = analysis["alpha"] / max(1, len(declared["family"]))
+    logs = logged(values) if on_log else values
     by_seed = effects(values, declared) if declared["levels"] else {}
+    by_seed_log = effects(logs, declared) if declared["levels"] and on_log else by_seed
     out = {}
     for row in table:
-        if row["kind"] == "pair":
-            a, b = values.get(row["a"], {}), values.get(row["b"], {})
-            d_by = {s: a[s] - b[s] for s in set(a) & set(b)}
-        else:
-            d_by = by_seed.get(row["label"], {})
-        d = np.array([d_by[s] for s in sorted(d_by, key=lambda s: (str(type(s)), s))])
+        d_by = contrast_by_seed(values, declared, row, by_seed)
+        order = sorted(d_by, key=lambda s: (str(type(s)), s))
+        d = np.array([d_by[s] for s in order])
+        t_by = contrast_by_seed(logs, declared, row, by_seed_log)
+        t = np.array([t_by.get(s, math.nan) for s in order])
         p, p_tost = tests(d, analysis["test"], margin, level)
+        if on_log:
+            p_tost = tests(t, analysis["test"], margin, level)[1] if np.isfinite(t).all() else math.nan
         lo = hi = math.nan
         if len(d) >= 2 and spread(d):
             lo, hi = stats.t.interval(1 - analysis["alpha"], len(d) - 1, loc=d.mean(), scale=stats.sem(d))
@@ -266,7 +292,8 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
     looks differ from the exported ones."""
     plan, analysis, exported = declared["plan"], declared["analysis"], declared["looks"]
     alpha, rows = analysis["alpha"], {r["label"]: r for r in table if r["label"] in declared["family"]}
-    margin = analysis["margins"].get(declared["metric"], math.nan)
+    margin, on_log = margin_of(declared)
+    logs = logged(values) if on_log else values
     level = alpha / max(1, len(rows))
     looks = [plan["first"]]
     while looks[-1] < plan["max"]:
@@ -284,16 +311,18 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
                 d, seeds = differences(values, declared, row, upto)
                 involved = [row["a"], row["b"]] if row["kind"] == "pair" else declared["variants"]
                 counts = {sum(s < min(h.get(v, 0) for v in involved) for s in seeds) for h in history}
-                now[label] = (d, sorted(counts - {0}) if len(d) else [])
+                now[label] = (d, sorted(counts - {0}) if len(d) else [], differences(logs, declared, row, upto)[0])
         labels = list(rows)
-        p = dict(zip(labels, shown_p([(*now[x], 0.0) for x in labels], plan, alpha, 0)))
+        p = dict(zip(labels, shown_p([(*now[x][:2], 0.0) for x in labels], plan, alpha, 0)))
         with_margin = [x for x in labels if math.isfinite(margin)]
-        p_tost = dict(zip(with_margin, shown_p([(*now[x], margin) for x in with_margin], plan, alpha, 1)))
+        tested = [(now[x][2], now[x][1], margin) for x in with_margin]  # on the margin's scale
+        p_tost = dict(zip(with_margin, shown_p(tested, plan, alpha, 1)))
         still = []
         for label in labels:
             if label in frozen:
                 continue
-            decided = p[label] <= alpha or p_tost.get(label, 1.0) <= alpha or label in look["not_testable"]
+            equivalent = p_tost.get(label, 1.0) <= alpha and label not in look.get("no_equivalence", [])
+            decided = p[label] <= alpha or equivalent or label in look["not_testable"]
             if decided:
                 frozen[label] = now[label]
                 decided_p[label] = (p[label], p_tost.get(label, math.nan))
@@ -307,9 +336,12 @@ def replay(values: dict, declared: dict, table: list[dict]) -> tuple[dict[str, d
         upto = {v: (looks[k + 1] if v in grow and k + 1 < len(looks) else n) for v, n in upto.items()}
     out = {}
     for label in rows:
-        d, _ = frozen.get(label, now[label])
+        d, _, t = frozen.get(label, now[label])
         p_holm, p_tost_holm = decided_p.get(label, (p[label], p_tost.get(label, math.nan)))
         out[label] = numbers(d, analysis["test"], margin, level, alpha) | {"p_holm": p_holm, "p_tost_holm": p_tost_holm}
+        if on_log:  # the equivalence test ran on the log values
+            finite = len(t) and np.isfinite(t).all()
+            out[label]["p_tost"] = tests(t, analysis["test"], margin, level)[1] if finite else math.nan
     return out, wrong
 
 

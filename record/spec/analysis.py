@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from record.spec.analysis_parts import Claim, Contrasts, Converged, Expect, Warn
+from record.spec.analysis_parts import Claim, Contrasts, Converged, Expect, Margin, Warn
 from record.spec.decides import EVERY, ITS_OWN, NONE, decides
 from record.stats.family import Family, effect_labels, holm_floor, min_p, smallest_exact_n
 
@@ -59,7 +59,7 @@ FIXES = {  # what to do about a bad value, by key (the last part of its location
     "failure_rule": f"use one of: {', '.join(FAILURE_RULES)}",
     "alpha": "use a level above 0 and at most 0.5, e.g. 0.05",
     "power": "use a power between 0 and 1, e.g. 0.8",
-    "margins": "give each metric a positive margin, e.g. {final/val_loss: 0.005}",
+    "margins": "give each metric a positive margin, e.g. {final/val_loss: 0.005} or {final/val_loss: {relative: 0.05}}",
     "detect": "give each metric a positive difference, e.g. {final/val_loss: 0.01}",
     "pairs": "write each contrast as [variant, comparator], or pairs: baseline",
     "main_effects": "write true (every axis) or a list of axes",
@@ -92,7 +92,8 @@ class Analysis(BaseModel):
     failure_rule: Literal["worst", "exclude", "value"] = Field("worst", json_schema_extra=decides(EVERY))
     failure_values: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
     never_learned: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
-    margins: dict[str, float] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
+    # {metric: m} (absolute, in the metric's units) or {metric: {relative: 0.05}} / {metric: {log: 0.05}}
+    margins: dict[str, float | Margin] = Field(default_factory=dict, json_schema_extra=decides(EVERY))
     # None: each variant against the baseline
     contrasts: Contrasts | None = Field(None, json_schema_extra=decides(ITS_OWN))
     power: float = Field(0.8, gt=0, lt=1, json_schema_extra=decides(NONE))
@@ -104,11 +105,16 @@ class Analysis(BaseModel):
     converged: Converged | None = Field(None, json_schema_extra=decides(EVERY))
     warn: Warn = Field(default_factory=Warn, json_schema_extra=decides(NONE))
 
+    @field_validator("margins", mode="before")
+    @classmethod
+    def _scaled(cls, value: Any) -> Any:
+        return {m: Margin.of(m, x) for m, x in value.items()} if isinstance(value, dict) else value
+
     @field_validator("margins", "detect")
     @classmethod
-    def _positive(cls, value: dict[str, float], info: Any) -> dict[str, float]:
+    def _positive(cls, value: dict[str, Any], info: Any) -> dict[str, Any]:
         for metric, x in value.items():
-            if not x > 0:
+            if not isinstance(x, Margin) and not x > 0:
                 raise ValueError(f"{metric}: must be positive (got {x})")
         return value
 
@@ -124,6 +130,16 @@ class Analysis(BaseModel):
                 "remove failure_values or set failure_rule: value"
             )
         return self
+
+    def margin(self, metric: str) -> tuple[float, str, str] | None:
+        """``metric``'s margin as its test runs it: (the margin, its scale: absolute or log, how it reads), or
+        None when none is declared."""
+        m = self.margins.get(metric)
+        if m is None:
+            return None
+        if isinstance(m, Margin):
+            return m.on_log, "log", m.text
+        return float(m), "absolute", f"±{float(m):.3g}"
 
     @property
     def confidence(self) -> float:
@@ -168,7 +184,7 @@ class Analysis(BaseModel):
         why, need = stuck
         return (
             f"{why} for the family of {size}: none of its contrasts can come out equivalent within "
-            f"±{self.margins[metric]:g} on {metric} whatever the data; use at least {need} seeds (seeds: {need})"
+            f"{Margin.shown(self.margins[metric])} on {metric} whatever the data; use at least {need} seeds (seeds: {need})"
         )
 
     def unresolvable(self, size: int, seeds: int) -> str | None:

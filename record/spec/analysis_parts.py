@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 
 class Contrasts(BaseModel):
@@ -97,6 +97,52 @@ class Claim(NamesContrast):
 
     source: str = Field(min_length=1, description="the paper and where in it: 'Vaswani et al. 2017, section 3.2.1'")
     sentence: str = Field(min_length=1, description="the claim, quoted")
+
+
+class Margin(BaseModel):
+    """An equivalence margin on the scale it means, where an absolute one (a number alone, in the metric's units)
+    would not: ``relative``, a fraction of the comparator's value (0.05: within 5% either way, tested on the
+    ratio, |log a - log b| <= log 1.05), or ``log``, on the log scale of a loss or a perplexity. Near a floor an
+    absolute margin can exceed the values compared; a relative one shrinks with them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    relative: float | None = Field(None, gt=0, lt=1, description="a fraction of the comparator's value")
+    log: float | None = Field(None, gt=0, description="on the log scale of the metric")
+
+    @model_validator(mode="after")
+    def _one(self) -> Margin:
+        if (self.relative is None) == (self.log is None):
+            raise ValueError("give exactly one of relative (e.g. 0.05) or log (e.g. 0.05)")
+        return self
+
+    @classmethod
+    def of(cls, metric: str, value: Any) -> Any:
+        """A margin given as a mapping as a ``Margin`` (its mistake said once, not once per member of the union
+        with a number); anything else as given."""
+        if not isinstance(value, dict):
+            return value
+        try:
+            return cls.model_validate(value)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = "".join(f".{p}" for p in first["loc"])
+            raise ValueError(f"{metric}{where}: {first['msg'].removeprefix('Value error, ')}") from None
+
+    @staticmethod
+    def shown(value: float | Margin) -> str:
+        return value.text if isinstance(value, Margin) else f"±{value:g}"
+
+    @property
+    def on_log(self) -> float:
+        """The margin on the log scale its test runs on."""
+        return math.log1p(self.relative) if self.relative is not None else float(self.log)
+
+    @property
+    def text(self) -> str:
+        return (
+            f"±{self.relative:.3g} of the comparator (ratio)" if self.relative is not None else f"±{self.log:.3g} (log)"
+        )
 
 
 class Converged(BaseModel):

@@ -49,11 +49,24 @@ class Measured:
     hedges_g: float = NAN
     correlation: float = NAN  # between the paired runs' values, across seeds
     sd_unpaired: float = NAN  # sqrt(var(a) + var(b)): the spread of Δ had the runs not been paired
-    margin: float | None = None  # the declared equivalence margin (none: equivalence is not tested)
+    margin: float | None = None  # the declared equivalence margin, on its scale (none: equivalence is not tested)
+    margin_scale: str = "absolute"  # absolute (the metric's units) | log (the per-seed contrast of log values)
+    margin_text: str = ""  # how the margin reads as declared ("±0.05 of the comparator (ratio)"); "": ±margin
+    on_scale: tuple[float, ...] = ()  # a log-scale margin's: each seed's contrast of log values, which TOST tests
     p_tost: float = NAN
     mde: float = NAN  # the smallest |Δ| detectable at the family's strictest level with the stated power
     seeds_needed: int | None = None  # for the analysis' detect difference
     note: str = ""
+
+
+@dataclass(frozen=True)
+class MarginOf:
+    """A declared equivalence margin as its test runs it: ``value`` on ``scale`` (absolute: the metric's units;
+    log: the contrast of log values, where a relative margin r is log(1 + r)), and how it reads."""
+
+    value: float
+    scale: str = "absolute"
+    text: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +162,8 @@ def measure(
     b: str = "",
     test: str = "permutation",
     confidence: float = 0.95,
-    margin: float | None = None,
+    margin: float | MarginOf | None = None,
+    scaled: dict[Any, float] | None = None,
     power: float = 0.8,
     level: float | None = None,
     detect: float | None = None,
@@ -165,18 +179,21 @@ def measure(
     difference of differences of one seed's own cells). Every kind goes through the same test, so a Holm family
     holds tests of one kind. ``level``: where the detectable difference is stated (default (1 - confidence) /
     family_size, Holm's strictest step); ``missing``: what a seed lacks when none enters; ``correlation`` and
-    ``sd_unpaired``: a pair's, from its two sides; ``also``: a note of the caller's."""
+    ``sd_unpaired``: a pair's, from its two sides; ``also``: a note of the caller's; ``scaled``: each seed's
+    contrast of log values, which a log-scale ``margin`` tests."""
     alpha = 1 - confidence
     level = alpha / max(1, family_size) if level is None else level
     seeds = tuple(sorted((s for s, v in per_seed.items() if finite([v]).size), key=_seed_order))
     d = np.array([float(per_seed[s]) for s in seeds])
     n = len(d)
-    margin = None if margin is None else float(margin)
-    named = dict(label=label, kind=kind, a=a, b=b, margin=margin)
+    m = margin if isinstance(margin, MarginOf) or margin is None else MarginOf(float(margin))
+    named = dict(label=label, kind=kind, a=a, b=b, margin=None if m is None else m.value)
+    if m is not None:
+        named.update(margin_scale=m.scale, margin_text=m.text)
     if n == 0:
         return Measured(
             **named, n=0, estimate=NAN, ci_t=NAN2, p=1.0, method=f"untestable: no seed has {missing}",
-            p_tost=NAN if margin is None else 1.0, min_p=1.0, mde=math.inf,
+            p_tost=NAN if m is None else 1.0, min_p=1.0, mde=math.inf,
             note=also or f"no seed has a value for {missing}",
         )  # fmt: skip
     resamples = resamples_for(level) if n > EXACT_MAX_N else MC_RESAMPLES
@@ -187,18 +204,35 @@ def measure(
     if detect is not None and n >= 2:
         needed = seeds_needed(d, detect, alpha=alpha, power=power, test=test, family_size=family_size)
     exact = test if spread else "permutation"
+    p_tost, on_scale, unscaled = _tost(d, seeds, m, scaled, test, resamples)
     return Measured(
         **named, n=n, estimate=float(d.mean()), ci_t=t_interval(d, confidence), p=p, method=method,
         seeds=seeds, differences=tuple(float(v) for v in d), ci_boot=bca_interval(d, confidence, n_boot, seed),
         spread=spread or n < 2, sd=sd, min_p=min_p(n, exact, resamples), hedges_g=hedges_g(d),
         correlation=correlation, sd_unpaired=sd_unpaired,
-        p_tost=NAN if margin is None else tost_p(d, margin, test, n_resamples=resamples),
-        mde=detectable(sd, n, level, power, exact), seeds_needed=needed, note=_note(n, spread, also),
+        p_tost=p_tost, on_scale=on_scale,
+        mde=detectable(sd, n, level, power, exact), seeds_needed=needed, note=_note(n, spread, also, unscaled),
     )  # fmt: skip
 
 
-def _note(n: int, spread: bool, also: str) -> str:
-    notes = []
+def _tost(
+    d: np.ndarray, seeds: tuple, m: MarginOf | None, scaled: dict | None, test: str, resamples: int
+) -> tuple[float, tuple[float, ...], str]:
+    """(the two one-sided tests' p against the margin on its scale, the per-seed values tested where that is the
+    log scale, and why there is none: a log scale needs every value positive)."""
+    if m is None:
+        return NAN, (), ""
+    if m.scale == "absolute":
+        return tost_p(d, m.value, test, n_resamples=resamples), (), ""
+    x = [float((scaled or {}).get(s, math.nan)) for s in seeds]
+    if not all(math.isfinite(v) for v in x):
+        return NAN, (), "no equivalence test: a margin on the log scale needs a positive value in every cell"
+    x = np.asarray(x)
+    return tost_p(x, m.value, test, n_resamples=resamples), tuple(float(v) for v in x), ""
+
+
+def _note(n: int, spread: bool, also: str, more: str = "") -> str:
+    notes = [more] if more else []
     if n > 1 and not spread:
         notes.append(
             f"the same difference in all {n} seeds: no interval; smallest attainable p {min_p(n, 'permutation'):.3g}"
@@ -235,9 +269,16 @@ def paired_contrast(
         corr = float(sps.pearsonr(x, y).statistic)
     sd_unpaired = float(math.sqrt(np.var(x, ddof=1) + np.var(y, ddof=1))) if len(seeds) > 1 else NAN
     per_seed = dict(zip(seeds, x - y))
+    if on_log_scale(options.get("margin")):
+        options["scaled"] = {s: math.log(v / c) for s, v, c in zip(seeds, x, y) if v > 0 and c > 0}
     return seed_contrast(
         per_seed, label=label or f"{a} vs {b}", a=a, b=b, correlation=corr, sd_unpaired=sd_unpaired, **options
     )
+
+
+def on_log_scale(margin: Any) -> bool:
+    """A margin tested on the contrast of log values (a relative or log margin)."""
+    return isinstance(margin, MarginOf) and margin.scale == "log"
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -281,7 +322,7 @@ def verdict(c: Contrast) -> str:
     if c.equivalence_untestable_here:  # one of its two one-sided tests cannot fail: it would claim too much
         return f"{word}; {NO_EQUIVALENCE}"
     if math.isfinite(c.p_tost_holm) and c.p_tost_holm <= alpha:
-        within = f"equivalent within ±{m:.3g}"
+        within = f"equivalent within {c.margin_text or f'±{m:.3g}'}"
         return within if word == "not resolved" else f"{word}, {within}"
     return word
 

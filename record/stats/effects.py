@@ -5,10 +5,11 @@ kind."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from record.stats.contrasts import Contrast, seed_contrast
+from record.stats.contrasts import Contrast, on_log_scale, seed_contrast
 from record.stats.family import interaction_label, main_label
 from record.stats.summaries import finite
 
@@ -105,6 +106,9 @@ def factorial_effects(
 
 def _effect(values, weights: Weights, used: int, total: int, options: dict, **named: Any) -> Contrast:
     per_seed = _per_seed(values, weights)
+    if on_log_scale(options.get("margin")):  # the effect on log values: a ratio (of ratios, for an interaction)
+        logs = {k: {s: math.log(v) for s, v in by_seed.items() if v > 0} for k, by_seed in values.items()}
+        options = {**options, "scaled": _per_seed(logs, weights)}
     return seed_contrast(per_seed, missing="every cell of it", also=_note(used, total), **named, **options)
 
 

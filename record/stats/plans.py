@@ -105,7 +105,7 @@ def _crossings(c: Contrast, sizes: tuple, plan: SeedPlanLike, levels: tuple, m: 
     """(levels x m): whether the contrast crossed at level / s (s = 1..m, the closed test's intersections)."""
     if not sizes or not c.testable:
         return np.zeros((len(levels), m), dtype=bool)
-    d = tuple(float(x) for x in c.differences)
+    d = tuple(float(x) for x in (c.on_scale if side and c.on_scale else c.differences))
     return _crossed(d, sizes, plan.max, plan.spending, levels, m, side, (c.margin or 0.0) if side else 0.0)
 
 

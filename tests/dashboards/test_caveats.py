@@ -488,6 +488,23 @@ def test_the_warning_marks_of_a_contrast_are_in_their_order():
     assert rows[0].endswith("[1][2]") and rows[1].endswith("[1][3]"), rows
 
 
+def test_a_conclusion_the_other_table_leaves_unresolved_is_not_called_refuted():
+    """Issue 65: decoding_long said the 400-step result "does not hold" where the longer budget only failed to
+    resolve it. compare says what the change is, no more: only opposite decisions reverse."""
+    from dashboards.compare import Change
+
+    how = lambda a, b: Change("x", a, b, 0.0, 0.0).how  # noqa: E731
+    assert how("different (worse)", "not resolved") == "not resolved in the second (no refutation)"
+    assert how("different (worse), equivalent within ±0.1", "not resolved; equivalence not testable here") == (
+        "not resolved in the second (no refutation)"
+    )
+    assert how("not resolved", "different (better)") == "resolved in the second"
+    assert how("different (better)", "different (worse); equivalence not testable here") == "REVERSED"
+    assert how("not resolved", "not resolved") == "no" and how("untestable", "not resolved") == "YES"
+    text = format_changes("long@1", "long@2", "m", [Change("x", "different (worse)", "not resolved", 0.1, 0.02)])
+    assert "not resolved in the second (no refutation)" in text.splitlines()[1] and "only REVERSED" in text
+
+
 def test_a_ratio_just_over_the_threshold_is_printed_over_it():
     """1.51 was printed "1.5x" under "differ by more than 1.5x": the warning contradicted itself."""
     c = caveats.param_ratio([("a vs b", "a", "b", 1510.0, 1000.0)], Warn())

@@ -92,6 +92,11 @@ def test_every_p_value_and_interval_is_recomputed_from_the_exported_seeds_alone(
     done = recompute(tmp_path / "r2")
     # 3 rows against the baseline, 1 declared pair, 2 main effects, 1 interaction
     assert done.returncode == 0 and done.stdout.startswith("all 7 contrasts reproduced"), done.stdout + done.stderr
+    ratio = {**analysis, "margins": {"final/val_loss": {"relative": 0.1}}}  # issue 65: TOST on the log values
+    grid(store, "g_ratio", ratio)
+    make_report(store, "g_ratio", out_dir=tmp_path / "r3", log=False)
+    done = recompute(tmp_path / "r3")
+    assert done.returncode == 0 and done.stdout.startswith("all 7 contrasts reproduced"), done.stdout + done.stderr
     seeds = tmp_path / "r2" / "seeds.csv"
     lines = seeds.read_text().splitlines()
     cols = lines[0].split(",")

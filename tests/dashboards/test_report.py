@@ -325,6 +325,7 @@ def test_compare_finds_the_conclusions_that_changed(store):
     by = {c.variant: c for c in changes}
     assert not by["a"].changed and by["a"].a == "different (better)"
     assert by["b"].changed and by["b"].a == "different (better)" and by["b"].b == "different (worse)"
+    assert by["b"].how == "REVERSED" and by["a"].how == "no"
     # the same data with the variants in another order (another first variant: another default baseline): the same
     # contrasts against the first study's baseline, none changed (set against "a vs b" the row read "changed")
     fill(store, "cmp_order", {"a": second["a"], "baseline": base, "b": second["b"]})

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from mlflow import MlflowClient
+from scipy import stats as sps
 
 from dashboards.render import to_csv, to_html, to_latex, to_markdown, to_terminal
 from dashboards.report import make_report
@@ -530,6 +531,52 @@ def test_a_claim_is_shown_beside_the_verdict_of_exactly_its_contrast(store):
     lines = to_terminal(table).splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith("additive vs dot:"))
     assert lines[at + 1].startswith('  claim: Vaswani et al. 2017, section 3.2.1: "additive and dot-product')
+
+
+def test_a_verdict_that_flips_with_the_failure_rule_says_so(store):
+    """Issue 65: failures enter every verdict they change. Three of ten seeds of a variant diverge; its seven
+    survivors beat the baseline by 0.05 in every seed. Under 'worst' (declared) the diverged seeds take the worst
+    value observed (0.3) and the sign-flip test cannot resolve it (p 2/8 from the three large differences); under
+    'exclude' the seven survivors are different (better) (2/2^7). The verdict line says the verdict flips, with each
+    rule's verdict; a study without failures judges one rule only."""
+    seeds = range(10)
+    base = {s: 0.8 + 0.001 * s for s in seeds}
+    base[9] = 0.3  # the worst value any finished cell reached
+    values = {"baseline": base, "fragile": {s: (None if s < 3 else base[s] + 0.05) for s in seeds}}
+    states = {("fragile", s): "diverged" for s in range(3)}
+    fill(store, "flips", values, states=states)
+    table = build(load_runs(store, "flips"))
+    assert table.by_rule["fragile vs baseline"] == {"worst": "not resolved", "exclude": "different (better)"}
+    r = next(r for r in readings(table) if r.label == "fragile vs baseline")
+    expected = "the verdict flips with the failure rule: worst (declared): not resolved; exclude: different (better)"
+    assert r.rules == expected and f"  - failure rules: {expected}" in to_markdown(table)
+    clean = {"baseline": base, "fine": {s: base[s] + 0.05 for s in seeds}}
+    fill(store, "no_failures", clean)
+    assert build(load_runs(store, "no_failures")).by_rule == {}
+
+
+def test_a_relative_margin_tests_the_ratio_and_keeps_room_at_the_floor(store):
+    """Issue 65: a margin on the scale it means. Losses of 0.001 leave no room for ±0.01, but ±5% of the comparator
+    is a ratio, tested as the two one-sided tests of each seed's log(a / b) against ±log 1.05 (scipy's t-test form
+    as the independent check): a variant within 2% is equivalent; one five times the loss is not, and is worse."""
+    rng = np.random.default_rng(14)
+    floor = {s: 0.001 * (1 + 0.05 * rng.standard_normal()) for s in SEEDS8}
+    close = {s: v * (1.02 + 0.001 * rng.standard_normal()) for s, v in floor.items()}
+    values = {"pre": floor, "close": close, "far": {s: 5 * v for s, v in floor.items()}}
+    analysis = {"margins": {"final/val_loss": {"relative": 0.05}}, "test": "t"}
+    fill(store, "ratio", values, metric="final/val_loss", direction="minimize", analysis=analysis)
+    table = build(load_runs(store, "ratio"))
+    by = {r.variant: r.contrast for r in table.rows[1:]}
+    logs = np.array([np.log(close[s] / floor[s]) for s in SEEDS8])
+    m = np.log(1.05)
+    expected = max(
+        sps.ttest_1samp(logs, -m, alternative="greater").pvalue, sps.ttest_1samp(logs, m, alternative="less").pvalue
+    )
+    assert by["close"].p_tost == pytest.approx(expected) and by["close"].on_scale == pytest.approx(tuple(logs))
+    assert by["close"].verdict.endswith("equivalent within ±0.05 of the comparator (ratio)")
+    assert by["close"].equivalence_untestable_here == ""  # a ratio never reaches a loss's floor of 0
+    assert by["far"].verdict == "different (worse)"
+    assert "equivalent within ±0.05 of the comparator (ratio) (TOST, Holm)" in to_markdown(table)
 
 
 def table_lead(md: str) -> str:

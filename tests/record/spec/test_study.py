@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from datetime import date
@@ -709,6 +710,24 @@ def test_a_claim_names_a_declared_contrast_or_is_refused_with_its_line(tmp_path)
     assert err.key == "analysis.claims[0].quote" and "valid keys: contrast, metric, source, sentence" in err.message
     fine = load_study(write(tmp_path, analysis={"claims": [{**claim, "contrast": ["norm=post", "norm=pre"]}]}))
     assert fine.analysis.claims[0].name == "norm=post vs norm=pre" and marks(Analysis)["claims"] == NONE
+
+
+def test_a_margin_on_its_scale_is_checked_before_the_runs(tmp_path):
+    """Issue 65: margins: {metric: {relative: r}} or {log: m}; exactly one, r a fraction, each mistake said once
+    with its key; the registration hash of a study without one is unchanged (defaults are not serialised)."""
+    from record.spec.analysis_parts import Margin
+
+    err = refused(tmp_path, analysis={"margins": {"final/val_loss": {"relatve": 0.05}}})
+    assert (
+        err.key.startswith("analysis.margins")
+        and "final/val_loss.relatve: Extra inputs are not permitted" in err.message
+    )
+    err = refused(tmp_path, analysis={"margins": {"final/val_loss": {"relative": 0.05, "log": 0.05}}})
+    assert "give exactly one of relative (e.g. 0.05) or log (e.g. 0.05)" in err.message
+    assert "less than 1" in refused(tmp_path, analysis={"margins": {"final/val_loss": {"relative": 1.5}}}).message
+    study = load_study(write(tmp_path, analysis={"margins": {"final/val_loss": {"relative": 0.05}}}))
+    m = study.analysis.margins["final/val_loss"]
+    assert isinstance(m, Margin) and study.analysis.margin("final/val_loss") == (math.log1p(0.05), "log", m.text)
 
 
 def test_the_metrics_a_study_expects_are_the_metrics_a_run_logs(tmp_path, store):
