@@ -21,6 +21,7 @@ from record import stats
 from record.spec.analysis_parts import Warn
 from record.spec.equivalence import coinciding_pairs, coinciding_sentence, equivalent_pairs, sentence
 from record.spec.metrics import chance_kind, chance_share
+from record.testable import Falls
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,10 @@ def near_chance(
 # --- convergence -------------------------------------------------------------------------------------------------
 
 
-def recent_fall(points: Sequence[tuple], window: float) -> float | None:
-    """The relative fall of a lower-is-better curve ``[(step, value, ...)]`` over the last ``window`` of its steps
-    (from step end × (1 − window) to its last point): (value there − last value) / |value there|, the value at
-    the window's start linearly interpolated between the points around it. None when the curve has no point
-    at or before the window's start (one validation only, say)."""
+def recent_ends(points: Sequence[tuple], window: float) -> tuple[float, float] | None:
+    """A lower-is-better curve ``[(step, value, ...)]`` at the start of the last ``window`` of its steps (step
+    end × (1 − window), linearly interpolated between the points around it) and at its last point. None when the
+    curve has no point at or before the window's start (one validation only, say)."""
     pts = sorted((int(p[0]), float(p[1])) for p in points if math.isfinite(float(p[1])))
     if len(pts) < 2:
         return None
@@ -157,13 +157,12 @@ def recent_fall(points: Sequence[tuple], window: float) -> float | None:
     start = steps[-1] * (1 - window)
     if steps[0] > start or steps[-1] <= start:
         return None
-    v0 = float(np.interp(start, steps, values))
-    return None if v0 == 0 else (v0 - float(values[-1])) / abs(v0)
+    return float(np.interp(start, steps, values)), float(values[-1])
 
 
-def trend_fall(points: Sequence[tuple], window: float) -> float | None:
-    """The same for a noisy curve (the training loss, logged often): the fall of a least-squares line through
-    the points in the window, relative to the line's value at the window's start. None with fewer than three."""
+def trend_ends(points: Sequence[tuple], window: float) -> tuple[float, float] | None:
+    """The same for a noisy curve (the training loss, logged often): a least-squares line through the points in
+    the window, at the window's start and at its last step. None with fewer than three."""
     pts = sorted((int(p[0]), float(p[1])) for p in points if math.isfinite(float(p[1])))
     if len(pts) < 3:
         return None
@@ -173,22 +172,37 @@ def trend_fall(points: Sequence[tuple], window: float) -> float | None:
         return None
     x, y = (np.array(a, dtype=float) for a in zip(*inside))
     slope, intercept = np.polyfit(x, y, 1)
-    v0 = slope * start + intercept
-    return None if v0 == 0 else float(-slope * (x[-1] - start) / abs(v0))
+    return float(slope * start + intercept), float(slope * x[-1] + intercept)
+
+
+def _relative(ends: tuple[float, float] | None) -> float | None:
+    return None if ends is None or ends[0] == 0 else (ends[0] - ends[1]) / abs(ends[0])
+
+
+def recent_fall(points: Sequence[tuple], window: float) -> float | None:
+    """The relative fall over the last ``window`` of the steps: (value there − last value) / |value there|."""
+    return _relative(recent_ends(points, window))
+
+
+def trend_fall(points: Sequence[tuple], window: float) -> float | None:
+    """The relative fall of the least-squares line over the window (``trend_ends``)."""
+    return _relative(trend_ends(points, window))
 
 
 def not_converged(
-    falls: dict[str, list[float]], curve: dict[str, str], warn: Warn, unjudged: Iterable[str] = ()
+    falls: Falls, curve: dict[str, str], warn: Warn, unjudged: Iterable[str] = ()
 ) -> tuple[Caveat | None, str | None]:
-    """``falls``: variant -> the relative fall of each judged seed's curve over the window; ``curve``: variant ->
-    the curve judged (val/loss, or train/loss where validation was too sparse). (a caveat naming each variant
-    whose mean fall is above ``warn.converged_fraction``, a note naming the variants no curve could judge)."""
+    """``falls``: each judged seed's curve over the window, per variant; ``curve``: variant -> the curve judged
+    (val/loss, or train/loss where validation was too sparse). (a caveat naming each variant whose mean relative
+    fall is above ``warn.converged_fraction`` and larger than its seeds' spread of the final loss, a note naming
+    the variants no curve could judge). A loss near its floor falls by large fractions of a tiny value while
+    moving less than its seeds differ: that does not warn."""
     still = []
-    for variant, fs in falls.items():
-        if fs and float(np.mean(fs)) > warn.converged_fraction:
+    for variant, fs in falls.relative.items():
+        if fs and float(np.mean(fs)) > warn.converged_fraction and not falls.settled(variant):
             seeds = f"mean of {len(fs)} seeds, at most {max(fs):.0%}" if len(fs) > 1 else "one seed"
             still.append((variant, f"{variant}: {curve[variant]} fell {float(np.mean(fs)):.0%} ({seeds})"))
-    unjudged = [v for v in unjudged if not falls.get(v)]
+    unjudged = [v for v in unjudged if not falls.relative.get(v)]
     note = None
     if unjudged:
         note = (
@@ -197,7 +211,7 @@ def not_converged(
         )
     if not still:
         return None, note
-    every = len(still) == len([v for v, fs in falls.items() if fs]) and len(still) > 1
+    every = len(still) == len([v for v, fs in falls.relative.items() if fs]) and len(still) > 1
     who = "every variant was" if every else "these variants were"
     text = (
         f"not converged: {who} still improving over the last {warn.converged_window:.0%} of training steps "
@@ -398,7 +412,9 @@ __all__ = [
     "not_converged",
     "param_ratio",
     "same_family",
+    "recent_ends",
     "recent_fall",
+    "trend_ends",
     "trend_fall",
     "unresolvable",
     "unshowable_equivalence",

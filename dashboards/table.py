@@ -34,6 +34,7 @@ from record.judge import (
 from record.recorded import LookRecord, PlanRecord, RecordedDesign
 from record.runs import MODEL_PARAMS, PARAMS_PREFIX, StudyRuns, output_classes
 from record.spec.analysis import Analysis
+from record.testable import Falls
 from record.vocabulary import AXIS_PREFIX
 
 COSTS = [
@@ -267,7 +268,7 @@ def build(
     metric, direction, notes = decision_metric(runs, metric)
     baseline = baseline_of(runs, baseline)
     frame = frame_of(runs, metric, direction, analysis, notes)
-    falls = _judged_falls(runs, frame.cells, analysis) if curves and analysis.converged else {}
+    falls = _judged_falls(runs, frame.cells, analysis) if curves and analysis.converged else Falls()
     contrasts = corrected(runs, frame, baseline, analysis, metric, direction, n_boot=n_boot, falls=falls)
     rows = _rows(runs, frame, contrasts, baseline, metric, analysis, n_boot)
     ranking = caveats.best_variant(
@@ -399,7 +400,7 @@ def _contrast_notes(contrasts: list[stats.Contrast]) -> list[str]:
 # --- not testable here ---------------------------------------------------------------------------------------
 
 
-def _judged_falls(runs: StudyRuns, cells: Any, analysis: Analysis) -> dict[str, list[float]]:
+def _judged_falls(runs: StudyRuns, cells: Any, analysis: Analysis) -> Falls:
     """The falls the declared convergence criterion judges (its own window)."""
     falls, _, _ = _falls(runs, cells, analysis.converged.window)
     return falls
@@ -486,27 +487,30 @@ def _models(by_variant: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _falls(runs: StudyRuns, cells: Any, window: float) -> tuple[dict[str, list[float]], dict[str, str], set[str]]:
-    """variant -> the relative fall of each finished cell's val/loss over the last ``window`` of its steps (the
-    training loss's trend where validation was too sparse to tell); the curve used; the variants with a
-    finished cell that no curve could judge."""
+def _falls(runs: StudyRuns, cells: Any, window: float) -> tuple[Falls, dict[str, str], set[str]]:
+    """Each finished cell's val/loss over the last ``window`` of its steps (the training loss's trend where
+    validation was too sparse to tell): its fall, relative and absolute, and its last value, per variant; the
+    curve used; the variants with a finished cell that no curve could judge."""
     done = cells[cells["_outcome"].isin(FINISHED)]
     ids = list(done["run_id"])
     val = runs.history("val/loss", ids) if ids else {}
-    falls: dict[str, list[float]] = {}
+    falls = Falls()
     curve: dict[str, str] = {}
     unjudged: set[str] = set()
-    sparse = [r for r in ids if caveats.recent_fall(val.get(r, []), window) is None]
+    sparse = [r for r in ids if caveats.recent_ends(val.get(r, []), window) is None]
     train = runs.history("train/loss", sparse) if sparse else {}
     for variant, run_id in zip(done["variant"], done["run_id"]):
-        fall = caveats.recent_fall(val.get(run_id, []), window)
+        ends = caveats.recent_ends(val.get(run_id, []), window)
         key = "val/loss"
-        if fall is None:
-            fall, key = caveats.trend_fall(train.get(run_id, []), window), "train/loss"
-        if fall is None:
+        if ends is None:
+            ends, key = caveats.trend_ends(train.get(run_id, []), window), "train/loss"
+        if ends is None or ends[0] == 0:
             unjudged.add(variant)
             continue
-        falls.setdefault(variant, []).append(fall)
+        start, end = ends
+        falls.relative.setdefault(variant, []).append((start - end) / abs(start))
+        falls.absolute.setdefault(variant, []).append(start - end)
+        falls.last.setdefault(variant, []).append(end)
         curve[variant] = key if curve.get(variant, key) == key else "val/loss and train/loss"
     return falls, curve, unjudged
 

@@ -157,7 +157,7 @@ def contrasts_of(
     analysis: Analysis,
     n_boot: int,
     metric: str,
-    falls: dict[str, list[float]] | None = None,
+    falls: testable.Falls | None = None,
 ) -> list[stats.Contrast]:
     """Every row's contrast against the baseline, the family's other pairs, and a grid's factorial effects (in
     the family where declared, or by default), each placed where the study puts it (``Placing``), before Holm's
@@ -192,7 +192,7 @@ def contrasts_of(
         contrasts += stats.factorial_effects(
             df, axes, "_value", declared_main=family.main, declared_interactions=family.interactions, **common
         )
-    placing = Placing(runs, frame, analysis, metric, explore, falls or {})
+    placing = Placing(runs, frame, analysis, metric, explore, falls or testable.Falls())
     return [c.placed(placing.standing(c)) for c in contrasts]
 
 
@@ -225,7 +225,9 @@ class Placing:
     no room in the metric for the effect the study expects, or a variant not converged by the declared
     criterion)."""
 
-    def __init__(self, runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, explore: dict, falls: dict):
+    def __init__(
+        self, runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, explore: dict, falls: testable.Falls
+    ):
         self.runs, self.frame, self.analysis, self.metric, self.explore = runs, frame, analysis, metric, explore
         self.outcomes = outcomes_of(frame, analysis)
         self.still = testable.not_converged(falls, analysis.converged) if analysis.converged and falls else {}
@@ -339,7 +341,7 @@ def corrected(
     direction: str,
     *,
     n_boot: int = stats.BOOT_RESAMPLES,
-    falls: dict[str, list[float]] | None = None,
+    falls: testable.Falls | None = None,
 ) -> list[stats.Contrast]:
     """Every contrast tested, the untestable marked (``falls``: the convergence criterion's judged falls, per
     variant; none: not judged), Holm's correction over the family and the verdicts."""
@@ -348,7 +350,7 @@ def corrected(
 
 
 def verdicts_by_rule(
-    runs: StudyRuns, analysis: Analysis, metric: str, baseline: str, falls: dict[str, list[float]] | None = None
+    runs: StudyRuns, analysis: Analysis, metric: str, baseline: str, falls: testable.Falls | None = None
 ) -> dict[str, dict[str, str]]:
     """Each family contrast's verdict under every failure rule the study can use (worst, exclude, and value where
     ``failure_values`` gives the metric one): label -> {rule: verdict}. A failure rule decides what a failed seed
@@ -372,7 +374,7 @@ def judge(
     *,
     baseline: str | None = None,
     n_boot: int = stats.BOOT_RESAMPLES,
-    falls: dict[str, list[float]] | None = None,
+    falls: testable.Falls | None = None,
 ) -> Judged:
     """The family of ``runs`` judged under ``analysis`` (default: the one its design recorded)."""
     analysis = analysis or runs.design.analysis

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -153,13 +153,48 @@ def margin_warning(margin: float | Margin, metric: str) -> str | None:
 # --- convergence --------------------------------------------------------------------------------------------
 
 
-def not_converged(falls: dict[str, list[float]], criterion: Converged) -> dict[str, float]:
-    """variant -> its mean relative fall over the criterion's window, for the variants still improving by more
-    than the criterion's fraction."""
+@dataclass(frozen=True)
+class Falls:
+    """Per variant, over the last window of each finished seed's loss curve: the fall relative to the loss, the
+    fall itself, and the curve's last value (whose spread over the seeds a fall is weighed against)."""
+
+    relative: dict[str, list[float]] = field(default_factory=dict)
+    absolute: dict[str, list[float]] = field(default_factory=dict)
+    last: dict[str, list[float]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(self.relative.values())
+
+    def spread(self, variant: str) -> float | None:
+        """The standard deviation of the final loss over the variant's seeds (None with fewer than two)."""
+        x = self.last.get(variant, [])
+        return float(np.std(x, ddof=1)) if len(x) >= 2 else None
+
+    def against_spread(self, variant: str) -> float | None:
+        """The mean fall as a multiple of the seeds' spread of the final loss (None where it has no spread)."""
+        spread, fall = self.spread(variant), self.absolute.get(variant, [])
+        if spread is None or not fall:
+            return None
+        mean = float(np.mean(fall))
+        return mean / spread if spread > 0 else (math.inf if mean > 0 else 0.0)
+
+    def settled(self, variant: str) -> bool:
+        """Still falling, but by less than its seeds' final losses differ: more steps would not move the
+        comparison beyond the noise it is judged against (a loss near its floor, say)."""
+        ratio = self.against_spread(variant)
+        return ratio is not None and ratio <= 1
+
+
+def not_converged(falls: Falls, criterion: Converged) -> dict[str, float]:
+    """variant -> its mean fall over the criterion's window (relative to the loss, or as a multiple of the seeds'
+    spread: ``criterion.against``), for the variants still falling by more than the criterion's fraction."""
     out = {}
-    for variant, fs in falls.items():
-        if fs and float(np.mean(fs)) > criterion.fraction:
-            out[variant] = float(np.mean(fs))
+    for variant, fs in falls.relative.items():
+        if not fs:
+            continue
+        measured = float(np.mean(fs)) if criterion.against == "value" else falls.against_spread(variant)
+        if measured is not None and measured > criterion.fraction:
+            out[variant] = measured
     return out
 
 
@@ -171,10 +206,13 @@ def convergence_problem(
     moving = [v for v in variants if v in still]
     if not moving:
         return None
-    said = "; ".join(f"{v}'s loss fell {still[v]:.0%}" for v in moving)
+    if criterion.against == "value":
+        said = "; ".join(f"{v}'s loss fell {still[v]:.0%}" for v in moving)
+    else:
+        said = "; ".join(f"{v}'s loss fell {still[v]:.3g} times its seeds' spread" for v in moving)
     why = (
         f"not converged: over the last {criterion.window:.0%} of training ({said}; analysis.converged.fraction "
-        f"{criterion.fraction:g})"
+        f"{criterion.fraction:g}{'' if criterion.against == 'value' else ' of the spread'})"
     )
     longer = f"budget.steps: {2 * round(steps)}" if steps and math.isfinite(steps) else "a larger budget.steps"
     return why, f"a longer budget ({longer})"
@@ -185,6 +223,7 @@ __all__ = [
     "NO_EQUIVALENCE",
     "margin_warning",
     "Bounds",
+    "Falls",
     "bounds",
     "convergence_problem",
     "margin_problem",

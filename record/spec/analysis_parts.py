@@ -147,13 +147,16 @@ class Margin(BaseModel):
 
 class Converged(BaseModel):
     """A declared convergence criterion: a variant whose validation loss (the training loss's trend where
-    validation is too sparse) still fell by more than ``fraction`` (relative) over the last ``window`` of its
-    training steps has not converged, and its contrasts are *not testable here*."""
+    validation is too sparse) still fell by more than ``fraction`` over the last ``window`` of its training steps
+    has not converged, and its contrasts are *not testable here*. ``against``: what the fall is a fraction of, the
+    loss's value (relative), or the spread of the final loss over the variant's seeds (``spread``: a loss near its
+    floor keeps falling by large fractions of a tiny value while moving less than the seeds differ)."""
 
     model_config = ConfigDict(extra="forbid")
 
     window: float = Field(0.2, gt=0, lt=1, description="the last fraction of training steps looked at")
-    fraction: float = Field(0.05, gt=0, description="the relative fall above which a cell is still improving")
+    fraction: float = Field(0.05, gt=0, description="the fall, as a fraction of `against`, above which it still moves")
+    against: Literal["value", "spread"] = Field("value", description="the loss's value, or its seeds' spread")
 
 
 class Warn(BaseModel):

@@ -606,6 +606,36 @@ def test_a_variant_not_converged_by_the_declared_criterion_is_not_testable_here(
     assert plain.rows[1].contrast.verdict != "not testable here" and any(w.kind == "convergence" for w in plain.caveats)
 
 
+def test_a_loss_near_its_floor_that_falls_less_than_its_seeds_differ_has_converged(store):
+    """Issue 65: the relative fall of a loss already near zero fired the not-converged warning at exact-match
+    ceilings (norm_placement at 1,200 steps, final losses below 0.002). A loss ending at 0.003-0.043 over the seeds
+    (fill adds 0.01 per seed) that fell by 0.0024 over the last fifth (5-44% of its value, 16% on average) moves
+    less than its seeds' final losses differ (sd 0.016): no warning, and a criterion declared against that spread
+    finds it converged; against the value (relative) it does not. A loss falling by 0.2 is not converged either way."""
+    floor = {("floor", s): [(25, 0.02), (50, 0.012), (75, 0.006), (100, 0.003)] for s in SEEDS5}
+    moving = {("moving", s): [(25, 2.0), (50, 1.5), (75, 1.25), (100, 1.0)] for s in SEEDS5}
+    values = {"base": {s: 0.5 for s in SEEDS5}, "floor": {s: 0.003 + 0.01 * s for s in SEEDS5},
+              "moving": {s: 1.0 + 0.01 * s for s in SEEDS5}}  # fmt: skip
+    steps = {"cost/steps": 100.0, "cost/wall_time_s": 10.0, "cost/n_params": 1000.0}
+    fell, last = (0.006 - 0.003 * 5 / 25) - 0.003, np.array([0.003 + 0.01 * s for s in SEEDS5])  # v(80) - v(100)
+    assert fell < np.std(last, ddof=1) and np.mean(fell / (last + fell)) > 0.05  # the premise
+    kw = dict(metric="final/val_loss", direction="minimize", curves={**floor, **moving}, cost=steps)
+    fill(store, "floor_plain", values, **kw)
+    warned = [c for c in build(load_runs(store, "floor_plain")).caveats if c.kind == "convergence"]
+    assert [c.variants for c in warned] == [("moving",)]
+    for against, floor_testable in (("spread", True), ("value", False)):
+        analysis = {"converged": {"window": 0.2, "fraction": 1.0 if against == "spread" else 0.05, "against": against}}
+        fill(store, f"floor_{against}", values, analysis=analysis, **kw)
+        rows = {r.variant: r.contrast for r in build(load_runs(store, f"floor_{against}")).rows[1:]}
+        assert (rows["floor"].verdict != "not testable here") == floor_testable, (
+            against,
+            rows["floor"].untestable_here,
+        )
+        assert rows["moving"].verdict == "not testable here"
+        said = "times its seeds' spread; analysis.converged.fraction 1 of the spread" if against == "spread" else "%;"
+        assert said in rows["moving"].untestable_here, rows["moving"].untestable_here
+
+
 def test_the_table_leads_with_each_verdict_why_and_the_next_step(store):
     """A new user's 2 x 2 grid at two seeds got "not resolved, p 1" beside a 95% interval of [+0.188, +0.392], the
     reason in a footnote, and no verdict for its main effects. Now the default family of a grid is its main
