@@ -65,9 +65,11 @@ def reading(t: Table, c: stats.Contrast) -> Reading:
 
 def rules_text(t: Table, c: stats.Contrast) -> str:
     """ "the verdict flips with the rule: worst: not resolved; exclude: different (worse)" where the failure rules
-    disagree (each rule's verdict over the same family), else ""."""
+    disagree and one of them decides (each rule's verdict over the same family), else "": "not resolved" under one
+    rule and "untestable" under another decide nothing either way."""
     under = t.by_rule.get(c.label, {})
-    if len(set(under.values())) < 2:
+    decides = any(v.startswith(("different", "equivalent")) for v in under.values())
+    if len(set(under.values())) < 2 or not decides:
         return ""
     each = "; ".join(
         f"{rule}{' (declared)' if rule == t.analysis.failure_rule else ''}: {v}" for rule, v in under.items()
