@@ -232,13 +232,14 @@ class Placing:
         self.outcomes = outcomes_of(frame, analysis)
         self.still = testable.not_converged(falls, analysis.converged) if analysis.converged and falls else {}
         self.steps = mean_of(frame.cells, "cost/steps")
+        self._levels: dict[tuple, tuple[float, testable.Bounds | None]] = {}
 
     def standing(self, c: stats.Contrast) -> stats.Standing:
         explored = c.in_family and c.label in self.explore
         in_family = c.in_family and not explored
         problem = self._problem(c) if in_family else None
         untestable, make = problem or ("", "")
-        level, span = self._comparator(c)
+        level, span = self._comparator(c) if c.margin is not None else (math.nan, None)
         vacuous = None
         if c.margin is not None:
             vacuous = testable.margin_problem(c.margin, level, span, self.metric, c.margin_scale, c.margin_text)
@@ -251,10 +252,14 @@ class Placing:
 
     def _comparator(self, c: stats.Contrast) -> tuple[float, testable.Bounds | None]:
         """The comparator's mean on the metric (a pair's b, a main effect's reference level; nan for an
-        interaction) and the span the metric can take on its task."""
+        interaction) and the span the metric can take on its task; read once per comparator (a seed plan's
+        looks judge the family again after every batch)."""
         if c.kind == "interaction":
             return math.nan, None
-        return comparator_level(self.frame, c, self.metric)
+        key = (c.kind, c.label.split(": ", 1)[0] if c.kind == "main" else "", c.b)
+        if key not in self._levels:
+            self._levels[key] = comparator_level(self.frame, c, self.metric)
+        return self._levels[key]
 
     def _failures(self, c: stats.Contrast) -> dict[str, Any]:
         ia, ib = self.frame.imputed.get(c.a, set()), self.frame.imputed.get(c.b, set())
@@ -358,7 +363,8 @@ def verdicts_by_rule(
     rules = ["worst", "exclude"] + (["value"] if metric in analysis.failure_values else [])
     out: dict[str, dict[str, str]] = {}
     for rule in rules:
-        under = analysis if rule == analysis.failure_rule else analysis.model_copy(update={"failure_rule": rule})
+        # the seeds a difference needs (detect) decide no verdict and cost a simulation each: not asked again
+        under = analysis.model_copy(update={"failure_rule": rule, "detect": {}})
         for c in judge(runs, under, metric, baseline=baseline, n_boot=RULES_BOOT, falls=falls).family:
             out.setdefault(c.label, {})[rule] = c.verdict
     return out
