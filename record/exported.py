@@ -29,14 +29,16 @@ def exported_runs(folder: Path) -> StudyRuns:
     declared = json.loads((folder / "declaration.json").read_text())
     with open(folder / "seeds.csv", newline="") as f:
         rows = [_cell(row, declared["metric"]) for row in csv.DictReader(f)]
+    plan = dict(declared.get("plan") or {}) or None
+    decides_on = plan.pop("decides_on", None) if plan else None  # a table of another metric than the plan's
     design = RecordedDesign(
         kind="grid" if declared.get("levels") else "variants",
         axes=list(declared.get("levels") or {}),
-        metric=declared["metric"],
+        metric=decides_on or declared["metric"],
         direction=declared["direction"],
         variants={v: declared.get("settings", {}).get(v, {}) for v in declared["variants"]},
         analysis=Analysis.model_validate(declared["analysis"]),
-        plan=declared.get("plan"),
+        plan=plan,
         source=f"ablations/studies/{declared['study']}.yaml",
     )
     cells = pd.DataFrame(rows)

@@ -12,6 +12,7 @@ files do not hold is not judged again: loss curves (convergence), output classes
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from dashboards.looks import table  # noqa: E402
 from dashboards.verdicts import failure_text, rules_text  # noqa: E402
 from record.exported import exploratory_of, exported_runs  # noqa: E402
+from record.testable import NOT_TESTABLE  # noqa: E402
 
 
 def committed(folder: Path) -> dict[str, str]:
@@ -33,12 +35,17 @@ def changes(folder: Path) -> list[tuple[str, str, str, str]]:
     """(contrast, committed verdict, verdict now, what else its line now says) where anything differs."""
     if exploratory_of(folder):
         raise SystemExit(f"{folder.name}: exploratory marks are not re-derived from an export; judge it from its store")
-    t = table(exported_runs(folder), curves=False)
+    metric = json.loads((folder / "declaration.json").read_text())["metric"]
+    t = table(exported_runs(folder), metric=metric, curves=False)
     before, out = committed(folder), []
+    expected = {e.name for e in t.analysis.expect}
     for c in t.family:
         extra = "; ".join(x for x in (rules_text(t, c), failure_text(t, c)) if x)
-        if before.get(c.label) != c.verdict or extra:
-            out.append((c.label, before.get(c.label, "(none)"), c.verdict, extra))
+        was = before.get(c.label, "(none)")
+        if was == NOT_TESTABLE and c.verdict != was and c.label in expected:  # the room needs the chance level
+            out.append((c.label, was, was, "kept: the export holds no chance level to judge analysis.expect's room"))
+        elif was != c.verdict or extra:
+            out.append((c.label, was, c.verdict, extra))
     return out
 
 
