@@ -38,7 +38,8 @@ class Reading:
 
     @property
     def notes(self) -> list[tuple[str, str]]:
-        """What follows the sentence, each under its word: the claims it tests, why, the next step."""
+        """What follows the sentence, each under its word: the claims it tests, a flip between failure rules, why,
+        the next step."""
         said = [("claim", x) for x in self.claims] + [("failure rules", self.rules)]
         said += [("why", self.why), ("next", self.next_step)]
         return [(word, text) for word, text in said if text]

@@ -142,10 +142,16 @@ class Contrast:
         return Contrast(self.measured, self.standing, correction)
 
 
-for _stage, _cls in (("measured", Measured), ("standing", Standing)):
-    for _f in dataclasses.fields(_cls):
-        if _f.name not in vars(Contrast):
-            setattr(Contrast, _f.name, property(operator.attrgetter(f"{_stage}.{_f.name}"), doc=f"{_stage}.{_f.name}"))
+def _read_through(cls: type, stages: dict[str, type]) -> None:
+    """Give ``cls`` a read-only property for each field of its stages (``c.estimate`` is ``c.measured.estimate``):
+    a reader asks a contrast, not the stage that set the value."""
+    for stage, kind in stages.items():
+        for f in dataclasses.fields(kind):
+            if f.name not in vars(cls):
+                setattr(cls, f.name, property(operator.attrgetter(f"{stage}.{f.name}"), doc=f"{stage}.{f.name}"))
+
+
+_read_through(Contrast, {"measured": Measured, "standing": Standing})
 
 
 def _seed_order(s: Any) -> tuple[int, Any]:
