@@ -175,20 +175,6 @@ def trend_ends(points: Sequence[tuple], window: float) -> tuple[float, float] | 
     return float(slope * start + intercept), float(slope * x[-1] + intercept)
 
 
-def _relative(ends: tuple[float, float] | None) -> float | None:
-    return None if ends is None or ends[0] == 0 else (ends[0] - ends[1]) / abs(ends[0])
-
-
-def recent_fall(points: Sequence[tuple], window: float) -> float | None:
-    """The relative fall over the last ``window`` of the steps: (value there − last value) / |value there|."""
-    return _relative(recent_ends(points, window))
-
-
-def trend_fall(points: Sequence[tuple], window: float) -> float | None:
-    """The relative fall of the least-squares line over the window (``trend_ends``)."""
-    return _relative(trend_ends(points, window))
-
-
 def not_converged(
     falls: Falls, curve: dict[str, str], warn: Warn, unjudged: Iterable[str] = ()
 ) -> tuple[Caveat | None, str | None]:
@@ -413,9 +399,7 @@ __all__ = [
     "param_ratio",
     "same_family",
     "recent_ends",
-    "recent_fall",
     "trend_ends",
-    "trend_fall",
     "unresolvable",
     "unshowable_equivalence",
 ]

@@ -282,17 +282,19 @@ def build(
     return Table(
         runs.name, metric, direction, baseline, rows, analysis, contrasts, frame.worst, notes, found, ranking, source,
         runs.registrations, seed_records(frame, metric), grid(runs, frame)[2] if grid(runs, frame)[1] else {},
-        design_metric=runs.design.metric, by_rule=_by_rule(runs, frame, analysis, metric, baseline, falls),
+        design_metric=runs.design.metric, by_rule=_by_rule(runs, frame, analysis, metric, baseline, falls, contrasts),
     )  # fmt: skip
 
 
-def _by_rule(runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, baseline: str, falls: dict) -> dict:
+def _by_rule(
+    runs: StudyRuns, frame: Frame, analysis: Analysis, metric: str, baseline: str, falls: Falls, judged: list
+) -> dict:
     """Where some cell failed, each verdict under every failure rule (``record.judge.verdicts_by_rule``); a seed
     plan's verdicts are its looks', which one rule decided, so it has none."""
     failed = frame.cells["_outcome"].isin(["diverged", "failed", "killed", "not_learned"]).any()
     if not failed or runs.design.plan is not None:
         return {}
-    return verdicts_by_rule(runs, analysis, metric, baseline, falls)
+    return verdicts_by_rule(runs, analysis, metric, baseline, judged, falls)
 
 
 def seed_records(frame: Frame, metric: str) -> list[dict[str, Any]]:

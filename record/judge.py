@@ -355,19 +355,28 @@ def corrected(
 
 
 def verdicts_by_rule(
-    runs: StudyRuns, analysis: Analysis, metric: str, baseline: str, falls: testable.Falls | None = None
+    runs: StudyRuns,
+    analysis: Analysis,
+    metric: str,
+    baseline: str,
+    judged: list[stats.Contrast],
+    falls: testable.Falls | None = None,
 ) -> dict[str, dict[str, str]]:
     """Each family contrast's verdict under every failure rule the study can use (worst, exclude, and value where
-    ``failure_values`` gives the metric one): label -> {rule: verdict}. A failure rule decides what a failed seed
-    counts as, and a verdict that holds under one rule only rests on that choice (issue 65)."""
+    ``failure_values`` gives the metric one): label -> {rule: verdict}; ``judged``: the family under the declared
+    rule, already judged. A failure rule decides what a failed seed counts as, and a verdict that holds under one
+    rule only rests on that choice (issue 65)."""
     rules = ["worst", "exclude"] + (["value"] if metric in analysis.failure_values else [])
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, str]] = {c.label: {analysis.failure_rule: c.verdict} for c in judged if c.in_family}
     for rule in rules:
+        if rule == analysis.failure_rule:
+            continue
         # the seeds a difference needs (detect) decide no verdict and cost a simulation each: not asked again
         under = analysis.model_copy(update={"failure_rule": rule, "detect": {}})
         for c in judge(runs, under, metric, baseline=baseline, n_boot=RULES_BOOT, falls=falls).family:
             out.setdefault(c.label, {})[rule] = c.verdict
-    return out
+    order = [analysis.failure_rule, *rules]  # "value" declared without a value for this metric is "worst" here
+    return {label: dict(sorted(v.items(), key=lambda x: order.index(x[0]))) for label, v in out.items()}
 
 
 RULES_BOOT = 199  # the other rules' verdicts are what is compared, not their intervals: fewer resamples

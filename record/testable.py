@@ -74,6 +74,20 @@ def room_problem(expect: Expect, comparator: float, span: Bounds | None, metric:
     return why, f"a task, length or budget at which the comparator scores {side} {need:.3g}"
 
 
+def _reach(margin: float, scale: str, end: float, side: str) -> float | None:
+    """The comparator's value from which a margin reaches past ``end`` on ``side`` (below: a floor, above: a
+    ceiling), on the margin's scale; None where it never does (a ratio never reaches a floor of 0)."""
+    if scale == "log":
+        return None if end <= 0 else end * math.exp(margin) if side == "below" else end / math.exp(margin)
+    return end + margin if side == "below" else end - margin
+
+
+def _ends(span: Bounds) -> list[tuple[float, str, str]]:
+    """(end, its name, the side it bounds) of each known end of the metric."""
+    out = [(span.low, span.low_name, "below")] if span.low is not None else []
+    return out + ([(span.high, span.high_name, "above")] if span.high is not None else [])
+
+
 def margin_problem(
     margin: float, comparator: float, span: Bounds | None, metric: str, scale: str = "absolute", text: str = ""
 ) -> tuple[str, str] | None:
@@ -81,72 +95,50 @@ def margin_problem(
     metric from the comparator's value: no variant can differ from it by the margin on that side, so one of the
     two one-sided tests cannot fail and "equivalent" would say only "not worse (or better) by m". None when the
     margin fits on both sides, or it cannot be judged. ``scale`` log: the margin is on the log values (a relative
-    margin), and so is the room (a loss's floor of 0 is infinitely far)."""
-    if span is None or not math.isfinite(comparator):
+    margin, ``text`` as declared), and so is the room (a loss's floor of 0 is infinitely far)."""
+    if span is None or not math.isfinite(comparator) or (scale == "log" and comparator <= 0):
         return None
-    if scale == "log":
-        return _log_margin_problem(margin, comparator, span, metric, text)
-    ends = [(comparator - span.low, span.low, span.low_name, "below")] if span.low is not None else []
-    ends += [(span.high - comparator, span.high, span.high_name, "above")] if span.high is not None else []
-    short = [(room, end, name, side) for room, end, name, side in ends if room <= margin]
-    if not short:
-        return None
-    room, end, name, side = min(short)
-    why = (
-        f"the margin ±{margin:.3g} reaches past {name}: the comparator scores {comparator:.3g} on {metric}, "
-        f"{max(room, 0):.3g} from it, so no variant can score {margin:.3g} {side} it and one of the two one-sided "
-        "tests cannot fail"
-    )
-    inside = end + margin if side == "below" else end - margin
-    beyond = "above" if side == "below" else "below"
-    return (
-        why,
-        f"a margin below {max(room, 0):.3g}, or a task, length or budget at which the comparator scores {beyond} {inside:.3g}",
-    )
-
-
-def _log_margin_problem(margin: float, comparator: float, span: Bounds, metric: str, text: str):
-    """The room on the log scale: log(end) - log(comparator) to each positive end."""
-    if comparator <= 0:
-        return None
-    ends = [(math.log(span.high / comparator), span.high_name, "above")] if span.high and span.high > 0 else []
-    if span.low is not None and span.low > 0:
-        ends.append((math.log(comparator / span.low), span.low_name, "below"))
-    short = [(room, name, side) for room, name, side in ends if room <= margin]
-    if not short:
-        return None
-    room, name, side = min(short)
-    factor = math.exp(max(room, 0))
-    why = (
-        f"the margin {text} reaches past {name}: the comparator scores {comparator:.3g} on {metric}, a factor "
-        f"{factor:.3g} from it, so no variant can score that factor {side} it and one of the two one-sided tests "
-        "cannot fail"
-    )
-    return (
-        why,
-        f"a margin below a factor {factor:.3g} (relative {factor - 1:.3g}), or a task at which the comparator is further from {name}",
-    )
+    for end, name, side in _ends(span):
+        reach = _reach(margin, scale, end, side)
+        if reach is None or (comparator > reach if side == "below" else comparator < reach):
+            continue
+        room = abs(comparator - end)
+        if scale == "log":
+            factor = comparator / end if side == "below" else end / comparator
+            apart, fits = f"a factor {factor:.3g}", f"a factor {factor:.3g} (relative {factor - 1:.3g})"
+        else:
+            apart, fits = f"{room:.3g}", f"{room:.3g}"
+        why = (
+            f"the margin {text or f'±{margin:.3g}'} reaches past {name}: the comparator scores {comparator:.3g} on "
+            f"{metric}, {apart} from it, so no variant can score the margin {side} it and one of the two one-sided "
+            "tests cannot fail"
+        )
+        beyond = "above" if side == "below" else "below"
+        return (
+            why,
+            f"a margin below {fits}, or a task, length or budget at which the comparator scores {beyond} {reach:.3g}",
+        )
+    return None
 
 
 def margin_warning(margin: float | Margin, metric: str) -> str | None:
-    """Before any run: where a margin on a metric with a hard end (a loss's 0, a perfect perplexity's 1, an
-    accuracy's 0 and 1) cannot show equivalence, said so that it can be changed before anything trains. A margin
-    on the log scale (relative) never reaches a loss's floor of 0."""
-    kind, factor = chance_kind(metric), math.exp(margin.on_log) if isinstance(margin, Margin) else None
-    if kind == "loss" and factor is None:
-        name, where = "a perfect loss of 0", f"where the comparator's {metric} is below {margin:.3g}"
-    elif kind == "ppl":
-        below = 1 + margin if factor is None else factor
-        name, where = "a perfect perplexity of 1", f"where the comparator's {metric} is below {below:.3g}"
-    elif kind == "accuracy":
-        above = 1 - margin if factor is None else 1 / factor
-        name, where = "a perfect score of 1", f"where the comparator's {metric} is above {above:.3g}"
-    else:
+    """Before any run: where a margin on a metric with a hard end (``bounds`` without a task's classes: a loss's
+    0, a perplexity's 1, an accuracy's 0 and 1) cannot show equivalence, said so that it can be changed before
+    anything trains. A margin on the log scale (relative) never reaches a loss's floor of 0."""
+    span = bounds(metric, None, None)
+    if span is None:
         return None
-    shown = margin.text if isinstance(margin, Margin) else f"±{margin:g}"
+    value, scale = (margin.on_log, "log") if isinstance(margin, Margin) else (float(margin), "absolute")
+    wheres = []
+    for end, name, side in _ends(span):
+        reach = _reach(value, scale, end, side)
+        if reach is not None:
+            wheres.append(f"{name} where the comparator's {metric} is {side} {reach:.3g}")
+    if not wheres:
+        return None
     return (
-        f"the margin {shown} on {metric} reaches past {name} {where}: no equivalence can be shown there (one "
-        f"of the two one-sided tests cannot fail; the report says '{NO_EQUIVALENCE}')"
+        f"the margin {Margin.shown(margin)} on {metric} reaches past {', or '.join(wheres)}: no equivalence can be "
+        f"shown there (one of the two one-sided tests cannot fail; the report says '{NO_EQUIVALENCE}')"
     )
 
 

@@ -288,16 +288,17 @@ def test_one_variant_near_chance_is_named_alone(store):
 def test_the_fall_of_a_curve_over_its_last_steps_in_closed_form():
     # piecewise linear: at step 80 the curve is 1.2 + (0.9 - 1.2) * 5/25 = 1.14; it ends at 0.9
     curve = [(25, 2.0), (50, 1.5), (75, 1.2), (100, 0.9)]
-    assert caveats.recent_fall(curve, 0.2) == pytest.approx((1.14 - 0.9) / 1.14)
-    assert caveats.recent_fall([(25, 1.0), (50, 0.6), (75, 0.5), (100, 0.5)], 0.2) == pytest.approx(0.0)
-    assert caveats.recent_fall([(100, 2.3)], 0.2) is None  # one validation: nothing to compare
-    assert caveats.recent_fall([(90, 2.4), (100, 2.3)], 0.2) is None  # no point before the window
+    assert caveats.recent_ends(curve, 0.2) == pytest.approx((1.14, 0.9))
+    assert caveats.recent_ends([(25, 1.0), (50, 0.6), (75, 0.5), (100, 0.5)], 0.2) == pytest.approx((0.5, 0.5))
+    assert caveats.recent_ends([(100, 2.3)], 0.2) is None  # one validation: nothing to compare
+    assert caveats.recent_ends([(90, 2.4), (100, 2.3)], 0.2) is None  # no point before the window
     # a straight training loss 2 - 0.01 step with alternating noise that a least-squares line averages out
     line = [(s, 2 - 0.01 * s + (0.05 if s % 2 else -0.05)) for s in range(0, 101)]
     slope = np.polyfit([s for s, _ in line if s >= 80], [v for s, v in line if s >= 80], 1)[0]
     start = slope * 80 + np.polyfit([s for s, _ in line if s >= 80], [v for s, v in line if s >= 80], 1)[1]
-    assert caveats.trend_fall(line, 0.2) == pytest.approx(-slope * 20 / start)
-    assert caveats.trend_fall(line, 0.2) == pytest.approx(0.2 / 1.2, rel=0.05)
+    assert caveats.trend_ends(line, 0.2) == pytest.approx((start, start + slope * 20))
+    v0, v1 = caveats.trend_ends(line, 0.2)
+    assert (v0 - v1) / v0 == pytest.approx(0.2 / 1.2, rel=0.05)
 
 
 @pytest.mark.slow
